@@ -1,0 +1,234 @@
+"""Validation of packed GRPO inputs and the per-token plan every backend consumes.
+
+The GRPO semantics that are not per-vocab work (which tokens are valid, each token's advantage,
+the aggregation weight of each token) are resolved here once, on [T]- and [S]-sized tensors, so
+the heavy backends (Triton, chunked torch, fused-linear, vocab-parallel) only see a weighted
+clipped policy-gradient objective per token and cannot disagree on semantics.
+
+Shape and dtype checks never synchronise with the device. Value checks (cu_seqlens covers T,
+targets in range, step indices) need the values on the host: they run when `validate=True`,
+in a single device-to-host transfer; a trainer whose packer already checked them passes False.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from osvl_kernels.advantages import check_advantage_args, group_scores
+
+LOSS_AGGREGATIONS = ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm")
+BACKENDS = ("auto", "triton", "torch")
+
+
+@dataclass(frozen=True)
+class LossHyper:
+    """Scalar hyper-parameters of the per-token objective (identical on every backend and rank)."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.eps_low < 1.0):
+            raise ValueError(f"eps_low must be in [0, 1), got {self.eps_low}")
+        if not self.eps_high >= 0.0:
+            raise ValueError(f"eps_high must be >= 0, got {self.eps_high}")
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
+        if not self.temperature > 0.0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        for name in ("kl_coef", "entropy_coef"):
+            value = getattr(self, name)
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(f"{name} must be finite, got {value}")
+
+
+@dataclass
+class LossPlan:
+    """Per-token and per-sequence tensors resolved from the packed inputs."""
+
+    valid: torch.Tensor  # [T] bool: loss_mask and before the fatal step
+    weight: torch.Tensor  # [T] fp32: aggregation weight of each token, 0 where not valid
+    token_advantage: torch.Tensor  # [T] fp32
+    advantages: torch.Tensor  # [S] fp32 (or [T] when the caller passed token advantages)
+    is_fatal: torch.Tensor  # [S] bool
+    clamped: torch.Tensor  # [S] bool: fatal with a negative pre-clamp advantage (set to 0)
+
+
+def _check_1d(name: str, x: torch.Tensor | None, length: int, kinds: str, device: torch.device) -> None:
+    if x is None:
+        return
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 1 or x.shape[0] != length:
+        raise ValueError(f"{name} must have shape [{length}], got {tuple(x.shape)}")
+    ok = {
+        "float": x.is_floating_point(),
+        "int": not x.is_floating_point() and not x.is_complex() and x.dtype != torch.bool,
+        "bool": x.dtype == torch.bool,
+    }[kinds]
+    if not ok:
+        raise ValueError(f"{name} must be a {kinds} tensor, got {x.dtype}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device}, expected {device}")
+
+
+def check_logits_inputs(logits: torch.Tensor, target_ids: torch.Tensor) -> None:
+    """Shape/dtype checks shared by the logits-level entry points."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a 2-D [T, V] tensor, got {shape}")
+    if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise ValueError(f"logits must be fp32/bf16/fp16, got {logits.dtype}")
+    _check_1d("target_ids", target_ids, logits.shape[0], "int", logits.device)
+
+
+def plan_grpo_loss(
+    *,
+    num_tokens_total: int,
+    device: torch.device,
+    target_ids: torch.Tensor,
+    vocab_size: int,
+    cu_seqlens: torch.Tensor,
+    loss_mask: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    rewards: torch.Tensor | None,
+    group_ids: torch.Tensor | None,
+    fatal_step: torch.Tensor | None,
+    token_step: torch.Tensor | None,
+    advantages: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    kl_coef: float,
+    estimator: str,
+    std: str,
+    adv_eps: float,
+    clamp_fatal: bool,
+    loss_agg: str,
+    num_seqs: int | torch.Tensor | None,
+    num_tokens: int | torch.Tensor | None,
+    max_response_len: int | None,
+    validate: bool,
+) -> LossPlan:
+    """Checks every input (raising ValueError before any work) and resolves the per-token plan."""
+    T = num_tokens_total
+    if loss_agg not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss_agg {loss_agg!r}; expected one of {LOSS_AGGREGATIONS}")
+    check_advantage_args(estimator, std, adv_eps)
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError("cu_seqlens must be a 1-D tensor [S+1] with S >= 1")
+    if cu_seqlens.is_floating_point() or cu_seqlens.dtype == torch.bool:
+        raise ValueError(f"cu_seqlens must be an integer tensor, got {cu_seqlens.dtype}")
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device}, expected {device}")
+    S = cu_seqlens.numel() - 1
+    _check_1d("loss_mask", loss_mask, T, "bool", device)
+    _check_1d("old_logprobs", old_logprobs, T, "float", device)
+    _check_1d("ref_logprobs", ref_logprobs, T, "float", device)
+    _check_1d("token_step", token_step, T, "int", device)
+    _check_1d("fatal_step", fatal_step, S, "int", device)
+    if fatal_step is not None and token_step is None:
+        raise ValueError("fatal_step needs token_step (the step index of every token)")
+    if kl_coef != 0.0 and ref_logprobs is None:
+        raise ValueError("kl_coef != 0 needs ref_logprobs")
+    if advantages is not None:
+        if rewards is not None or group_ids is not None:
+            raise ValueError("pass either advantages or rewards + group_ids, not both")
+        if advantages.dim() != 1 or advantages.shape[0] not in (S, T):
+            raise ValueError(f"advantages must have shape [S={S}] or [T={T}], got {tuple(advantages.shape)}")
+        _check_1d("advantages", advantages, advantages.shape[0], "float", device)
+    else:
+        if rewards is None or group_ids is None:
+            raise ValueError("pass rewards and group_ids (or precomputed advantages)")
+        _check_1d("rewards", rewards, S, "float", device)
+        _check_1d("group_ids", group_ids, S, "int", device)
+    if loss_agg == "seq-mean-token-sum-norm" and (max_response_len is None or max_response_len <= 0):
+        raise ValueError("loss_agg='seq-mean-token-sum-norm' needs max_response_len > 0")
+    for name, value in (("num_seqs", num_seqs), ("num_tokens", num_tokens)):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    if validate:
+        _check_values(T, vocab_size, cu_seqlens, target_ids, loss_mask, fatal_step, token_step, rewards)
+
+    # --- resolve the plan (device-side, no synchronisation) ---
+    cu = cu_seqlens.long()
+    lengths = cu[1:] - cu[:-1]
+    seq_id = torch.repeat_interleave(torch.arange(S, device=device), lengths, output_size=T)
+    valid = loss_mask.clone()
+    if fatal_step is None:
+        is_fatal = torch.zeros(S, dtype=torch.bool, device=device)
+    else:
+        is_fatal = fatal_step >= 0
+        token_fatal = fatal_step.long()[seq_id]
+        valid &= (token_fatal < 0) | (token_step.long() < token_fatal)
+
+    if advantages is not None:
+        adv = advantages.detach().float()
+        per_token = adv.shape[0] == T and T != S
+        token_advantage = adv if per_token else adv[seq_id]
+        clamped = torch.zeros(S, dtype=torch.bool, device=device)
+    else:
+        scores = group_scores(rewards, group_ids, estimator=estimator, std=std, eps=adv_eps)
+        clamped = is_fatal & (scores < 0) if clamp_fatal else torch.zeros_like(is_fatal)
+        adv = torch.where(clamped, torch.zeros_like(scores), scores)
+        token_advantage = adv[seq_id]
+
+    per_seq_valid = torch.zeros(S, dtype=torch.float32, device=device).index_add_(0, seq_id, valid.float())
+    num_seqs_f = float(S) if num_seqs is None else num_seqs
+    if loss_agg == "token-mean":
+        denom = valid.sum().clamp_min(1).float() if num_tokens is None else num_tokens
+        weight = valid.float() / denom
+    elif loss_agg == "seq-mean-token-sum":
+        weight = valid.float() / num_seqs_f
+    elif loss_agg == "seq-mean-token-mean":
+        weight = valid.float() / (per_seq_valid.clamp_min(1.0)[seq_id] * num_seqs_f)
+    else:
+        weight = valid.float() / (num_seqs_f * float(max_response_len))
+    return LossPlan(
+        valid=valid,
+        weight=weight.float(),
+        token_advantage=token_advantage.float(),
+        advantages=adv,
+        is_fatal=is_fatal,
+        clamped=clamped,
+    )
+
+
+def _check_values(
+    T: int,
+    V: int,
+    cu_seqlens: torch.Tensor,
+    target_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    fatal_step: torch.Tensor | None,
+    token_step: torch.Tensor | None,
+    rewards: torch.Tensor | None,
+) -> None:
+    """Value checks gathered into one host transfer."""
+    cu = cu_seqlens.long()
+    checks = [
+        cu[0] == 0,
+        cu[-1] == T,
+        (cu[1:] >= cu[:-1]).all(),
+        ((target_ids >= 0) & (target_ids < V) | ~loss_mask).all(),
+        torch.ones((), dtype=torch.bool, device=cu.device) if fatal_step is None else (fatal_step >= -1).all(),
+        torch.ones((), dtype=torch.bool, device=cu.device) if token_step is None else (token_step >= 0).all(),
+        torch.ones((), dtype=torch.bool, device=cu.device) if rewards is None else torch.isfinite(rewards).all(),
+    ]
+    ok = torch.stack([c.reshape(()) for c in checks]).tolist()
+    messages = [
+        "cu_seqlens must start at 0",
+        f"cu_seqlens must end at T={T} (it must cover every token exactly once)",
+        "cu_seqlens must be non-decreasing",
+        f"target_ids of loss tokens must be in [0, {V})",
+        "fatal_step must be -1 (non-fatal) or a step index >= 0",
+        "token_step must be >= 0",
+        "rewards must be finite",
+    ]
+    for good, message in zip(ok, messages):
+        if not good:
+            raise ValueError(message)

@@ -1,0 +1,157 @@
+"""Float64 reference of the fused GRPO loss: the executable specification.
+
+Written for clarity, independently of the fast paths (python loops over sequences and groups,
+autograd for gradients), so that tests compare two implementations rather than one with itself.
+Every backend must match it; nothing on a hot path calls it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def reference_advantages(
+    rewards: list[float],
+    group_ids: list[int],
+    is_fatal: list[bool],
+    *,
+    estimator: str = "grpo",
+    std: str = "unbiased",
+    eps: float = 1e-6,
+    clamp_fatal: bool = True,
+) -> list[float]:
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        members.setdefault(g, []).append(i)
+    out = [0.0] * len(rewards)
+    for idx in members.values():
+        n = len(idx)
+        if n == 1:
+            continue
+        values = [rewards[i] for i in idx]
+        mean = sum(values) / n
+        for i in idx:
+            if estimator == "drgrpo":
+                out[i] = rewards[i] - mean
+            elif estimator == "rloo":
+                out[i] = rewards[i] - (sum(values) - rewards[i]) / (n - 1)
+            elif estimator == "grpo":
+                dof = n - 1 if std == "unbiased" else n
+                sd = math.sqrt(sum((v - mean) ** 2 for v in values) / dof)
+                out[i] = (rewards[i] - mean) / (sd + eps)
+            else:
+                raise ValueError(estimator)
+    if clamp_fatal:
+        out = [max(a, 0.0) if f else a for a, f in zip(out, is_fatal)]
+    return out
+
+
+def reference_grpo_loss(
+    logits: torch.Tensor,
+    target_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    loss_mask: torch.Tensor,
+    old_logprobs: torch.Tensor | None = None,
+    rewards: torch.Tensor | None = None,
+    group_ids: torch.Tensor | None = None,
+    fatal_step: torch.Tensor | None = None,
+    token_step: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    dual_clip: float | None = None,
+    kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    temperature: float = 1.0,
+    estimator: str = "grpo",
+    std: str = "unbiased",
+    adv_eps: float = 1e-6,
+    clamp_fatal: bool = True,
+    loss_agg: str = "seq-mean-token-mean",
+    num_seqs: int | None = None,
+    num_tokens: int | None = None,
+    max_response_len: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (loss, logprobs [T], advantages) in float64; `loss` is differentiable w.r.t. `logits`."""
+    z = logits.to(torch.float64) / temperature
+    T = z.shape[0]
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    S = len(bounds) - 1
+    fatal = [-1] * S if fatal_step is None else [int(x) for x in fatal_step.tolist()]
+    is_fatal = [f >= 0 for f in fatal]
+
+    if advantages is not None:
+        adv = advantages.to(torch.float64)
+        per_token_adv = adv.shape[0] == T and T != S
+    else:
+        adv = torch.tensor(
+            reference_advantages(
+                rewards.tolist(), group_ids.tolist(), is_fatal,
+                estimator=estimator, std=std, eps=adv_eps, clamp_fatal=clamp_fatal,
+            ),
+            dtype=torch.float64,
+        )
+        per_token_adv = False
+
+    logp_all = torch.log_softmax(z, dim=-1)
+    probs = logp_all.exp()
+    logprobs = torch.zeros(T, dtype=torch.float64)
+    seq_sums: list[torch.Tensor] = []
+    seq_counts: list[int] = []
+    for i in range(S):
+        total = z.new_zeros(())
+        count = 0
+        for t in range(bounds[i], bounds[i + 1]):
+            if not bool(loss_mask[t]):
+                continue
+            if is_fatal[i] and int(token_step[t]) >= fatal[i]:
+                continue
+            count += 1
+            logp = logp_all[t, int(target_ids[t])]
+            logprobs[t] = logp.detach()
+            old = logp.detach() if old_logprobs is None else old_logprobs[t].to(torch.float64)
+            ratio = torch.exp(logp - old)
+            a = adv[t] if per_token_adv else adv[i]
+            unclipped = -ratio * a
+            clipped = -torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * a
+            loss_t = torch.where(unclipped >= clipped, unclipped, clipped)
+            if dual_clip is not None and float(a) < 0:
+                cap = -dual_clip * a
+                loss_t = torch.where(loss_t > cap, cap, loss_t)
+            if kl_coef:
+                delta = ref_logprobs[t].to(torch.float64) - logp
+                loss_t = loss_t + kl_coef * (torch.exp(delta) - delta - 1)
+            if entropy_coef:
+                entropy = -(probs[t] * logp_all[t]).sum()
+                loss_t = loss_t - entropy_coef * entropy
+            total = total + loss_t
+        seq_sums.append(total)
+        seq_counts.append(count)
+
+    S_norm = S if num_seqs is None else num_seqs
+    if loss_agg == "token-mean":
+        n_tok = sum(seq_counts) if num_tokens is None else num_tokens
+        loss = sum(seq_sums) / max(n_tok, 1)
+    elif loss_agg == "seq-mean-token-sum":
+        loss = sum(seq_sums) / S_norm
+    elif loss_agg == "seq-mean-token-mean":
+        loss = sum(s / max(n, 1) for s, n in zip(seq_sums, seq_counts)) / S_norm
+    elif loss_agg == "seq-mean-token-sum-norm":
+        loss = sum(seq_sums) / (S_norm * max_response_len)
+    else:
+        raise ValueError(loss_agg)
+    return loss, logprobs, adv
+
+
+def reference_token_logprobs(
+    logits: torch.Tensor, target_ids: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-prob of each target, entropy of each row) at `temperature`, in float64."""
+    logp_all = torch.log_softmax(logits.to(torch.float64) / temperature, dim=-1)
+    logp = logp_all.gather(1, target_ids[:, None].long()).squeeze(1)
+    entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
+    return logp, entropy

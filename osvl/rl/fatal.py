@@ -1,0 +1,116 @@
+"""Fatal-step detection: where a cascade of policy-caused tool errors makes a rollout meaningless.
+
+A counter runs over the steps (paper Eq. 19-20): +1 on a policy-caused error (``tool_error``,
+``parse_error``, ``timeout``), reset to 0 on an ``ok`` tool step; ``infra_error`` (our fault) and
+``None`` (a step without a tool call) neither count nor reset. The rollout is fatal once the
+counter reaches ``k``. The returned index is the first *masked* step: tokens of that step and of
+every later step get no gradient, and the fatal trajectory's advantage is clamped at zero.
+
+Two anchors place that index:
+
+* ``"breach"`` (paper Eq. 20, default): the step at which the counter reaches ``k``.
+* ``"onset"`` (official release): the first error of the cascade that reached ``k``.
+
+Worked example, ``k=3``::
+
+    step      0    1           2    3            4            5        6
+    status    ok   tool_error  ok   parse_error  infra_error  timeout  tool_error
+    counter   0    1           0    1            1            2        3
+
+The counter reaches 3 at step 6, so ``breach`` -> 6; the cascade began at step 3 (the first error
+after the last reset), so ``onset`` -> 3. The error at step 1 was
+recovered from and is never masked. A rollout whose first three steps all fail is fatal at
+step 0 under ``onset`` (nothing to learn from, yet it still counts in its group's statistics)
+and at step 2 under ``breach``.
+
+Rollouts that stop without a ``<response>`` (turn or token budget) are fatal *at their end*:
+``fatal_step == len(steps)`` masks nothing but marks them fatal, so the one-sided clamp applies.
+Rollouts that hit an ``infra_error`` are not the policy's doing: they are flagged for a retry or a
+whole drop, never scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from osvl.rl.trajectory import POLICY_ERRORS, FinishReason, Step, ToolStatus, Trajectory
+
+FatalAnchor = Literal["breach", "onset"]
+ANCHORS: tuple[str, ...] = ("breach", "onset")
+NOT_FATAL = -1
+
+
+@dataclass(frozen=True)
+class FatalConfig:
+    """How fatal steps are found: ``k`` consecutive policy errors, anchored at breach or onset."""
+
+    k: int = 3
+    anchor: FatalAnchor = "breach"
+
+    def __post_init__(self) -> None:
+        _check_rule(self.k, self.anchor)
+
+
+def _check_rule(k: int, anchor: str) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    if anchor not in ANCHORS:
+        raise ValueError(f"unknown fatal anchor {anchor!r}; expected one of: {', '.join(ANCHORS)}")
+
+
+def find_fatal_step(statuses: Sequence[ToolStatus | str | None], k: int = 3,
+                    anchor: FatalAnchor = "breach") -> int:
+    """0-based index of the first masked step, or -1 when the cascade never reaches ``k``.
+
+    ``statuses`` holds one ``ToolResult.status`` per step (``None`` for a step without a tool
+    call). See the module docstring for the rule and a worked example of both anchors.
+    """
+    _check_rule(k, anchor)
+    counter = 0
+    onset = NOT_FATAL
+    for index, raw in enumerate(statuses):
+        if raw is None:
+            continue
+        status = ToolStatus.parse(raw)
+        if status is ToolStatus.OK:
+            counter = 0
+        elif status in POLICY_ERRORS:
+            if counter == 0:
+                onset = index
+            counter += 1
+            if counter == k:
+                return index if anchor == "breach" else onset
+    return NOT_FATAL
+
+
+def ended_with_response(steps: Sequence[Step]) -> bool:
+    return bool(steps) and steps[-1].response is not None
+
+
+def has_infra_error(traj: Trajectory) -> bool:
+    """True when our infrastructure failed during the rollout: retry or drop it, never score it."""
+    return traj.finish_reason is FinishReason.INFRA_ERROR or any(
+        status is ToolStatus.INFRA_ERROR for status in traj.statuses)
+
+
+def trajectory_fatal_step(traj: Trajectory, config: FatalConfig = FatalConfig()) -> int:
+    """Fatal step of a whole rollout: the error cascade if any, else its end if it has no response.
+
+    Returns -1 for a non-fatal rollout and ``len(traj.steps)`` for one that ran out of turns or
+    tokens (fatal, nothing masked).
+    """
+    cascade = find_fatal_step(traj.statuses, k=config.k, anchor=config.anchor)
+    if cascade != NOT_FATAL:
+        return cascade
+    return NOT_FATAL if ended_with_response(traj.steps) else len(traj.steps)
+
+
+def is_fatal(fatal_step: int) -> bool:
+    return fatal_step != NOT_FATAL
+
+
+def valid_prefix(steps: Sequence[Step], fatal_step: int) -> Sequence[Step]:
+    """The steps that keep their gradient (all of them for a non-fatal rollout)."""
+    return steps if fatal_step == NOT_FATAL else steps[:fatal_step]
