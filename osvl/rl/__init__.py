@@ -1,6 +1,12 @@
-"""Host-side half of fatal-aware GRPO: trajectory records, fatal steps, rewards, advantages."""
+"""Host-side half of fatal-aware GRPO: trajectory records, fatal steps, rewards, advantages.
 
-from osvl.rl.advantages import AdvantageBatch, AdvantageConfig, compute_advantages, trajectory_advantages
+The torch-dependent names (advantages, statistics) load on first use, so tool and rollout worker
+processes that only need the records (``from osvl.rl.trajectory import ToolResult``) stay light.
+"""
+
+from importlib import import_module
+from typing import Any
+
 from osvl.rl.fatal import FatalConfig, find_fatal_step, has_infra_error, trajectory_fatal_step, valid_prefix
 from osvl.rl.judges import (
     ChatCompletionsClient,
@@ -12,7 +18,6 @@ from osvl.rl.judges import (
     Verdict,
 )
 from osvl.rl.rewards import RewardConfig, composite_reward, format_reward, score_batch, score_trajectory
-from osvl.rl.stats import BatchStats, batch_stats
 from osvl.rl.trajectory import (
     FinishReason,
     Prompt,
@@ -25,6 +30,22 @@ from osvl.rl.trajectory import (
     append_jsonl,
     read_jsonl,
 )
+
+_LAZY = {
+    "AdvantageBatch": "osvl.rl.advantages",
+    "AdvantageConfig": "osvl.rl.advantages",
+    "compute_advantages": "osvl.rl.advantages",
+    "trajectory_advantages": "osvl.rl.advantages",
+    "BatchStats": "osvl.rl.stats",
+    "batch_stats": "osvl.rl.stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'osvl.rl' has no attribute {name!r}")
+
 
 __all__ = [
     "AdvantageBatch", "AdvantageConfig", "BatchStats", "ChatCompletionsClient", "ChatJudgeConfig",

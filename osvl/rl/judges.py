@@ -154,8 +154,9 @@ class ChatCompletionsClient:
     def complete(self, messages: list[dict[str, str]]) -> ChatOutcome:
         """Send one chat request, retrying transient failures; never raises for HTTP trouble.
 
-        Retried: timeouts, connection errors, 408, 429 (after Retry-After when given), 5xx and
-        malformed bodies. Not retried: other 4xx (bad key, bad model), which no wait will fix.
+        Retried: timeouts, connection errors, 408, 429 and 5xx (after the server's Retry-After
+        when it sends one, else exponential backoff) and malformed bodies. Not retried: other 4xx
+        (bad key, unknown model), which no wait will fix.
         """
         cfg = self.config
         payload = {"model": cfg.model, "messages": messages, "temperature": cfg.temperature,
@@ -169,6 +170,8 @@ class ChatCompletionsClient:
                 error = "timeout"
             except httpx.TransportError:
                 error = "connection_error"
+            except httpx.RequestError:  # undecodable body, redirect loop
+                error = "request_error"
             else:
                 status = reply.status_code
                 if status == 200:
@@ -179,13 +182,11 @@ class ChatCompletionsClient:
                     if text is not None:
                         return ChatOutcome(text=text, error=None, attempts=attempt)
                     error = "malformed_response"
-                elif status == 429:
-                    error = "http_429"
+                elif status in (408, 429) or status >= 500:
+                    error = f"http_{status}"
                     retry_after = parse_retry_after(reply.headers.get("retry-after"))
                     if retry_after is not None:
                         wait = min(retry_after, cfg.max_retry_after_s)
-                elif status == 408 or status >= 500:
-                    error = f"http_{status}"
                 else:
                     return ChatOutcome(text=None, error=f"http_{status}", attempts=attempt)
             if attempt < cfg.max_attempts:

@@ -182,7 +182,8 @@ class Trajectory:
     finish_reason: FinishReason
     group_id: int
     sample_index: int
-    fatal_step: int = -1  # first masked step; len(steps) = fatal at the end; -1 = non-fatal
+    # first masked step (set by rewards.score_trajectory): len(steps) = fatal at the end, -1 = none
+    fatal_step: int = -1
     reward: RewardParts | None = None
     infra_retries: int = 0  # rollouts restarted because of infra errors before this one
 

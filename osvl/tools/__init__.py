@@ -1,0 +1,30 @@
+"""The agent's tool environment: seven tools in worker processes with hard deadlines.
+
+``ToolEnvironment.execute`` turns one model action into a typed ``ToolResult``; images are
+addressed by index into the trajectory's ``VisualContext``; ``tool_schemas()`` is what the
+prompt renders.
+"""
+
+from osvl.tools.cache import CacheStats, ToolCache
+from osvl.tools.catalog import builtin_specs, default_registry, tool_schemas
+from osvl.tools.config import (
+    HttpConfig,
+    ImageSearchConfig,
+    OcrConfig,
+    SuperResolutionConfig,
+    TextSearchConfig,
+    ToolsConfig,
+)
+from osvl.tools.environment import ToolEnvironment
+from osvl.tools.errors import BackendError, CallParseError, ToolError
+from osvl.tools.limits import ToolLimits
+from osvl.tools.pool import Job, PoolBusy, PoolClosed, PoolConfig, PoolStats, ToolPool
+from osvl.tools.registry import ToolOutput, ToolRegistry, ToolSpec, parse_tool_call
+from osvl.tools.visual_context import VisualContext
+
+__all__ = [
+    "BackendError", "CacheStats", "CallParseError", "HttpConfig", "ImageSearchConfig", "Job", "OcrConfig",
+    "PoolBusy", "PoolClosed", "PoolConfig", "PoolStats", "SuperResolutionConfig", "TextSearchConfig", "ToolCache",
+    "ToolEnvironment", "ToolError", "ToolLimits", "ToolOutput", "ToolPool", "ToolRegistry", "ToolSpec",
+    "ToolsConfig", "VisualContext", "builtin_specs", "default_registry", "parse_tool_call", "tool_schemas",
+]

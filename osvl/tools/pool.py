@@ -1,0 +1,283 @@
+"""A pool of spawned worker processes that runs tool calls under hard deadlines.
+
+One dispatcher thread per worker takes jobs from a bounded queue, sends each to its process over
+a private pipe, and waits until the reply, the deadline, the process's death, or its RSS passing
+the memory cap. Timeouts and memory overruns kill the process; every failure gives the caller a
+typed ``ToolResult`` and the worker is replaced before it takes the next job. The caller-facing
+API is ``submit`` (a ``concurrent.futures.Future``), ``call`` (sync) and ``acall`` (asyncio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from osvl.rl.trajectory import ToolResult, ToolStatus
+from osvl.tools.config import ToolsConfig
+from osvl.tools.worker import worker_main
+
+_STOP = object()
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class PoolBusy(Exception):
+    """The job queue is full (back-pressure); retry later or wait with ``block=True``."""
+
+
+class PoolClosed(RuntimeError):
+    """The pool was closed; no job is accepted any more."""
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    num_workers: int = 2
+    max_queue: int = 64  # jobs waiting for a worker; submit blocks or raises PoolBusy beyond
+    max_rss_bytes: int | None = 4 << 30  # RSS watchdog per worker; None disables it
+    address_space_bytes: int | None = None  # RLIMIT_AS per worker (MemoryError instead of OOM)
+    startup_timeout_s: float = 120.0
+    watch_interval_s: float = 0.05  # how often deadlines and RSS are checked while a job runs
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1 or self.max_queue < 1:
+            raise ValueError(f"PoolConfig needs num_workers >= 1 and max_queue >= 1, got "
+                             f"{self.num_workers} and {self.max_queue}")
+        for name in ("startup_timeout_s", "watch_interval_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"PoolConfig.{name} must be positive, got {value}")
+        for name in ("max_rss_bytes", "address_space_bytes"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"PoolConfig.{name} must be positive or None, got {value}")
+
+
+@dataclass
+class Job:
+    tool: str
+    target: str  # "module:function"
+    arguments: dict[str, Any]
+    images: list[np.ndarray] = field(default_factory=list)
+    deadline_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
+            raise ValueError(f"job deadline_s must be a positive number, got {self.deadline_s}")
+
+
+@dataclass
+class PoolStats:
+    submitted: int = 0
+    completed: int = 0
+    timeouts: int = 0
+    crashes: int = 0
+    memory_kills: int = 0
+    restarts: int = 0
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, ctx: Any, tools_config: ToolsConfig, pool_config: PoolConfig) -> None:
+        self._ctx, self._tools_config, self._pool_config = ctx, tools_config, pool_config
+        self.process: Any = None
+        self.conn: Any = None
+
+    def start(self) -> None:
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(
+            target=worker_main, args=(child_conn, self._tools_config, self._pool_config.address_space_bytes),
+            daemon=True, name="osvl-tool-worker")
+        process.start()
+        child_conn.close()
+        self.process, self.conn = process, parent_conn
+        if not parent_conn.poll(self._pool_config.startup_timeout_s):
+            self.kill()
+            raise RuntimeError(f"tool worker did not start within {self._pool_config.startup_timeout_s}s")
+        try:
+            parent_conn.recv()
+        except (EOFError, OSError):
+            self.kill()
+            raise RuntimeError(f"tool worker died while starting (exit code {process.exitcode})") from None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    def rss_bytes(self) -> int | None:
+        try:
+            with open(f"/proc/{self.process.pid}/statm") as handle:
+                return int(handle.read().split()[1]) * _PAGE_SIZE
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.join(timeout=10)
+        if self.conn is not None:
+            self.conn.close()
+        self.process = self.conn = None
+
+    def stop(self) -> None:
+        if self.alive():
+            try:
+                self.conn.send(None)
+                self.process.join(timeout=2)
+            except (BrokenPipeError, OSError):
+                pass
+        self.kill()
+
+
+class ToolPool:
+    def __init__(self, tools_config: ToolsConfig | None = None, config: PoolConfig | None = None) -> None:
+        self.tools_config = tools_config or ToolsConfig()
+        self.config = config or PoolConfig()
+        self.stats = PoolStats()
+        self._ctx = mp.get_context("spawn")
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.config.max_queue)
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._workers = [_Worker(self._ctx, self.tools_config, self.config) for _ in range(self.config.num_workers)]
+        starters = [threading.Thread(target=w.start) for w in self._workers]  # spawn in parallel
+        for thread in starters:
+            thread.start()
+        for thread in starters:
+            thread.join()
+        if not all(w.alive() for w in self._workers):
+            self._shutdown_workers()
+            raise RuntimeError("tool pool: a worker process failed to start")
+        self._threads = [threading.Thread(target=self._serve, args=(w,), daemon=True, name=f"osvl-tool-dispatch-{i}")
+                         for i, w in enumerate(self._workers)]
+        for thread in self._threads:
+            thread.start()
+
+    # -- caller side ------------------------------------------------------------------------
+
+    def submit(self, job: Job, block: bool = True, timeout: float | None = None) -> Future[ToolResult]:
+        """Queue a job; with ``block=False`` (or after ``timeout``) a full queue raises ``PoolBusy``."""
+        if self._closed:
+            raise PoolClosed("the tool pool is closed")
+        future: Future[ToolResult] = Future()
+        try:
+            self._queue.put((job, future), block=block, timeout=timeout)
+        except queue.Full:
+            raise PoolBusy(f"tool queue is full ({self.config.max_queue} jobs waiting)") from None
+        with self._lock:
+            self.stats.submitted += 1
+        return future
+
+    def call(self, job: Job) -> ToolResult:
+        return self.submit(job).result()
+
+    async def acall(self, job: Job) -> ToolResult:
+        """Async submit: waits for queue space without blocking the event loop."""
+        try:
+            future = self.submit(job, block=False)
+        except PoolBusy:
+            future = await asyncio.to_thread(self.submit, job, True)
+        return await asyncio.wrap_future(future)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        for thread in self._threads:
+            thread.join()
+        self._shutdown_workers()
+
+    def __enter__(self) -> ToolPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def worker_pids(self) -> list[int | None]:
+        return [w.process.pid if w.process is not None else None for w in self._workers]
+
+    # -- dispatcher side --------------------------------------------------------------------
+
+    def _shutdown_workers(self) -> None:
+        for worker in self._workers:
+            worker.stop()
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
+
+    def _serve(self, worker: _Worker) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            job, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            started = time.monotonic()
+            try:
+                status, text, images, error, replace = self._run(worker, job)
+            except Exception as err:  # the dispatcher itself must never die
+                status, text, images, error, replace = ToolStatus.INFRA_ERROR, "", [], f"tool pool error: {err}", True
+            future.set_result(ToolResult(status=status, tool=job.tool, text=text, images=images, error=error,
+                                         elapsed_s=time.monotonic() - started))
+            self._count("completed")
+            if replace or not worker.alive():
+                self._replace(worker)
+
+    def _replace(self, worker: _Worker) -> None:
+        worker.kill()
+        self._count("restarts")
+        while not self._closed:
+            try:
+                worker.start()
+                return
+            except RuntimeError:
+                time.sleep(1.0)
+
+    def _run(self, worker: _Worker, job: Job) -> tuple[ToolStatus, str, list[np.ndarray], str | None, bool]:
+        if not worker.alive():
+            self._replace(worker)
+        job_id = next(self._ids)
+        try:
+            worker.conn.send((job_id, job.target, job.arguments, job.images))
+        except (BrokenPipeError, OSError) as err:
+            self._count("crashes")
+            return ToolStatus.INFRA_ERROR, "", [], f"could not reach the tool worker: {err}", True
+        deadline = time.monotonic() + job.deadline_s
+        limit = self.config.max_rss_bytes
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._count("timeouts")
+                return ToolStatus.TIMEOUT, "", [], f"{job.tool} did not finish within {job.deadline_s:g}s", True
+            if worker.conn.poll(min(remaining, self.config.watch_interval_s)):
+                try:
+                    reply = worker.conn.recv()
+                except (EOFError, OSError):
+                    worker.process.join(timeout=5)
+                    self._count("crashes")
+                    return (ToolStatus.INFRA_ERROR, "", [],
+                            f"the {job.tool} worker process died (exit code {worker.process.exitcode})", True)
+                reply_id, status, text, images, error, retire = reply
+                if reply_id != job_id:
+                    return ToolStatus.INFRA_ERROR, "", [], "tool worker answered a different job", True
+                return ToolStatus(status), text, images, error, retire
+            if limit is not None:
+                rss = worker.rss_bytes()
+                if rss is not None and rss > limit:
+                    self._count("memory_kills")
+                    return (ToolStatus.INFRA_ERROR, "", [],
+                            f"the {job.tool} worker used {rss >> 20} MiB, over the {limit >> 20} MiB limit", True)

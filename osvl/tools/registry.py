@@ -1,0 +1,136 @@
+"""Tool specifications, the registry the prompt renders, and parsing a model's tool call.
+
+A ``ToolSpec`` names its implementation as ``"module:function"`` so that spawned worker
+processes can import it without pickling code. Implementations have the signature
+``fn(arguments, images, config) -> ToolOutput`` where ``images`` are the images named by the
+spec's ``image_args``, resolved from the visual context in that order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from osvl.rl.trajectory import ToolCall
+from osvl.tools.errors import CallParseError
+from osvl.tools.limits import ToolLimits
+from osvl.tools.schema import check_arguments, check_schema
+
+
+@dataclass
+class ToolOutput:
+    """What an implementation returns: observation text and any new images."""
+
+    text: str = ""
+    images: list[np.ndarray] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON schema of the arguments object
+    target: str  # "package.module:function"
+    image_args: tuple[str, ...] = ()  # integer arguments that index the visual context
+    deadline_s: float = 30.0  # default per-call deadline
+    cacheable: bool = False  # worth recording (online, slow, deterministic given inputs)
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"tool name {self.name!r} must be an identifier")
+        if ":" not in self.target:
+            raise ValueError(f"tool {self.name}: target {self.target!r} must look like 'module:function'")
+        if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
+            raise ValueError(f"tool {self.name}: deadline_s must be a positive number, got {self.deadline_s}")
+        if self.parameters.get("type") != "object":
+            raise ValueError(f"tool {self.name}: parameters must be an object schema")
+        check_schema(self.parameters, self.name)
+        for arg in self.image_args:
+            if self.parameters["properties"].get(arg, {}).get("type") != "integer":
+                raise ValueError(f"tool {self.name}: image argument {arg!r} must be an integer property")
+
+    def openai_schema(self) -> dict[str, Any]:
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+class ToolRegistry:
+    def __init__(self, specs: Iterable[ToolSpec], limits: ToolLimits | None = None) -> None:
+        self.limits = limits or ToolLimits()
+        self._specs: dict[str, ToolSpec] = {}
+        for spec in specs:
+            if spec.name in self._specs:
+                raise ValueError(f"tool {spec.name!r} is registered twice")
+            self._specs[spec.name] = spec
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._specs
+
+    def get(self, name: str) -> ToolSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise CallParseError(f"unknown tool {name!r}; available tools: {', '.join(self._specs)}") from None
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI function-calling schemas, in registration order, as rendered into the prompt."""
+        return [spec.openai_schema() for spec in self._specs.values()]
+
+    def parse(self, raw: str | Mapping[str, Any] | ToolCall) -> ToolCall:
+        """Turn the model's ``{"name": ..., "arguments": {...}}`` into a validated call.
+
+        Raises ``CallParseError`` for malformed JSON or an unknown tool/argument and ``ToolError``
+        for arguments of the wrong type or out of range. Defaults are filled in.
+        """
+        call = parse_tool_call(raw, self.limits)
+        spec = self.get(call.name)
+        return ToolCall(name=call.name, arguments=check_arguments(spec.parameters, call.arguments))
+
+
+def _reject_constant(token: str) -> float:
+    raise CallParseError(f"non-finite number {token} is not valid JSON")
+
+
+def _loads(text: str, what: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as err:
+        raise CallParseError(f"{what} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except RecursionError:
+        raise CallParseError(f"{what} is nested too deeply") from None
+
+
+def parse_tool_call(raw: str | Mapping[str, Any] | ToolCall, limits: ToolLimits | None = None) -> ToolCall:
+    """Parse without a registry: JSON shape, size limit, name and arguments object."""
+    limits = limits or ToolLimits()
+    if isinstance(raw, ToolCall):
+        raw = {"name": raw.name, "arguments": raw.arguments}
+    if isinstance(raw, str):
+        if len(raw) > limits.max_call_chars:
+            raise CallParseError(f"tool call is {len(raw)} characters; the limit is {limits.max_call_chars}")
+        raw = _loads(raw, "tool call")
+    if not isinstance(raw, Mapping):
+        raise CallParseError('a tool call must be a JSON object {"name": ..., "arguments": {...}}')
+    unknown = sorted(set(raw) - {"name", "arguments"})
+    if unknown:
+        raise CallParseError(f"tool call has unknown field(s) {unknown}; expected 'name' and 'arguments'")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise CallParseError("tool call needs a non-empty string 'name'")
+    arguments = raw.get("arguments", {})
+    if isinstance(arguments, str):  # OpenAI style: arguments as a JSON string
+        if len(arguments) > limits.max_call_chars:
+            raise CallParseError(f"arguments are {len(arguments)} characters; the limit is {limits.max_call_chars}")
+        arguments = _loads(arguments, "arguments") if arguments.strip() else {}
+    if not isinstance(arguments, Mapping):
+        raise CallParseError("tool call 'arguments' must be a JSON object")
+    return ToolCall(name=name, arguments=dict(arguments))

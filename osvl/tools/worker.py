@@ -1,0 +1,93 @@
+"""The code that runs inside a tool worker process, and the exception-to-status mapping.
+
+``run_job`` is also what in-process callers (the HTTP tool server, tests of single tools) use, so
+a tool behaves the same with or without the pool.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from osvl.rl.trajectory import ToolStatus, check_image
+from osvl.tools.config import ToolsConfig
+from osvl.tools.errors import BackendError, CallParseError, ToolError
+from osvl.tools.registry import ToolOutput
+
+OUT_OF_MEMORY = "the tool ran out of memory"
+Reply = tuple[ToolStatus, str, list[np.ndarray], str | None]
+_TARGETS: dict[str, Callable[..., ToolOutput]] = {}
+
+
+def resolve_target(target: str) -> Callable[..., ToolOutput]:
+    """Import ``module:function`` once per process."""
+    if target not in _TARGETS:
+        module_name, _, attr = target.partition(":")
+        _TARGETS[target] = getattr(importlib.import_module(module_name), attr)
+    return _TARGETS[target]
+
+
+def run_job(target: str, arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> Reply:
+    """Run one tool call; every failure becomes a status with a message, never an exception."""
+    try:
+        output = resolve_target(target)(arguments, images, config)
+    except ToolError as err:
+        return ToolStatus.TOOL_ERROR, "", [], str(err)
+    except CallParseError as err:
+        return ToolStatus.PARSE_ERROR, "", [], str(err)
+    except BackendError as err:
+        return ToolStatus.INFRA_ERROR, "", [], str(err)
+    except MemoryError:
+        return ToolStatus.INFRA_ERROR, "", [], OUT_OF_MEMORY
+    except Exception as err:  # a bug or a broken backend is our fault, not the policy's
+        return ToolStatus.INFRA_ERROR, "", [], f"tool failed: {type(err).__name__}: {err}"
+    if not isinstance(output, ToolOutput):
+        return ToolStatus.INFRA_ERROR, "", [], f"tool returned {type(output).__name__}, not ToolOutput"
+    for image in output.images:
+        try:
+            check_image(image)
+        except ValueError as err:
+            return ToolStatus.INFRA_ERROR, "", [], f"tool produced an invalid image: {err}"
+        pixels = image.shape[0] * image.shape[1]
+        if pixels > config.limits.max_image_pixels:
+            return (ToolStatus.TOOL_ERROR, "", [],
+                    f"the result would be {image.shape[1]}x{image.shape[0]} = {pixels} pixels, over the "
+                    f"limit of {config.limits.max_image_pixels}; crop or downscale the input first")
+    return ToolStatus.OK, output.text, output.images, None
+
+
+def _apply_address_space_limit(limit_bytes: int | None) -> None:
+    if limit_bytes is None:
+        return
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+def worker_main(conn: Connection, config: ToolsConfig, address_space_bytes: int | None) -> None:
+    """Serve ``(job_id, target, arguments, images)`` requests until the pipe closes or ``None`` arrives."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
+    _apply_address_space_limit(address_space_bytes)
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        job_id, target, arguments, images = message
+        status, text, out_images, error = run_job(target, arguments, images, config)
+        retire = error == OUT_OF_MEMORY  # a process that hit its memory limit is not trusted again
+        try:
+            conn.send((job_id, status.value, text, out_images, error, retire))
+        except (BrokenPipeError, OSError):
+            return
+        if retire:
+            return

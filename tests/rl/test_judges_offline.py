@@ -1,0 +1,135 @@
+"""Offline judges, verdict parsers and the versioned prompt files."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from osvl.rl.judges import (
+    QUERY_DIMENSIONS,
+    ExactMatchAccuracyJudge,
+    HeuristicQueryJudge,
+    describe_calls,
+    load_prompt,
+    normalize_answer,
+    parse_accuracy_verdict,
+    parse_query_scores,
+    parse_retry_after,
+)
+from osvl.rl.trajectory import Prompt
+
+from .helpers import PROMPT, rgb, tool_step
+
+
+@pytest.mark.parametrize("raw, normalized", [
+    ("The Kessock Bridge!", "kessock bridge"),
+    ("  kessock\tBRIDGE ", "kessock bridge"),
+    ("１９８２", "1982"),
+    ("Straße", "strasse"),
+    ("an apple, a pear", "apple pear"),
+    ("“Théâtre”", "théâtre"),
+    ("", ""),
+])
+def test_normalize_answer(raw: str, normalized: str) -> None:
+    assert normalize_answer(raw) == normalized
+
+
+def test_exact_match_accepts_aliases_only() -> None:
+    judge = ExactMatchAccuracyJudge()
+    assert judge.judge_answer(PROMPT, "1982.").score == 1.0
+    assert judge.judge_answer(PROMPT, "Nineteen Eighty-Two").score == 1.0
+    assert judge.judge_answer(PROMPT, "It opened in 1982").score == 0.0
+    assert judge.judge_answer(PROMPT, "1983").score == 0.0
+    assert judge.judge_answer(Prompt(id="x", question="q", answer=""), "").score == 0.0
+
+
+def test_heuristic_query_judge_dimensions() -> None:
+    judge = HeuristicQueryJudge()
+    question = Prompt(id="x", question="When did the Kessock Bridge open?", images=[rgb(4, 4, 0)])
+    assert judge.judge_queries(question, []).score == 0.0
+    search = tool_step("ok", arguments={"query": "Kessock Bridge opening date"})
+    crop = tool_step("ok", name="crop", arguments={"bbox": [0, 0, 2, 2]}, observation="")
+    crop.tool_result.images.append(rgb(2, 2, 1))
+    off_topic = tool_step("ok", arguments={"query": "weather tomorrow"})
+    failed = tool_step("tool_error", arguments={"query": "bridge"})
+    best = judge.judge_queries(question, [crop, search]).score
+    assert best == pytest.approx(1.0)
+    only_text = judge.judge_queries(question, [search]).score
+    assert only_text == pytest.approx((1 + 1 + 1 + 0.5) / 4)
+    repeated = judge.judge_queries(question, [search, search]).score
+    assert repeated == pytest.approx((1 + 0.5 + 1 + 0.5) / 4)
+    noisy = judge.judge_queries(question, [search, off_topic, failed]).score
+    assert noisy == pytest.approx((2 / 3 + 1 + 2 / 3 + 0.5) / 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(statuses=st.lists(st.sampled_from(["ok", "tool_error", "timeout", "parse_error", None]),
+                         max_size=8),
+       queries=st.lists(st.text(max_size=20), min_size=8, max_size=8))
+def test_heuristic_query_score_is_bounded(statuses, queries) -> None:
+    steps = [tool_step(s, arguments={"query": q}) for s, q in zip(statuses, queries)]
+    score = HeuristicQueryJudge().judge_queries(PROMPT, steps).score
+    assert 0.0 <= score <= 1.0
+
+
+@pytest.mark.parametrize("text, score", [
+    ("reasoning...\nverdict: correct", 1.0),
+    ("verdict: incorrect", 0.0),
+    ("VERDICT = Correct", 1.0),
+    ("verdict: **incorrect**", 0.0),
+    ("first verdict: correct\nfinal verdict: incorrect", 0.0),
+    ("The answer is correct.", None),
+    ("verdict: incorrectly formatted", None),
+    ("", None),
+])
+def test_parse_accuracy_verdict(text, score) -> None:
+    assert parse_accuracy_verdict(text) == score
+
+
+@pytest.mark.parametrize("text, score", [
+    ('{"relevance": 10, "progression": 10, "signal_to_noise": 10, "cross_modal": 10}', 1.0),
+    ('bla {"x": 1} then {"relevance": 0, "progression": 4, "signal_to_noise": 2, "cross_modal": 2}', 0.2),
+    ('{"relevance": 5, "progression": 5, "signal_to_noise": 5}', None),
+    ('{"relevance": 5, "progression": 5, "signal_to_noise": 5, "cross_modal": -1}', None),
+    ('{"relevance": true, "progression": 5, "signal_to_noise": 5, "cross_modal": 5}', None),
+    ('{"relevance": "5", "progression": 5, "signal_to_noise": 5, "cross_modal": 5}', None),
+    ("no json at all", None),
+    ("{broken json}", None),
+])
+def test_parse_query_scores(text, score) -> None:
+    assert parse_query_scores(text) == (None if score is None else pytest.approx(score))
+
+
+def test_parse_retry_after() -> None:
+    from datetime import datetime, timezone
+    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    assert parse_retry_after("5") == 5.0
+    assert parse_retry_after(" 1.5 ") == 1.5
+    assert parse_retry_after("-3") == 0.0
+    assert parse_retry_after("Thu, 01 Jan 2026 12:00:30 GMT", now=now) == 30.0
+    assert parse_retry_after("Thu, 01 Jan 2026 11:00:00 GMT", now=now) == 0.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after("nan") is None
+    assert parse_retry_after(None) is None
+
+
+def test_prompt_files_are_versioned_and_complete() -> None:
+    accuracy = load_prompt("accuracy_judge.v1.txt")
+    filled = accuracy.substitute(question="Q?", references="- A", response="R")
+    assert "Q?" in filled and "- A" in filled and "verdict: correct" in filled and "$" not in filled
+    query = load_prompt("query_judge.v1.txt")
+    filled = query.substitute(question="Q?", calls="1. x")
+    for dimension in QUERY_DIMENSIONS:
+        assert dimension in filled
+    with pytest.raises(FileNotFoundError):
+        load_prompt("accuracy_judge.v0.txt")
+
+
+def test_describe_calls_marks_failures_and_images() -> None:
+    crop = tool_step("ok", name="crop", arguments={"bbox": [1, 2, 3, 4]}, observation="x" * 50)
+    crop.tool_result.images.append(rgb(2, 2, 0))
+    text = describe_calls([crop, tool_step(None), tool_step("timeout")], excerpt_chars=10)
+    lines = text.splitlines()
+    assert lines[0] == '1. crop {"bbox": [1, 2, 3, 4]} -> ok: xxxxxxxxxx... [+1 image(s)]'
+    assert lines[1].endswith("-> not executed") and lines[2].endswith("-> timeout: timeout happened")
