@@ -31,7 +31,9 @@ def loss_metrics(
     def mean(x: torch.Tensor) -> torch.Tensor:
         return torch.where(valid, x.float(), torch.zeros_like(x, dtype=torch.float32)).sum() / denom
 
-    ratio_max = torch.where(valid, result.ratio, torch.full_like(result.ratio, float("-inf"))).max()
+    # The -inf sentinel keeps the max defined for a batch with no tokens at all.
+    masked_ratio = torch.where(valid, result.ratio, torch.full_like(result.ratio, float("-inf")))
+    ratio_max = torch.cat([masked_ratio, masked_ratio.new_full((1,), float("-inf"))]).max()
     if old_logprobs is None:
         abs_diff = torch.zeros((), device=valid.device)
     else:

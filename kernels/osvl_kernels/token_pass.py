@@ -129,14 +129,19 @@ def row_stats(
     backend: str = "auto",
 ) -> RowStats:
     """Statistics of each valid row over this shard; rows where `valid` is False are skipped
-    (their fields hold max=0, sumexp=1, zexp=0, target=0 so downstream math stays finite)."""
+    (their fields hold max=0, sumexp=1, zexp=0, target=0 so downstream math stays finite).
+    A valid row whose shard is empty or all -inf holds max=-inf, sumexp=0, zexp=0."""
     if resolve_backend(backend, logits.device) == "triton":
         from osvl_kernels.triton_token_pass import row_stats_triton
 
         return row_stats_triton(logits, target_ids, valid, vocab_start, temperature)
     T, V = logits.shape
     out = RowStats(*(torch.zeros(T, dtype=torch.float32, device=logits.device) for _ in range(4)))
-    out.sumexp.fill_(1.0)
+    # Valid rows of a shard with nothing in it (or only -inf) hold the empty-sum identity.
+    out.max.copy_(torch.where(valid, float("-inf"), 0.0))
+    out.sumexp.copy_((~valid).float())
+    if V == 0:
+        return out
     local_target = target_ids.long() - vocab_start
     in_shard = valid & (local_target >= 0) & (local_target < V)
     step = chunk_rows(V)
@@ -144,7 +149,7 @@ def row_stats(
         rows = slice(start, min(start + step, T))
         z = logits[rows].float() / temperature
         m = z.max(dim=-1).values
-        e = torch.exp(z - m[:, None])
+        e = torch.exp(z - torch.where(torch.isfinite(m), m, 0.0)[:, None])
         ez = torch.where(e > 0, e * z, torch.zeros_like(e))  # exp(-inf) * -inf would be nan
         tgt = z.gather(1, local_target[rows].clamp(0, V - 1)[:, None]).squeeze(1)
         ok = valid[rows]

@@ -9,7 +9,7 @@ from osvl_kernels import grpo_loss
 from osvl_kernels.reference import reference_grpo_loss
 from tests.kernels.packed import random_packed_batch
 
-BACKENDS = ["torch"]
+BACKENDS = ["torch", "triton"]
 AGGS = ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm"]
 LOSS_KEYS = ("target_ids", "cu_seqlens", "loss_mask", "old_logprobs", "rewards", "group_ids", "fatal_step", "token_step", "ref_logprobs")
 
@@ -201,3 +201,16 @@ def test_masked_vocab_entries_do_not_make_nans():
     torch.testing.assert_close(out.loss, expected.loss)
     torch.testing.assert_close(padded.grad[:, :30], trimmed.grad)
     assert torch.count_nonzero(padded.grad[:, 30:]) == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_without_tokens(backend):
+    logits = torch.zeros(0, 11, requires_grad=True)
+    empty_long = torch.zeros(0, dtype=torch.long)
+    out = grpo_loss(
+        logits, empty_long, torch.zeros(3, dtype=torch.int32), torch.zeros(0, dtype=torch.bool),
+        rewards=torch.tensor([1.0, 0.0]), group_ids=torch.zeros(2, dtype=torch.long), backend=backend,
+    )
+    out.loss.backward()
+    assert out.loss.item() == 0.0 and logits.grad.shape == (0, 11)
+    assert out.metrics["num_valid_tokens"].item() == 0 and out.metrics["ratio_max"].item() == 0.0

@@ -1,0 +1,210 @@
+"""`linear_grpo_loss`: fatal-aware GRPO straight from hidden states, logits never materialised.
+
+Per chunk of tokens: logits_c = hidden_c @ weight.T (input dtype), the token pass turns that
+buffer into d(loss)/d(logits_c) in place, then grad_hidden_c = dlogits_c @ weight and
+grad_weight += dlogits_c.T @ hidden_c. All three GEMMs run in the forward call, so the step
+costs 6·T·H·V FLOPs and backward only scales the stored gradients: fused-linear losses that
+recompute the lm_head GEMM in backward pay 8·T·H·V.
+
+Peak extra memory: one [chunk, V_local] logits buffer (input dtype, <= LINEAR_CHUNK_BYTES by
+default), the token pass's own bounded temporaries, the [T, H] hidden gradient and the fp32
+[V_local, H] weight-gradient accumulator (cast to the weight dtype at the end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import torch
+import torch.distributed as dist
+
+from osvl_kernels.autograd import loss_with_grads
+from osvl_kernels.grpo_loss import GRPOLossOutput, loss_metrics
+from osvl_kernels.inputs import LossHyper, _check_1d, plan_grpo_loss
+from osvl_kernels.token_pass import TokenPassResult, resolve_backend, token_pass
+from osvl_kernels.vocab_parallel import vocab_parallel_token_pass, vocab_shard
+
+# Default bound on one chunk of logits, in bytes of the input dtype (~880 tokens at V=151,936 bf16).
+LINEAR_CHUNK_BYTES = 256 * 2**20
+# Default chunks are a multiple of this many tokens when the budget allows (GEMM-friendly M).
+_CHUNK_ALIGN = 128
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def check_linear_inputs(hidden: torch.Tensor, weight: torch.Tensor, target_ids: torch.Tensor) -> None:
+    """Shape/dtype/device checks shared by the hidden-state entry points."""
+    for name, x, shape in (("hidden", hidden, "[T, H]"), ("weight", weight, "[V, H]")):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a 2-D {shape} tensor, got {got}")
+    if hidden.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"hidden must be fp32/bf16/fp16, got {hidden.dtype}")
+    if weight.dtype != hidden.dtype:
+        raise ValueError(f"weight dtype {weight.dtype} must match hidden dtype {hidden.dtype}")
+    if weight.device != hidden.device:
+        raise ValueError(f"weight is on {weight.device}, hidden on {hidden.device}")
+    if weight.shape[1] != hidden.shape[1]:
+        raise ValueError(f"hidden size mismatch: hidden is [T, {hidden.shape[1]}], weight is [V, {weight.shape[1]}]")
+    if weight.shape[0] == 0:
+        raise ValueError("weight has no vocab rows")
+    _check_1d("target_ids", target_ids, hidden.shape[0], "int", hidden.device)
+
+
+def lm_head_chunk_rows(vocab_local: int, dtype: torch.dtype, chunk_size: int | None = None) -> int:
+    """Tokens per chunk: `chunk_size` if given, else as many as keep [chunk, V_local] logits
+    within LINEAR_CHUNK_BYTES (rounded down to a multiple of 128 when that is >= 128)."""
+    if chunk_size is not None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+            raise ValueError(f"chunk_size must be a positive int (or None for the default), got {chunk_size!r}")
+        return chunk_size
+    rows = LINEAR_CHUNK_BYTES // (max(vocab_local, 1) * dtype.itemsize)
+    return rows // _CHUNK_ALIGN * _CHUNK_ALIGN if rows >= _CHUNK_ALIGN else max(rows, 1)
+
+
+def token_chunks(num_tokens: int, chunk_rows: int) -> list[slice]:
+    return [slice(start, min(start + chunk_rows, num_tokens)) for start in range(0, num_tokens, chunk_rows)]
+
+
+def add_matmul_fp32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b, accumulated in acc's dtype (fp32 for half inputs) with no [V, H] temporary."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif a.is_cuda:
+        # Mixed-precision GEMM (half in, fp32 out), in row blocks so the temporary stays bounded.
+        block = max(1, LINEAR_CHUNK_BYTES // (4 * max(b.shape[1], 1)))
+        for start in range(0, a.shape[0], block):
+            acc[start : start + block] += torch.mm(a[start : start + block], b, out_dtype=acc.dtype)
+    else:
+        # CPU has no mixed-precision GEMM: upcast the (bounded) chunk operands.
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+def concat_results(parts: list[TokenPassResult]) -> TokenPassResult:
+    return TokenPassResult(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(TokenPassResult)})
+
+
+def linear_grpo_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    loss_mask: torch.Tensor,
+    old_logprobs: torch.Tensor | None = None,
+    rewards: torch.Tensor | None = None,
+    group_ids: torch.Tensor | None = None,
+    fatal_step: torch.Tensor | None = None,
+    token_step: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    dual_clip: float | None = None,
+    kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    temperature: float = 1.0,
+    estimator: str = "grpo",
+    std: str = "unbiased",
+    adv_eps: float = 1e-6,
+    clamp_fatal: bool = True,
+    loss_agg: str = "seq-mean-token-mean",
+    num_seqs: int | torch.Tensor | None = None,
+    num_tokens: int | torch.Tensor | None = None,
+    max_response_len: int | None = None,
+    inplace_grad: bool = False,
+    backend: str = "auto",
+    validate: bool = True,
+    tp_group: dist.ProcessGroup | None = None,
+    vocab_start: int | None = None,
+    chunk_size: int | None = None,
+) -> GRPOLossOutput:
+    """`grpo_loss` on logits = hidden @ weight.T, computed a chunk of tokens at a time.
+
+    Gradients flow to `hidden` and/or `weight` when they require grad (both are computed in this
+    call; backward only scales them). `inplace_grad` is accepted for keyword parity with
+    `grpo_loss`: the logits chunk is always a private buffer overwritten by its gradient.
+
+    Tensor parallel (`tp_group`): `weight` is this rank's contiguous vocab shard, every rank
+    passes the same tokens and global `target_ids`. Shards are laid out in group-rank order from
+    all-gathered sizes (uneven shards are fine), or at the explicit `vocab_start`. The hidden
+    gradient is all-reduced (SUM) over the group, so it equals the unsharded gradient: do not
+    all-reduce it again in a column-parallel lm_head's backward. The weight gradient is this
+    shard's. Loss, log-probs and metrics equal the unsharded computation on every rank.
+    `chunk_size` is tokens per chunk; None bounds the logits chunk by LINEAR_CHUNK_BYTES.
+    """
+    check_linear_inputs(hidden, weight, target_ids)
+    chunk_rows = lm_head_chunk_rows(weight.shape[0], hidden.dtype, chunk_size)
+    resolve_backend(backend, hidden.device)
+    hyper = LossHyper(eps_low, eps_high, dual_clip, kl_coef, entropy_coef, temperature)
+    shard = vocab_shard(weight.shape[0], tp_group, hidden.device, vocab_start, validate)
+    T = hidden.shape[0]
+    plan = plan_grpo_loss(
+        num_tokens_total=T,
+        device=hidden.device,
+        target_ids=target_ids,
+        vocab_size=shard.vocab_size if shard.vocab_size is not None else shard.start + shard.size,
+        cu_seqlens=cu_seqlens,
+        loss_mask=loss_mask,
+        old_logprobs=old_logprobs,
+        rewards=rewards,
+        group_ids=group_ids,
+        fatal_step=fatal_step,
+        token_step=token_step,
+        advantages=advantages,
+        ref_logprobs=ref_logprobs,
+        kl_coef=kl_coef,
+        estimator=estimator,
+        std=std,
+        adv_eps=adv_eps,
+        clamp_fatal=clamp_fatal,
+        loss_agg=loss_agg,
+        num_seqs=num_seqs,
+        num_tokens=num_tokens,
+        max_response_len=max_response_len,
+        validate=validate,
+    )
+    old = None if old_logprobs is None else old_logprobs.detach()
+    ref = None if ref_logprobs is None else ref_logprobs.detach()
+    want_hidden, want_weight = hidden.requires_grad, weight.requires_grad
+    acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    grad_hidden = torch.empty_like(hidden, memory_format=torch.contiguous_format) if want_hidden else None
+    grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if want_weight else None
+    parts = []
+    with torch.no_grad():
+        h, w = hidden.detach(), weight.detach()
+        buffer = torch.empty(min(chunk_rows, T), w.shape[0], dtype=w.dtype, device=w.device)
+        for rows in token_chunks(T, chunk_rows):
+            logits = torch.mm(h[rows], w.t(), out=buffer[: rows.stop - rows.start])
+            grad = logits if (want_hidden or want_weight) else None
+            old_c = None if old is None else old[rows]
+            ref_c = None if ref is None else ref[rows]
+            token_weight, advantage = plan.weight[rows], plan.token_advantage[rows]
+            if tp_group is None:
+                part = token_pass(
+                    logits, target_ids[rows], token_weight, advantage, old_c, ref_c, hyper, grad, backend=backend
+                )
+            else:
+                part = vocab_parallel_token_pass(
+                    logits, target_ids[rows], shard.start, token_weight, advantage, old_c, ref_c, hyper, grad,
+                    tp_group, backend=backend,
+                )
+            parts.append(part)
+            if want_hidden:
+                torch.mm(logits, w, out=grad_hidden[rows])
+            if want_weight:
+                add_matmul_fp32_(grad_weight, logits.t(), h[rows])
+        result = concat_results(parts)
+        loss_value = (plan.weight * result.loss).sum()
+        if want_hidden and tp_group is not None:
+            dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=tp_group)
+        if want_weight:
+            grad_weight = grad_weight.to(weight.dtype)
+    if want_hidden or want_weight:
+        loss = loss_with_grads(loss_value, [hidden, weight], [grad_hidden, grad_weight])
+    else:
+        loss = loss_value
+    return GRPOLossOutput(
+        loss=loss,
+        logprobs=result.logp,
+        advantages=plan.advantages,
+        metrics=loss_metrics(result, plan, old_logprobs),
+    )
