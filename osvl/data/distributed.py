@@ -1,0 +1,33 @@
+"""Global loss normalisers: sequences and valid tokens summed over data-parallel ranks.
+
+Each rank sees only its own micro-batches, but a ``seq-mean`` or ``token-mean`` loss must divide
+by the totals of the whole step, or ranks with short sequences would weigh more. One all-reduce of
+two integers per step; the results stay on the device (no host sync) and are passed to
+``osvl_kernels.grpo_loss(num_seqs=..., num_tokens=...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from osvl.data.packing import PackedBatch
+
+
+@dataclass(frozen=True)
+class GlobalNormalizers:
+    num_seqs: torch.Tensor  # 0-d int64: real sequences over all ranks
+    num_valid_tokens: torch.Tensor  # 0-d int64: loss tokens (before fatal steps) over all ranks
+
+
+def global_normalizers(batches: Sequence[PackedBatch], group: dist.ProcessGroup | None = None,
+                       device: torch.device | str = "cpu") -> GlobalNormalizers:
+    """Sums this rank's micro-batches, then one SUM all-reduce when a process group is up."""
+    local = torch.tensor([sum(b.num_seqs for b in batches), sum(b.num_valid_tokens for b in batches)],
+                         dtype=torch.int64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
+    return GlobalNormalizers(num_seqs=local[0], num_valid_tokens=local[1])

@@ -1,0 +1,126 @@
+"""Tokenizer loading (Qwen3-VL layout), tiny BPE training, special-token ids by name."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as Backend
+
+from osvl.data.tokenizer import QWEN_ADDED_TOKENS, SpecialTokens, Tokenizer, load_tokenizer, train_bpe_tokenizer
+from tests.data.helpers import CORPUS, tiny_tokenizer
+
+QWEN_BASE_VOCAB = 151643  # Qwen2/3 learned vocabulary size; added tokens start here
+
+
+def qwen_layout_backend() -> Backend:
+    """A byte-level BPE padded to Qwen's vocabulary size, with Qwen's added tokens after it."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: i for i, token in enumerate(alphabet)}
+    vocab.update({f"<filler_{i}>": i for i in range(len(alphabet), QWEN_BASE_VOCAB)})
+    backend = Backend(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    for token, special in QWEN_ADDED_TOKENS:
+        add = backend.add_special_tokens if special else backend.add_tokens
+        add([AddedToken(token, special=special, normalized=False)])
+    return backend
+
+
+def test_qwen_tokenizer_json_gives_qwen_ids(tmp_path):
+    qwen_layout_backend().save(str(tmp_path / "tokenizer.json"))
+    tok = load_tokenizer(tmp_path)  # a checkpoint directory
+    s = tok.special
+    assert (s.image_pad, s.vision_start, s.vision_end) == (151655, 151652, 151653)
+    assert (s.im_start, s.im_end, s.endoftext) == (151644, 151645, 151643)
+    assert (s.tool_call_start, s.tool_call_end, s.think_start, s.think_end) == (151657, 151658, 151667, 151668)
+    assert (s.tool_response_start, s.tool_response_end) == (151665, 151666)
+    ids = tok.encode("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>hi<|im_end|>")
+    assert ids[0] == 151644 and ids[6:9] == [151652, 151655, 151653] and ids[-1] == 151645  # "user\n" is 5 bytes
+    assert load_tokenizer(tmp_path / "tokenizer.json").encode("abc") == tok.encode("abc")
+
+
+def test_trained_tokenizer_has_qwen_layout_after_its_vocab():
+    tok = tiny_tokenizer()
+    ids = [tok.backend.token_to_id(token) for token, _ in QWEN_ADDED_TOKENS]
+    first = ids[0]
+    assert ids == list(range(first, first + len(QWEN_ADDED_TOKENS)))
+    assert first + len(QWEN_ADDED_TOKENS) == tok.vocab_size <= 1024
+    assert tok.special.image_pad == first + 12 and tok.special.think_end == tok.vocab_size - 1
+    # merges were learned: frequent words take fewer tokens than bytes
+    assert len(tok.encode(" search")) < len(" search".encode())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=60))
+def test_encode_decode_round_trips_any_text(text):
+    tok = tiny_tokenizer()
+    assert tok.decode(tok.encode(text)) == unicodedata.normalize("NFC", text)
+
+
+def test_special_tokens_in_text_map_to_their_ids():
+    tok = tiny_tokenizer()
+    s = tok.special
+    ids = tok.encode("<think>a</think><tool_call>b</tool_call><|image_pad|>")
+    assert [s.think_start, s.think_end, s.tool_call_start, s.tool_call_end, s.image_pad] == [
+        i for i in ids if i >= s.endoftext]
+    assert tok.decode(ids, skip_special_tokens=True) == "<think>a</think><tool_call>b</tool_call>"
+
+
+def test_save_and_reload(tmp_path):
+    tok = tiny_tokenizer()
+    tok.save(tmp_path / "tokenizer.json")
+    again = load_tokenizer(tmp_path / "tokenizer.json")
+    assert again.special == tok.special
+    assert again.encode(CORPUS[0]) == tok.encode(CORPUS[0])
+
+
+def test_special_token_names():
+    special = tiny_tokenizer().special
+    assert special.token("image_pad") == "<|image_pad|>"
+    with pytest.raises(ValueError, match="unknown special token"):
+        special.token("pad")
+
+
+def test_missing_special_tokens_raise(tmp_path):
+    backend = Backend(models.BPE(vocab={"a": 0}, merges=[]))
+    with pytest.raises(ValueError, match=r"lacks Qwen3-VL special tokens: <\|endoftext\|>"):
+        Tokenizer(backend)
+    backend.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ValueError, match="lacks"):
+        load_tokenizer(tmp_path)
+
+
+def test_bad_files_raise(tmp_path):
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot parse"):
+        load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"corpus": CORPUS, "vocab_size": 100}, "vocab_size"),
+    ({"corpus": ["", ""], "vocab_size": 400}, "empty corpus"),
+    ({"corpus": CORPUS, "vocab_size": 400, "min_frequency": 0}, "min_frequency"),
+])
+def test_bad_training_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        train_bpe_tokenizer(**kwargs)
+
+
+def test_bad_encode_decode_arguments_raise():
+    tok = tiny_tokenizer()
+    with pytest.raises(ValueError, match="str"):
+        tok.encode(b"bytes")
+    with pytest.raises(ValueError, match="out of range"):
+        tok.decode([tok.vocab_size])
+    with pytest.raises(ValueError, match="out of range"):
+        tok.decode([-1])
+
+
+def test_special_tokens_is_a_typed_record():
+    assert SpecialTokens.NAMES["image_pad"] == "<|image_pad|>"
