@@ -38,7 +38,6 @@ def smooth(h: int, w: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def hf_processor():
-    pytest.importorskip("transformers")  # the parity extra
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     config = dict(QWEN3_VL_PREPROCESSOR, size={"shortest_edge": SMALL["min_pixels"],
@@ -95,7 +94,6 @@ def test_no_resize_when_already_aligned_is_exact(hf_processor):
 
 
 def test_smart_resize_matches_transformers_on_a_grid_of_sizes():
-    pytest.importorskip("transformers")
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_resize
 
     config = ImageConfig()

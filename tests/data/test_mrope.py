@@ -13,7 +13,6 @@ IMAGE, VIDEO, START, END = 60, 61, 62, 63
 
 @pytest.fixture(scope="module")
 def hf_model():
-    pytest.importorskip("transformers")  # the parity extra
     from transformers import Qwen3VLConfig
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
 
