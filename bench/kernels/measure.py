@@ -1,0 +1,92 @@
+"""Timing and peak-extra-memory of one case's forward+backward step.
+
+GPU: CUDA events around each step (after warm-up), peak = torch.cuda.max_memory_allocated
+during one step minus what was allocated before it (the inputs).
+CPU: wall-clock around each step; peak = the process's resident-set high-water mark (VmHWM)
+during one step minus the resident set before it, measured in a fresh subprocess per case
+(`rss_probe.py`) with glibc's mmap threshold pinned so freed tensors go back to the OS
+instead of hiding in malloc arenas. tracemalloc does not see torch's allocations.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from bench.kernels.cases import Case
+
+# Passed to the CPU probe: every allocation >= 64 KiB is an mmap, returned to the OS on free.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    reps: int
+    loss: float  # the loss of the first (warm-up) step
+
+
+def time_step(case: Case, device: torch.device, warmup: int, reps: int) -> Timing:
+    if warmup < 1 or reps < 1:
+        raise ValueError(f"warmup and reps must be >= 1, got {warmup} and {reps}")
+    loss = None
+    for _ in range(warmup):
+        case.reset()
+        value = case.step()
+        loss = float(value) if loss is None else loss
+    times = []
+    for _ in range(reps):
+        case.reset()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            case.step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            begin = time.perf_counter()
+            case.step()
+            times.append((time.perf_counter() - begin) * 1e3)
+    return Timing(statistics.median(times), min(times), max(times), reps, loss)
+
+
+def cuda_peak_extra_bytes(case: Case) -> int:
+    """Run one (already warmed-up) step; bytes allocated above the pre-step level at its peak."""
+    case.reset()
+    gc.collect()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    case.step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def _proc_status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        match = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"/proc/self/status has no {field}")
+    return int(match.group(1)) * 1024
+
+
+def rss_peak_extra_bytes(case: Case) -> int:
+    """Run one (already warmed-up) step; resident-set high-water above the pre-step resident set.
+
+    Linux only: writing 5 to /proc/self/clear_refs resets VmHWM to the current resident set.
+    """
+    case.reset()
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _proc_status_bytes("VmRSS")
+    case.step()
+    return max(0, _proc_status_bytes("VmHWM") - base)
