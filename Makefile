@@ -11,12 +11,12 @@ PYTEST_WORKERS ?= 2
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile tests/requirements-no-deps.txt
+$(VENV)/.installed: pyproject.toml Makefile $(wildcard requirements/*.txt)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)" "$(TRITON_PIN)"
 	$(BIN)/pip install -q -e ".[test]"
-	$(BIN)/pip install -q --no-deps -r tests/requirements-no-deps.txt
+	$(BIN)/pip install -q --no-deps -r requirements/runtime-no-deps.txt -r requirements/test-no-deps.txt
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 

@@ -20,11 +20,37 @@ from osvl.tools.errors import BackendError, CallParseError, ToolError
 from osvl.tools.limits import ToolLimits
 from osvl.tools.pool import Job, PoolBusy, PoolClosed, PoolConfig, PoolStats, ToolPool
 from osvl.tools.registry import ToolOutput, ToolRegistry, ToolSpec, parse_tool_call
+from osvl.tools.server import RemoteToolPool, ToolServer
 from osvl.tools.visual_context import VisualContext
 
 __all__ = [
-    "BackendError", "CacheStats", "CallParseError", "HttpConfig", "ImageSearchConfig", "Job", "OcrConfig",
-    "PoolBusy", "PoolClosed", "PoolConfig", "PoolStats", "SuperResolutionConfig", "TextSearchConfig", "ToolCache",
-    "ToolEnvironment", "ToolError", "ToolLimits", "ToolOutput", "ToolPool", "ToolRegistry", "ToolSpec",
-    "ToolsConfig", "VisualContext", "builtin_specs", "default_registry", "parse_tool_call", "tool_schemas",
+    "BackendError",
+    "CacheStats",
+    "CallParseError",
+    "HttpConfig",
+    "ImageSearchConfig",
+    "Job",
+    "OcrConfig",
+    "PoolBusy",
+    "PoolClosed",
+    "PoolConfig",
+    "PoolStats",
+    "RemoteToolPool",
+    "SuperResolutionConfig",
+    "TextSearchConfig",
+    "ToolCache",
+    "ToolEnvironment",
+    "ToolError",
+    "ToolLimits",
+    "ToolOutput",
+    "ToolPool",
+    "ToolRegistry",
+    "ToolServer",
+    "ToolSpec",
+    "ToolsConfig",
+    "VisualContext",
+    "builtin_specs",
+    "default_registry",
+    "parse_tool_call",
+    "tool_schemas",
 ]

@@ -25,8 +25,13 @@ MODES = ("record", "replay")
 
 
 def cache_key(tool: str, arguments: Mapping[str, Any], images: list[np.ndarray]) -> str:
-    payload = json.dumps({"tool": tool, "arguments": arguments, "images": [image_sha256(i) for i in images]},
-                         sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    payload = json.dumps(
+        {"tool": tool, "arguments": arguments, "images": [image_sha256(i) for i in images]},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -62,8 +67,10 @@ class ToolCache:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(os.fspath(path), check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, tool TEXT NOT NULL, "
-                         "arguments TEXT NOT NULL, text TEXT NOT NULL, images BLOB NOT NULL)")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, tool TEXT NOT NULL, "
+            "arguments TEXT NOT NULL, text TEXT NOT NULL, images BLOB NOT NULL)"
+        )
         self._db.commit()
 
     def lookup(self, tool: str, arguments: Mapping[str, Any], images: list[np.ndarray]) -> ToolResult | None:
@@ -83,8 +90,10 @@ class ToolCache:
         key = cache_key(tool, arguments, images)
         args_json = json.dumps(arguments, sort_keys=True, ensure_ascii=False)
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?)",
-                             (key, tool, args_json, result.text, _pack_images(result.images)))
+            self._db.execute(
+                "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?)",
+                (key, tool, args_json, result.text, _pack_images(result.images)),
+            )
             self._db.commit()
             self.stats.stores += 1
 

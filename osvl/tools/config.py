@@ -18,12 +18,13 @@ class HttpConfig:
     timeout_s: float = 20.0  # per request
     max_retries: int = 2  # on 429 / 5xx / connection errors
     max_retry_after_s: float = 10.0  # a longer Retry-After is an outage, not a wait
+    backoff_s: float = 0.5  # first wait without Retry-After; doubles per attempt
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"HttpConfig.timeout_s must be positive, got {self.timeout_s}")
-        if self.max_retries < 0 or self.max_retry_after_s < 0:
-            raise ValueError("HttpConfig.max_retries and max_retry_after_s must be >= 0")
+        if self.max_retries < 0 or self.max_retry_after_s < 0 or self.backoff_s < 0:
+            raise ValueError("HttpConfig.max_retries, max_retry_after_s and backoff_s must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,9 @@ class TextSearchConfig:
 class ImageSearchConfig:
     backend: str = "offline"  # offline: near-duplicate index; online: reverse-image API
     collection_path: str | None = None  # JSONL with image (path), title, caption, page_id
-    api_url: str | None = None
+    api_url: str | None = None  # reverse-image API: POST {"image_url" | "image_base64", "top_k"} -> {"results": [...]}
     api_key: str | None = None
+    upload_url: str | None = None  # optional image host: POST {"image_base64"} -> {"url"}
 
     def __post_init__(self) -> None:
         _choice("ImageSearchConfig", "backend", self.backend, ("offline", "online"))

@@ -9,26 +9,36 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from osvl.rl.trajectory import ToolCall, ToolResult, ToolStatus
 from osvl.tools.cache import ToolCache
 from osvl.tools.errors import CallParseError, ToolError
-from osvl.tools.pool import Job, ToolPool
+from osvl.tools.pool import Job
 from osvl.tools.registry import ToolRegistry, parse_tool_call
 from osvl.tools.visual_context import VisualContext
 
 RawCall = str | Mapping[str, Any] | ToolCall
 
 
+class ToolRunner(Protocol):
+    """What executes jobs: a local ``ToolPool`` or a ``RemoteToolPool``."""
+
+    def call(self, job: Job) -> ToolResult: ...
+
+    async def acall(self, job: Job) -> ToolResult: ...
+
+
 class ToolEnvironment:
-    def __init__(self, registry: ToolRegistry, pool: ToolPool, cache: ToolCache | None = None) -> None:
+    def __init__(self, registry: ToolRegistry, pool: ToolRunner, cache: ToolCache | None = None) -> None:
         self.registry = registry
         self.pool = pool
         self.cache = cache
 
     def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> Job | ToolResult:
         """A job ready for the pool, or the ``parse_error``/``tool_error`` that stops the call here."""
+        if deadline_s is not None and not deadline_s > 0:
+            raise ValueError(f"deadline_s must be positive, got {deadline_s}")
         name = ""
         try:
             call = parse_tool_call(raw, self.registry.limits)
@@ -40,10 +50,13 @@ class ToolEnvironment:
             return ToolResult(status=ToolStatus.PARSE_ERROR, tool=name, error=str(err))
         except ToolError as err:
             return ToolResult(status=ToolStatus.TOOL_ERROR, tool=name, error=str(err))
-        if deadline_s is not None and not deadline_s > 0:
-            raise ValueError(f"deadline_s must be positive, got {deadline_s}")
-        return Job(tool=spec.name, target=spec.target, arguments=call.arguments, images=images,
-                   deadline_s=deadline_s or spec.deadline_s)
+        return Job(
+            tool=spec.name,
+            target=spec.target,
+            arguments=call.arguments,
+            images=images,
+            deadline_s=deadline_s or spec.deadline_s,
+        )
 
     async def execute(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> ToolResult:
         started = time.monotonic()
@@ -75,8 +88,11 @@ class ToolEnvironment:
             return None
         hit = self.cache.lookup(job.tool, job.arguments, job.images)
         if hit is None and self.cache.mode == "replay":
-            return ToolResult(status=ToolStatus.INFRA_ERROR, tool=job.tool,
-                              error=f"replay cache has no recorded result for this {job.tool} call")
+            return ToolResult(
+                status=ToolStatus.INFRA_ERROR,
+                tool=job.tool,
+                error=f"replay cache has no recorded result for this {job.tool} call",
+            )
         return hit
 
     def _store(self, job: Job, result: ToolResult) -> None:
@@ -86,18 +102,29 @@ class ToolEnvironment:
     @staticmethod
     def _finish(result: ToolResult, context: VisualContext, started: float) -> ToolResult:
         result.elapsed_s = time.monotonic() - started
+        cap = context.limits.max_observation_chars
+        if len(result.text) > cap:  # a runaway page or OCR dump must not flood the policy's context
+            result.text = f"{result.text[:cap]}\n[truncated {len(result.text) - cap} characters]"
         if not result.ok or not result.images:
             return result
         limit = context.limits.max_image_pixels
         for image in result.images:
             if image.shape[0] * image.shape[1] > limit:
-                return ToolResult(status=ToolStatus.TOOL_ERROR, tool=result.tool, elapsed_s=result.elapsed_s,
-                                  error=f"the result is {image.shape[1]}x{image.shape[0]} pixels, over the limit "
-                                        f"of {limit}; crop or downscale the input first")
+                return ToolResult(
+                    status=ToolStatus.TOOL_ERROR,
+                    tool=result.tool,
+                    elapsed_s=result.elapsed_s,
+                    error=f"the result is {image.shape[1]}x{image.shape[0]} pixels, over the limit "
+                    f"of {limit}; crop or downscale the input first",
+                )
         if len(context) + len(result.images) > context.limits.max_context_images:
-            return ToolResult(status=ToolStatus.TOOL_ERROR, tool=result.tool, elapsed_s=result.elapsed_s,
-                              error=f"the visual context holds {len(context)} images and cannot take "
-                                    f"{len(result.images)} more (limit {context.limits.max_context_images})")
+            return ToolResult(
+                status=ToolStatus.TOOL_ERROR,
+                tool=result.tool,
+                elapsed_s=result.elapsed_s,
+                error=f"the visual context holds {len(context)} images and cannot take "
+                f"{len(result.images)} more (limit {context.limits.max_context_images})",
+            )
         indices = [context.append(image) for image in result.images]
         noun = "image" if len(indices) == 1 else "images"
         note = f"New {noun} at index {', '.join(map(str, indices))}."

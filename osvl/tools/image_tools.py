@@ -19,7 +19,9 @@ from osvl.tools.registry import ToolOutput
 MIN_CROP_SIDE = 4  # pixels; smaller regions carry nothing a model can read
 
 
-def crop_box_pixels(box: Sequence[float], width: int, height: int, coordinates: str = "pixel") -> tuple[int, int, int, int]:
+def crop_box_pixels(
+    box: Sequence[float], width: int, height: int, coordinates: str = "pixel"
+) -> tuple[int, int, int, int]:
     """Convert one model box to integer pixel bounds, explaining any problem in model terms."""
     if len(box) != 4:
         raise ToolError(f"a box needs 4 numbers [x1, y1, x2, y2], got {len(box)}")
@@ -28,13 +30,14 @@ def crop_box_pixels(box: Sequence[float], width: int, height: int, coordinates: 
     if coordinates == "normalized_1000":
         if any(v < 0 or v > 1000 for v in box):
             raise ToolError(f"box {list(box)} is outside the 0-1000 normalized range")
-        x1, y1, x2, y2 = (box[0] * width / 1000, box[1] * height / 1000,
-                          box[2] * width / 1000, box[3] * height / 1000)
+        x1, y1, x2, y2 = (box[0] * width / 1000, box[1] * height / 1000, box[2] * width / 1000, box[3] * height / 1000)
     elif coordinates == "pixel":
         x1, y1, x2, y2 = box
         if min(x1, y1) < 0 or x2 > width or y2 > height:
-            raise ToolError(f"box {list(box)} exceeds the image of width {width} and height {height}; "
-                            f"use 0 <= x1 < x2 <= {width} and 0 <= y1 < y2 <= {height}")
+            raise ToolError(
+                f"box {list(box)} exceeds the image of width {width} and height {height}; "
+                f"use 0 <= x1 < x2 <= {width} and 0 <= y1 < y2 <= {height}"
+            )
     else:
         raise ToolError(f"coordinates must be 'pixel' or 'normalized_1000', got {coordinates!r}")
     if x2 <= x1 or y2 <= y1:
@@ -42,8 +45,10 @@ def crop_box_pixels(box: Sequence[float], width: int, height: int, coordinates: 
     left, top = int(np.floor(x1)), int(np.floor(y1))
     right, bottom = min(int(np.ceil(x2)), width), min(int(np.ceil(y2)), height)
     if right - left < MIN_CROP_SIDE or bottom - top < MIN_CROP_SIDE:
-        raise ToolError(f"box {list(box)} is {right - left}x{bottom - top} pixels; "
-                        f"each side must be at least {MIN_CROP_SIDE} pixels")
+        raise ToolError(
+            f"box {list(box)} is {right - left}x{bottom - top} pixels; "
+            f"each side must be at least {MIN_CROP_SIDE} pixels"
+        )
     return left, top, right, bottom
 
 
@@ -57,8 +62,7 @@ def sharpen(image: np.ndarray, amount: float = 1.0, sigma: float = 1.0) -> np.nd
     """Unsharp mask ``(1 + a) I - a G_sigma * I``, computed in float32 and rounded back to uint8."""
     source = image.astype(np.float32)
     blurred = cv2.GaussianBlur(source, (0, 0), sigmaX=sigma, sigmaY=sigma, borderType=cv2.BORDER_REFLECT)
-    result = (1.0 + amount) * source - amount * blurred
-    return np.clip(np.rint(result), 0, 255).astype(np.uint8)
+    return cv2.addWeighted(source, 1.0 + amount, blurred, -amount, 0.0, dtype=cv2.CV_8U)  # rounds and saturates
 
 
 @dataclass
@@ -72,8 +76,10 @@ def order_corners(points: np.ndarray) -> np.ndarray:
     """Sort four points as top-left, top-right, bottom-right, bottom-left."""
     points = points.reshape(4, 2).astype(np.float32)
     sums, diffs = points.sum(axis=1), np.diff(points, axis=1).ravel()
-    return np.array([points[np.argmin(sums)], points[np.argmin(diffs)],
-                     points[np.argmax(sums)], points[np.argmax(diffs)]], dtype=np.float32)
+    return np.array(
+        [points[np.argmin(sums)], points[np.argmin(diffs)], points[np.argmax(sums)], points[np.argmax(diffs)]],
+        dtype=np.float32,
+    )
 
 
 def find_document_quad(image: np.ndarray, min_area_fraction: float = 0.2) -> np.ndarray | None:
@@ -98,15 +104,15 @@ def find_document_quad(image: np.ndarray, min_area_fraction: float = 0.2) -> np.
 def perspective_correct(image: np.ndarray) -> Rectification:
     corners = find_document_quad(image)
     if corners is None:
-        return Rectification(image, None, "no document outline (four-sided contour) was found; "
-                                          "the image is returned unchanged")
+        return Rectification(
+            image, None, "no document outline (four-sided contour) was found; the image is returned unchanged"
+        )
     tl, tr, br, bl = corners
     width = int(round(max(np.linalg.norm(tr - tl), np.linalg.norm(br - bl))))
     height = int(round(max(np.linalg.norm(bl - tl), np.linalg.norm(br - tr))))
     target = np.array([[0, 0], [width - 1, 0], [width - 1, height - 1], [0, height - 1]], dtype=np.float32)
     matrix = cv2.getPerspectiveTransform(corners, target)
-    warped = cv2.warpPerspective(image, matrix, (width, height), flags=cv2.INTER_CUBIC,
-                                 borderMode=cv2.BORDER_REPLICATE)
+    warped = cv2.warpPerspective(image, matrix, (width, height), flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REPLICATE)
     return Rectification(warped, corners, f"rectified the document outline to {width}x{height}")
 
 
@@ -121,7 +127,6 @@ def sharpen_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config:
     return ToolOutput(text=f"sharpened with amount={arguments['amount']:g} sigma={arguments['sigma']:g}", images=[out])
 
 
-def perspective_correct_tool(arguments: Mapping[str, Any], images: list[np.ndarray],
-                             config: ToolsConfig) -> ToolOutput:
+def perspective_correct_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> ToolOutput:
     result = perspective_correct(images[0])
     return ToolOutput(text=result.note, images=[result.image])

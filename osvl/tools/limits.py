@@ -13,10 +13,18 @@ class ToolLimits:
     max_call_chars: int = 32_000  # the raw JSON of one call
     max_top_k: int = 10  # results per search
     max_context_images: int = 64  # images the active visual context may hold
+    max_observation_chars: int = 16_000  # observation text beyond this is truncated, with a note
 
     def __post_init__(self) -> None:
-        for name in ("max_image_pixels", "max_crops", "max_text_chars", "max_call_chars",
-                     "max_top_k", "max_context_images"):
+        for name in (
+            "max_image_pixels",
+            "max_crops",
+            "max_text_chars",
+            "max_call_chars",
+            "max_top_k",
+            "max_context_images",
+            "max_observation_chars",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ToolLimits.{name} must be a positive integer, got {value!r}")

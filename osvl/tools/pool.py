@@ -3,8 +3,10 @@
 One dispatcher thread per worker takes jobs from a bounded queue, sends each to its process over
 a private pipe, and waits until the reply, the deadline, the process's death, or its RSS passing
 the memory cap. Timeouts and memory overruns kill the process; every failure gives the caller a
-typed ``ToolResult`` and the worker is replaced before it takes the next job. The caller-facing
-API is ``submit`` (a ``concurrent.futures.Future``), ``call`` (sync) and ``acall`` (asyncio).
+typed ``ToolResult`` and the worker is replaced before it takes the next job. A deadline runs
+from the moment a worker receives the call: time spent queueing behind other callers is ours, not
+the policy's, and never turns into a ``timeout``. The caller-facing API is ``submit`` (a
+``concurrent.futures.Future``), ``call`` (sync) and ``acall`` (asyncio).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,13 +47,17 @@ class PoolConfig:
     max_queue: int = 64  # jobs waiting for a worker; submit blocks or raises PoolBusy beyond
     max_rss_bytes: int | None = 4 << 30  # RSS watchdog per worker; None disables it
     address_space_bytes: int | None = None  # RLIMIT_AS per worker (MemoryError instead of OOM)
+    opencv_threads: int = 1  # per worker: workers, not OpenCV's thread pool, are the unit of parallelism
     startup_timeout_s: float = 120.0
     watch_interval_s: float = 0.05  # how often deadlines and RSS are checked while a job runs
 
     def __post_init__(self) -> None:
+        if self.opencv_threads < 1:
+            raise ValueError(f"PoolConfig.opencv_threads must be >= 1, got {self.opencv_threads}")
         if self.num_workers < 1 or self.max_queue < 1:
-            raise ValueError(f"PoolConfig needs num_workers >= 1 and max_queue >= 1, got "
-                             f"{self.num_workers} and {self.max_queue}")
+            raise ValueError(
+                f"PoolConfig needs num_workers >= 1 and max_queue >= 1, got {self.num_workers} and {self.max_queue}"
+            )
         for name in ("startup_timeout_s", "watch_interval_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -96,8 +102,16 @@ class _Worker:
     def start(self) -> None:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
-            target=worker_main, args=(child_conn, self._tools_config, self._pool_config.address_space_bytes),
-            daemon=True, name="osvl-tool-worker")
+            target=worker_main,
+            args=(
+                child_conn,
+                self._tools_config,
+                self._pool_config.address_space_bytes,
+                self._pool_config.opencv_threads,
+            ),
+            daemon=True,
+            name="osvl-tool-worker",
+        )
         process.start()
         child_conn.close()
         self.process, self.conn = process, parent_conn
@@ -149,16 +163,16 @@ class ToolPool:
         self._lock = threading.Lock()
         self._closed = False
         self._workers = [_Worker(self._ctx, self.tools_config, self.config) for _ in range(self.config.num_workers)]
-        starters = [threading.Thread(target=w.start) for w in self._workers]  # spawn in parallel
-        for thread in starters:
-            thread.start()
-        for thread in starters:
-            thread.join()
-        if not all(w.alive() for w in self._workers):
+        with ThreadPoolExecutor(max_workers=len(self._workers)) as starter:  # spawn in parallel
+            failures = [f.exception() for f in [starter.submit(w.start) for w in self._workers]]
+        failures = [f for f in failures if f is not None]
+        if failures:
             self._shutdown_workers()
-            raise RuntimeError("tool pool: a worker process failed to start")
-        self._threads = [threading.Thread(target=self._serve, args=(w,), daemon=True, name=f"osvl-tool-dispatch-{i}")
-                         for i, w in enumerate(self._workers)]
+            raise RuntimeError(f"tool pool: a worker process failed to start: {failures[0]}")
+        self._threads = [
+            threading.Thread(target=self._serve, args=(w,), daemon=True, name=f"osvl-tool-dispatch-{i}")
+            for i, w in enumerate(self._workers)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -231,25 +245,33 @@ class ToolPool:
                 status, text, images, error, replace = self._run(worker, job)
             except Exception as err:  # the dispatcher itself must never die
                 status, text, images, error, replace = ToolStatus.INFRA_ERROR, "", [], f"tool pool error: {err}", True
-            future.set_result(ToolResult(status=status, tool=job.tool, text=text, images=images, error=error,
-                                         elapsed_s=time.monotonic() - started))
+            future.set_result(
+                ToolResult(
+                    status=status,
+                    tool=job.tool,
+                    text=text,
+                    images=images,
+                    error=error,
+                    elapsed_s=time.monotonic() - started,
+                )
+            )
             self._count("completed")
             if replace or not worker.alive():
                 self._replace(worker)
 
-    def _replace(self, worker: _Worker) -> None:
+    def _replace(self, worker: _Worker) -> bool:
+        """Start a fresh process in place of this one; False when it would not start."""
         worker.kill()
         self._count("restarts")
-        while not self._closed:
-            try:
-                worker.start()
-                return
-            except RuntimeError:
-                time.sleep(1.0)
+        try:
+            worker.start()
+        except RuntimeError:
+            return False
+        return True
 
     def _run(self, worker: _Worker, job: Job) -> tuple[ToolStatus, str, list[np.ndarray], str | None, bool]:
-        if not worker.alive():
-            self._replace(worker)
+        if not worker.alive() and not self._replace(worker):
+            return ToolStatus.INFRA_ERROR, "", [], "no tool worker could be started for this call", True
         job_id = next(self._ids)
         try:
             worker.conn.send((job_id, job.target, job.arguments, job.images))
@@ -269,8 +291,13 @@ class ToolPool:
                 except (EOFError, OSError):
                     worker.process.join(timeout=5)
                     self._count("crashes")
-                    return (ToolStatus.INFRA_ERROR, "", [],
-                            f"the {job.tool} worker process died (exit code {worker.process.exitcode})", True)
+                    return (
+                        ToolStatus.INFRA_ERROR,
+                        "",
+                        [],
+                        f"the {job.tool} worker process died (exit code {worker.process.exitcode})",
+                        True,
+                    )
                 reply_id, status, text, images, error, retire = reply
                 if reply_id != job_id:
                     return ToolStatus.INFRA_ERROR, "", [], "tool worker answered a different job", True
@@ -279,5 +306,10 @@ class ToolPool:
                 rss = worker.rss_bytes()
                 if rss is not None and rss > limit:
                     self._count("memory_kills")
-                    return (ToolStatus.INFRA_ERROR, "", [],
-                            f"the {job.tool} worker used {rss >> 20} MiB, over the {limit >> 20} MiB limit", True)
+                    return (
+                        ToolStatus.INFRA_ERROR,
+                        "",
+                        [],
+                        f"the {job.tool} worker used {rss >> 20} MiB, over the {limit >> 20} MiB limit",
+                        True,
+                    )

@@ -55,8 +55,10 @@ class ToolSpec:
                 raise ValueError(f"tool {self.name}: image argument {arg!r} must be an integer property")
 
     def openai_schema(self) -> dict[str, Any]:
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 class ToolRegistry:

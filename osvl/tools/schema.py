@@ -14,9 +14,24 @@ from typing import Any
 
 from osvl.tools.errors import CallParseError, ToolError
 
-_SUPPORTED_KEYS = frozenset({
-    "type", "description", "properties", "required", "additionalProperties", "enum", "default",
-    "minimum", "maximum", "minLength", "maxLength", "items", "minItems", "maxItems"})
+_SUPPORTED_KEYS = frozenset(
+    {
+        "type",
+        "description",
+        "properties",
+        "required",
+        "additionalProperties",
+        "enum",
+        "default",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "items",
+        "minItems",
+        "maxItems",
+    }
+)
 _TYPES = ("object", "array", "string", "integer", "number", "boolean")
 
 
@@ -47,8 +62,7 @@ def check_arguments(schema: Mapping[str, Any], arguments: Any) -> dict[str, Any]
     missing = [name for name in schema.get("required", ()) if name not in arguments]
     if missing:
         raise CallParseError(f"missing required argument(s) {missing}")
-    filled = {name: sub["default"] for name, sub in properties.items()
-              if "default" in sub and name not in arguments}
+    filled = {name: sub["default"] for name, sub in properties.items() if "default" in sub and name not in arguments}
     for name, value in arguments.items():
         filled[name] = _check_value(properties[name], value, name)
     return filled

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,11 @@ def upscale_edsr(image: np.ndarray, scale: int, weights_template: str) -> np.nda
     if not path.is_file():
         raise BackendError(f"EDSR weights for x{scale} not found at {path}")
     bgr = cv2.cvtColor(image, cv2.COLOR_RGB2BGR)
-    return cv2.cvtColor(_edsr_model(str(path), scale).upsample(bgr), cv2.COLOR_BGR2RGB)
+    try:
+        upscaled = _edsr_model(str(path), scale).upsample(bgr)
+    except cv2.error as err:  # a corrupt or mismatched .pb is a backend failure; let the next one try
+        raise BackendError(f"EDSR failed with {path}: {str(err).strip().splitlines()[-1]}") from None
+    return cv2.cvtColor(upscaled, cv2.COLOR_BGR2RGB)
 
 
 def realesrgan_model_dir() -> Path | None:
@@ -124,11 +127,13 @@ def super_resolution_tool(arguments: Mapping[str, Any], images: list[np.ndarray]
     image, scale = images[0], arguments["scale"]
     pixels = image.shape[0] * image.shape[1] * scale * scale
     if pixels > config.limits.max_image_pixels:
-        raise ToolError(f"x{scale} would make a {image.shape[1] * scale}x{image.shape[0] * scale} image "
-                        f"({pixels} pixels), over the limit of {config.limits.max_image_pixels}; "
-                        "crop the region of interest first")
+        raise ToolError(
+            f"x{scale} would make a {image.shape[1] * scale}x{image.shape[0] * scale} image "
+            f"({pixels} pixels), over the limit of {config.limits.max_image_pixels}; "
+            "crop the region of interest first"
+        )
     result, backend, failures = super_resolve(image, scale, config.super_resolution)
     note = f" ({'; '.join(failures)})" if failures else ""
-    return ToolOutput(text=f"upscaled x{scale} to {result.shape[1]}x{result.shape[0]} with {backend}{note}",
-                      images=[result])
-
+    return ToolOutput(
+        text=f"upscaled x{scale} to {result.shape[1]}x{result.shape[0]} with {backend}{note}", images=[result]
+    )

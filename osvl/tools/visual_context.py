@@ -35,11 +35,14 @@ class VisualContext:
         check_image(image)
         pixels = image.shape[0] * image.shape[1]
         if pixels > self.limits.max_image_pixels:
-            raise ValueError(f"image of {image.shape[1]}x{image.shape[0]} = {pixels} pixels exceeds "
-                             f"the limit of {self.limits.max_image_pixels}")
+            raise ValueError(
+                f"image of {image.shape[1]}x{image.shape[0]} = {pixels} pixels exceeds "
+                f"the limit of {self.limits.max_image_pixels}"
+            )
         if len(self._images) >= self.limits.max_context_images:
-            raise ValueError(f"the visual context already holds {len(self._images)} images "
-                             f"(limit {self.limits.max_context_images})")
+            raise ValueError(
+                f"the visual context already holds {len(self._images)} images (limit {self.limits.max_context_images})"
+            )
         self._images.append(np.ascontiguousarray(image))
         return len(self._images) - 1
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
+import cv2
 import numpy as np
 
 from osvl.rl.trajectory import ToolStatus, check_image
@@ -56,9 +57,13 @@ def run_job(target: str, arguments: Mapping[str, Any], images: list[np.ndarray],
             return ToolStatus.INFRA_ERROR, "", [], f"tool produced an invalid image: {err}"
         pixels = image.shape[0] * image.shape[1]
         if pixels > config.limits.max_image_pixels:
-            return (ToolStatus.TOOL_ERROR, "", [],
-                    f"the result would be {image.shape[1]}x{image.shape[0]} = {pixels} pixels, over the "
-                    f"limit of {config.limits.max_image_pixels}; crop or downscale the input first")
+            return (
+                ToolStatus.TOOL_ERROR,
+                "",
+                [],
+                f"the result would be {image.shape[1]}x{image.shape[0]} = {pixels} pixels, over the "
+                f"limit of {config.limits.max_image_pixels}; crop or downscale the input first",
+            )
     return ToolStatus.OK, output.text, output.images, None
 
 
@@ -70,9 +75,12 @@ def _apply_address_space_limit(limit_bytes: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
 
-def worker_main(conn: Connection, config: ToolsConfig, address_space_bytes: int | None) -> None:
+def worker_main(
+    conn: Connection, config: ToolsConfig, address_space_bytes: int | None, opencv_threads: int = 1
+) -> None:
     """Serve ``(job_id, target, arguments, images)`` requests until the pipe closes or ``None`` arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
+    cv2.setNumThreads(opencv_threads)
     _apply_address_space_limit(address_space_bytes)
     conn.send(("ready", os.getpid()))
     while True:

@@ -1,0 +1,228 @@
+"""ImageSearch: which known entity does this picture show? Offline or online.
+
+Offline: a near-duplicate index over a local collection (JSONL of ``image`` path, ``title``,
+``caption``, ``page_id``), queried by a cascade from cheap and strict to costly and lenient:
+perceptual hash (survives resizing, blur, re-encoding) -> ORB features with a RANSAC homography
+(survives crops and small rotations) -> colour histogram (a weak hint, labelled as such).
+Online: a reverse-image HTTP API; the image is first uploaded to ``upload_url`` when one is
+configured so the API receives a URL, otherwise it is sent inline as base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from osvl.tools.config import HttpConfig, ImageSearchConfig, ToolsConfig
+from osvl.tools.errors import BackendError, ToolError
+from osvl.tools.http_client import request_json
+from osvl.tools.image_io import encode_png, read_image
+from osvl.tools.registry import ToolOutput
+
+PHASH_MAX_DISTANCE = 12  # of 64 bits
+ORB_MIN_INLIERS = 15
+HISTOGRAM_MIN_CORRELATION = 0.6
+FEATURE_SIDE = 512  # images are resized to this longer side for ORB
+
+
+@dataclass
+class Entry:
+    title: str
+    caption: str
+    page_id: str
+    phash: np.ndarray  # (1, 8) uint8
+    keypoints: np.ndarray  # (N, 2) float32
+    descriptors: np.ndarray | None  # (N, 32) uint8
+    histogram: np.ndarray
+
+
+@dataclass
+class Match:
+    title: str
+    caption: str
+    page_id: str
+    kind: str  # near_duplicate | feature_match | similar_colours
+    score: float
+
+
+def _phash(image: np.ndarray) -> np.ndarray:
+    return cv2.img_hash.pHash(cv2.cvtColor(image, cv2.COLOR_RGB2GRAY))
+
+
+def _orb(image: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    gray = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
+    scale = FEATURE_SIDE / max(gray.shape)
+    if scale < 1:
+        gray = cv2.resize(gray, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+    keypoints, descriptors = cv2.ORB_create(nfeatures=1000).detectAndCompute(gray, None)
+    return np.array([k.pt for k in keypoints], dtype=np.float32).reshape(-1, 2), descriptors
+
+
+def _histogram(image: np.ndarray) -> np.ndarray:
+    hsv = cv2.cvtColor(image, cv2.COLOR_RGB2HSV)
+    hist = cv2.calcHist([hsv], [0, 1], None, [30, 32], [0, 180, 0, 256])
+    return cv2.normalize(hist, hist).flatten()
+
+
+def describe(image: np.ndarray, title: str = "", caption: str = "", page_id: str = "") -> Entry:
+    keypoints, descriptors = _orb(image)
+    return Entry(title, caption, page_id, _phash(image), keypoints, descriptors, _histogram(image))
+
+
+def _inliers(query: Entry, entry: Entry) -> int:
+    if (
+        query.descriptors is None
+        or entry.descriptors is None
+        or len(query.descriptors) < 4
+        or len(entry.descriptors) < 4
+    ):
+        return 0
+    pairs = cv2.BFMatcher(cv2.NORM_HAMMING).knnMatch(query.descriptors, entry.descriptors, k=2)
+    good = [p[0] for p in pairs if len(p) == 2 and p[0].distance < 0.75 * p[1].distance]
+    if len(good) < ORB_MIN_INLIERS:
+        return 0
+    source = query.keypoints[[m.queryIdx for m in good]]
+    target = entry.keypoints[[m.trainIdx for m in good]]
+    _, mask = cv2.findHomography(source, target, cv2.RANSAC, 5.0)
+    return 0 if mask is None else int(mask.sum())
+
+
+class NearDuplicateIndex:
+    def __init__(self, entries: list[Entry]) -> None:
+        self.entries = entries
+
+    @classmethod
+    def from_jsonl(cls, path: str | os.PathLike[str], max_pixels: int) -> NearDuplicateIndex:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"image collection {path} does not exist")
+        entries = []
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from None
+                if (
+                    not isinstance(record, dict)
+                    or not isinstance(record.get("image"), str)
+                    or not isinstance(record.get("title"), str)
+                ):
+                    raise ValueError(f"{path}:{number}: needs string fields 'image' and 'title'")
+                try:
+                    image = read_image(path.parent / record["image"], max_pixels)
+                except (OSError, ValueError) as err:
+                    raise ValueError(f"{path}:{number}: {err}") from None
+                entries.append(
+                    describe(image, record["title"], str(record.get("caption", "")), str(record.get("page_id", "")))
+                )
+        return cls(entries)
+
+    def search(self, image: np.ndarray, top_k: int) -> list[Match]:
+        query = describe(image)
+        distances = [int(cv2.norm(query.phash, e.phash, cv2.NORM_HAMMING)) for e in self.entries]
+        found: dict[int, Match] = {}
+        for i in sorted(range(len(self.entries)), key=distances.__getitem__):
+            if distances[i] <= PHASH_MAX_DISTANCE:
+                found[i] = self._match(i, "near_duplicate", 1 - distances[i] / 64)
+        if len(found) < top_k:
+            inliers = {i: _inliers(query, e) for i, e in enumerate(self.entries) if i not in found}
+            for i in sorted(inliers, key=lambda i: -inliers[i]):
+                if inliers[i] >= ORB_MIN_INLIERS:
+                    found[i] = self._match(i, "feature_match", float(inliers[i]))
+        if not found:
+            correlations = {
+                i: float(cv2.compareHist(query.histogram, e.histogram, cv2.HISTCMP_CORREL))
+                for i, e in enumerate(self.entries)
+            }
+            for i in sorted(correlations, key=lambda i: -correlations[i]):
+                if correlations[i] >= HISTOGRAM_MIN_CORRELATION:
+                    found[i] = self._match(i, "similar_colours", correlations[i])
+        return list(found.values())[:top_k]
+
+    def _match(self, i: int, kind: str, score: float) -> Match:
+        entry = self.entries[i]
+        return Match(entry.title, entry.caption, entry.page_id, kind, round(score, 4))
+
+
+@functools.cache
+def _load_index(path: str, mtime_ns: int, max_pixels: int) -> NearDuplicateIndex:
+    return NearDuplicateIndex.from_jsonl(path, max_pixels)
+
+
+def offline_image_search(image: np.ndarray, top_k: int, config: ImageSearchConfig, max_pixels: int) -> list[Match]:
+    if not config.collection_path:
+        raise BackendError("offline image search needs ImageSearchConfig.collection_path")
+    if not os.path.isfile(config.collection_path):
+        raise BackendError(f"image collection {config.collection_path} does not exist")
+    try:
+        index = _load_index(config.collection_path, os.stat(config.collection_path).st_mtime_ns, max_pixels)
+    except (OSError, ValueError) as err:
+        raise BackendError(f"image collection unusable: {err}") from None
+    return index.search(image, top_k)
+
+
+def online_image_search(image: np.ndarray, top_k: int, config: ImageSearchConfig, http: HttpConfig) -> list[Match]:
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    png = encode_png(image)
+    if config.upload_url:
+        uploaded = request_json(
+            "image upload",
+            "POST",
+            config.upload_url,
+            http,
+            json_body={"image_base64": base64.b64encode(png).decode("ascii")},
+            headers=headers,
+        )
+        if not isinstance(uploaded, dict) or not isinstance(uploaded.get("url"), str):
+            raise BackendError("image upload response has no 'url'")
+        body: dict[str, Any] = {"image_url": uploaded["url"], "top_k": top_k}
+    else:
+        body = {"image_base64": base64.b64encode(png).decode("ascii"), "top_k": top_k}
+    payload = request_json("reverse image search", "POST", config.api_url or "", http, json_body=body, headers=headers)
+    results = payload.get("results") if isinstance(payload, dict) else None
+    if not isinstance(results, list):
+        raise BackendError("reverse image search response has no 'results' list")
+    matches = []
+    for item in results[:top_k]:
+        if not isinstance(item, dict) or not isinstance(item.get("title"), str):
+            raise BackendError("reverse image search result without a 'title'")
+        matches.append(
+            Match(
+                item["title"],
+                str(item.get("caption") or item.get("snippet") or ""),
+                str(item.get("page_id") or item.get("url") or ""),
+                "web",
+                float(item.get("score", 0.0)),
+            )
+        )
+    return matches
+
+
+def render_matches(matches: list[Match]) -> str:
+    return "\n\n".join(
+        f"[Match {i}] {m.title} (page: {m.page_id}; {m.kind}, score {m.score:g})\nCaption: {m.caption}"
+        for i, m in enumerate(matches, 1)
+    )
+
+
+def image_search_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> ToolOutput:
+    settings = config.image_search
+    if settings.backend == "online":
+        matches = online_image_search(images[0], arguments["top_k"], settings, config.http)
+    else:
+        matches = offline_image_search(images[0], arguments["top_k"], settings, config.limits.max_image_pixels)
+    if not matches:
+        raise ToolError("no visual matches; try cropping the object of interest first")
+    return ToolOutput(text=render_matches(matches))
