@@ -19,6 +19,7 @@ from osvl.tools.environment import ToolEnvironment
 from osvl.tools.errors import BackendError, CallParseError, ToolError
 from osvl.tools.limits import ToolLimits
 from osvl.tools.pool import Job, PoolBusy, PoolClosed, PoolConfig, PoolStats, ToolPool
+from osvl.tools.profiles import ToolProfile, tool_profile
 from osvl.tools.registry import ToolOutput, ToolRegistry, ToolSpec, parse_tool_call
 from osvl.tools.server import RemoteToolPool, ToolServer
 from osvl.tools.visual_context import VisualContext
@@ -43,6 +44,7 @@ __all__ = [
     "ToolError",
     "ToolLimits",
     "ToolOutput",
+    "ToolProfile",
     "ToolPool",
     "ToolRegistry",
     "ToolServer",
@@ -52,5 +54,6 @@ __all__ = [
     "builtin_specs",
     "default_registry",
     "parse_tool_call",
+    "tool_profile",
     "tool_schemas",
 ]

@@ -1,0 +1,21 @@
+"""Readers for outside datasets: the released SearchVL SFT (ShareGPT) and RL (parquet) files."""
+
+from osvl.data.formats.records import (
+    FileStats,
+    Rejected,
+    decode_image_bytes,
+    load_image_file,
+)
+from osvl.data.formats.rl_parquet import iter_rl_parquet, rl_prompt
+from osvl.data.formats.sharegpt import (
+    SFTRecord,
+    ShareGPTColumns,
+    iter_sharegpt,
+    sharegpt_record,
+    tokenize_steps,
+)
+
+__all__ = [
+    "FileStats", "Rejected", "SFTRecord", "ShareGPTColumns", "decode_image_bytes", "iter_rl_parquet",
+    "iter_sharegpt", "load_image_file", "rl_prompt", "sharegpt_record", "tokenize_steps",
+]
