@@ -1,0 +1,72 @@
+"""The scripted expert and its offline tools on the mini-world."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
+from osvl.rl.trajectory import ToolCall, ToolStatus
+from osvl.synth.expert import (
+    ExpertConfig,
+    ScriptedExpert,
+    SynthesisReport,
+    WorldTools,
+    synthesize,
+)
+from osvl.synth.pipeline import question_image
+from osvl.synth.records import read_items
+
+
+@pytest.fixture(scope="module")
+def tools(world):
+    return WorldTools(world)
+
+
+def test_text_search_finds_the_page_and_the_relevant_sentences(world, tools):
+    page = next(p for p in world.graph.entities() if p.domain == "Building/Place")
+    text = tools.text_search(f"{page.title} architect")
+    first = text.split("\n")[0]
+    architect = world.graph[world.graph.edges(page.id, "architect")[0]].title
+    assert first.startswith(f"[{page.title}]") and f"The architect of {page.title} is {architect}." in first
+    assert tools.text_search("zzzz qqqq") == "no results"
+
+
+def test_image_search_recognises_clean_and_degraded_images(world, tools):
+    record = next(r for r in world.images() if r.width >= 512)
+    image = world.load_image(record.page_id)
+    assert tools.image_search(image).startswith(f"1. {record.title} - ")
+    small = np.ascontiguousarray(image[::4, ::4])
+    assert tools.image_search(small).startswith(f"1. {record.title} - ")
+
+
+def test_tool_errors_are_statuses(tools):
+    assert tools(ToolCall("image_search", {"image": 3}), []).status is ToolStatus.TOOL_ERROR
+    assert tools(ToolCall("text_search", {}), []).status is ToolStatus.TOOL_ERROR
+    unknown = tools(ToolCall("teleport", {"image": 0}), [np.zeros((4, 4, 3), np.uint8)])
+    assert unknown.status is ToolStatus.TOOL_ERROR and "unknown tool" in unknown.error
+
+
+def test_careful_expert_answers_every_item_and_slips_get_rejected(world, tools, curated):
+    out, _ = curated
+    items = list(read_items(out / "items.jsonl"))[:25]
+    careful = ScriptedExpert(world.graph, tools, ExpertConfig(slip_prob=0.0, repeat_prob=0.0))
+    report = SynthesisReport()
+    for group, item in enumerate(items):
+        kept = synthesize(item, question_image(world, out, item), careful, 1, random.Random(group),
+                          ExactMatchAccuracyJudge(), HeuristicQueryJudge(), 0.97, report, group)
+        assert len(kept) == 1
+    assert report.kept == 25 and report.rejected_answer == report.rejected_process == 0
+    sloppy = ScriptedExpert(world.graph, tools, ExpertConfig(slip_prob=1.0, repeat_prob=1.0))
+    report = SynthesisReport()
+    for group, item in enumerate(items):
+        synthesize(item, question_image(world, out, item), sloppy, 1, random.Random(group),
+                   ExactMatchAccuracyJudge(), HeuristicQueryJudge(), 0.97, report, group)
+    assert report.kept == 0 and report.rejected_process > 0 and report.rejected_answer > 0
+
+
+def test_expert_config_validation():
+    with pytest.raises(ValueError, match="slip_prob"):
+        ExpertConfig(slip_prob=2.0)
