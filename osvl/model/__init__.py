@@ -1,7 +1,18 @@
 """Qwen3-VL (dense and MoE) on torchtitan, with HF checkpoint I/O."""
 
-from osvl.model.checkpoint import from_hf_state_dict, from_pretrained, save_pretrained, to_hf_state_dict
-from osvl.model.config import Qwen3VLConfig, TextConfig, VisionConfig, config_from_hf, config_to_hf
+from osvl.model.checkpoint import (
+    from_hf_state_dict,
+    from_pretrained,
+    save_pretrained,
+    to_hf_state_dict,
+)
+from osvl.model.config import (
+    Qwen3VLConfig,
+    TextConfig,
+    VisionConfig,
+    config_from_hf,
+    config_to_hf,
+)
 from osvl.model.model import Qwen3VLModel, build_model, model_config, text_position_ids
 
 __all__ = [

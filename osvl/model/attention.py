@@ -12,7 +12,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.varlen import varlen_attn
-
 from torchtitan.models.common.attention import VarlenMetadata
 from torchtitan.protocols.module import Module
 
@@ -29,7 +28,7 @@ def packed_metadata(cu_seqlens: torch.Tensor, total: int) -> VarlenMetadata:
     host = tuple(int(x) for x in cu_seqlens.tolist())
     if host[0] != 0 or host[-1] != total:
         raise ValueError(f"cu_seqlens must start at 0 and end at {total} tokens, got {host[0]}..{host[-1]}")
-    lengths = [b - a for a, b in zip(host[:-1], host[1:])]
+    lengths = [b - a for a, b in zip(host[:-1], host[1:], strict=True)]
     if min(lengths) <= 0:
         raise ValueError(f"cu_seqlens must be strictly increasing, got {list(host)}")
     cu = cu_seqlens.to(torch.int32)
@@ -69,7 +68,7 @@ def packed_attention(
         raise ValueError(f"unknown attention backend {backend!r}; choose from {ATTENTION_BACKENDS}")
     bounds = meta.cu_seq_q_host
     outs = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
         q, k, v = (t[start:end].transpose(0, 1) for t in (q_TNH, k_TNH, v_TNH))
         o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
         outs.append(o.transpose(0, 1))

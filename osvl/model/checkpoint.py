@@ -13,8 +13,10 @@ import re
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
 
 from osvl.model.attention import AttentionBackend
 from osvl.model.config import Qwen3VLConfig, config_from_hf, config_to_hf
@@ -147,7 +149,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for name in files:
         with safe_open(str(path / name), framework="pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 tensors[key] = f.get_tensor(key)
     return tensors
 
@@ -177,13 +179,22 @@ def from_pretrained(
 def save_pretrained(
     model: Qwen3VLModel, path: str | Path, *, dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 2**30
 ) -> None:
-    """Write ``config.json`` + safetensors shards (+ index when sharded) in HF layout."""
+    """Write ``config.json`` + safetensors shards (+ index when sharded) in HF layout.
+
+    For a sharded (FSDP / TP / EP) model every rank must call this (tensors are all-gathered);
+    only rank 0 writes.
+    """
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+    config = model.arch
+    state = {
+        k.replace("._checkpoint_wrapped_module", ""): (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+        for k, t in model.state_dict().items()
+    }
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = model.arch
-    state = {k: t.detach() for k, t in model.state_dict().items()}
     hf = to_hf_state_dict(state, config)
     if dtype is not None:
         hf = {k: t.to(dtype) for k, t in hf.items()}

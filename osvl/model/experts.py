@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
-
 from torchtitan.models.common.moe import GroupedExperts
 
 

@@ -3,13 +3,12 @@ interleaved MRoPE, with a packed (one row, many documents) forward."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.nn as nn
-
+from torch.distributed.tensor import DTensor
 from torchtitan.models.common import Embedding, Linear
 from torchtitan.models.common.config_utils import (
     make_ffn_config,
@@ -21,7 +20,11 @@ from torchtitan.models.common.config_utils import (
 from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
 
-from osvl.model.attention import AttentionBackend, PackedCausalAttention, packed_metadata
+from osvl.model.attention import (
+    AttentionBackend,
+    PackedCausalAttention,
+    packed_metadata,
+)
 from osvl.model.config import Qwen3VLConfig
 from osvl.model.experts import Qwen3VLExperts
 from osvl.model.rope import PrecomputedRoPE, mrope_table
@@ -39,6 +42,14 @@ def text_position_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     pos = torch.arange(total, device=cu_seqlens.device) - torch.repeat_interleave(starts, lengths, output_size=total)
     return pos.view(1, -1).expand(3, -1)
+
+
+def _like(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Vision outputs and token indices are identical on every TP rank; give them the decoder
+    stream's DTensor layout (replicated) so they mix with it."""
+    if isinstance(ref, DTensor) and not isinstance(x, DTensor):
+        return DTensor.from_local(x, ref.device_mesh, ref.placements, run_check=False)
+    return x
 
 
 def _decoder_layer(config: Qwen3VLConfig, layer: int, backend: AttentionBackend) -> Qwen3TransformerBlock.Config:
@@ -136,13 +147,13 @@ class Qwen3VLModel(Qwen3Model):
                 raise ValueError(
                     f"{visual_idx.numel()} image tokens in input_ids but the images give {image_embeds.shape[0]} embeddings"
                 )
-            h = h.index_copy(1, visual_idx, image_embeds.unsqueeze(0).to(h.dtype))
+            h = h.index_copy(1, _like(visual_idx, h), _like(image_embeds.unsqueeze(0).to(h.dtype), h))
 
         rope = mrope_table(position_ids, head_dim=a.text.head_dim, theta=a.text.rope_theta, sections=a.text.mrope_section)
         for i, layer in enumerate(self.layers.values()):
             h = layer(h, meta, rope)
             if i < len(deepstack):
-                h = h.index_add(1, visual_idx, deepstack[i].unsqueeze(0).to(h.dtype))
+                h = h.index_add(1, _like(visual_idx, h), _like(deepstack[i].unsqueeze(0).to(h.dtype), h))
         h = self.norm(h)[0]
         return h if return_hidden else self.lm_head(h)
 

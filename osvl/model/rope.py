@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate
-
 from torchtitan.protocols.module import Module
 
 

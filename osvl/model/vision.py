@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
 from torchtitan.models.common.embedding import Embedding
 from torchtitan.models.common.linear import Linear
 from torchtitan.models.common.nn_modules import LayerNorm

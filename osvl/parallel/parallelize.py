@@ -1,0 +1,147 @@
+"""FSDP2 / TP / EP / activation checkpointing / compile for Qwen3-VL via torchtitan's Qwen3
+parallelize path, plus the vision tower's plan: each vision block is its own FSDP unit
+(sharded over the data-parallel mesh, replicated across TP ranks — the tower is ~0.5B)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.models.qwen3.parallelize import parallelize_qwen3
+from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+
+from osvl.model.attention import AttentionBackend
+from osvl.model.config import Qwen3VLConfig
+from osvl.model.model import Qwen3VLModel, model_config
+from osvl.parallel._compat import (
+    SPMD_BACKEND,
+    cpu_offload_policy,
+    force_sum_reduction_if_needed,
+    use_host_device,
+    use_partial_dtensor,
+)
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    dp_shard: int = -1  # -1: whatever world_size / (dp_replicate * tp) leaves
+    dp_replicate: int = 1
+    tp: int = 1
+    ep: int = 1
+    cpu_offload: bool = False
+    activation_checkpoint: Literal["none", "full", "selective"] = "none"
+    compile: bool = False  # torch.compile each decoder block (fullgraph)
+    compile_backend: str = "inductor"
+    param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    reshard_after_forward: Literal["default", "always", "never"] = "default"
+
+    def validate(self, arch: Qwen3VLConfig, world_size: int) -> None:
+        for name in ("dp_replicate", "tp", "ep"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.dp_shard == 0 or self.dp_shard < -1:
+            raise ValueError(f"dp_shard must be -1 or >= 1, got {self.dp_shard}")
+        if self.activation_checkpoint not in ("none", "full", "selective"):
+            raise ValueError(f"unknown activation_checkpoint {self.activation_checkpoint!r}")
+        if self.param_dtype not in _DTYPES:
+            raise ValueError(f"param_dtype must be one of {sorted(_DTYPES)}, got {self.param_dtype!r}")
+        t = arch.text
+        if t.num_attention_heads % self.tp or t.num_key_value_heads % self.tp:
+            raise ValueError(
+                f"tp={self.tp} must divide num_attention_heads={t.num_attention_heads} "
+                f"and num_key_value_heads={t.num_key_value_heads}"
+            )
+        if self.ep > 1 and (not t.is_moe or t.num_experts % self.ep):
+            raise ValueError(f"ep={self.ep} needs an MoE model whose num_experts ({t.num_experts}) it divides")
+        dp_shard = self.resolved_dp_shard(world_size)
+        if dp_shard * self.dp_replicate * self.tp != world_size:
+            raise ValueError(
+                f"dp_replicate({self.dp_replicate}) * dp_shard({dp_shard}) * tp({self.tp}) != world_size({world_size})"
+            )
+        if (dp_shard * self.dp_replicate * self.tp) % self.ep:
+            raise ValueError(f"ep={self.ep} must divide the data x tensor parallel ranks")
+
+    def resolved_dp_shard(self, world_size: int) -> int:
+        if self.dp_shard != -1:
+            return self.dp_shard
+        return max(world_size // (self.dp_replicate * self.tp), 1)
+
+    def parallel_dims(self, world_size: int) -> ParallelDims:
+        """Dims for this plan; call ``build_mesh()`` on the result once the process group exists."""
+        use_host_device()
+        return ParallelDims(
+            dp_replicate=self.dp_replicate,
+            dp_shard=self.resolved_dp_shard(world_size),
+            cp=1,
+            tp=self.tp,
+            pp=1,
+            ep=self.ep,
+            world_size=world_size,
+            spmd_backend=SPMD_BACKEND,
+        )
+
+
+def sharded_model_config(
+    arch: Qwen3VLConfig, parallel: ParallelConfig, *, attn_backend: AttentionBackend = "sdpa"
+) -> Qwen3VLModel.Config:
+    """Model config with torchtitan's Qwen3 TP/EP sharding annotations filled in (before build)."""
+    config = model_config(arch, attn_backend=attn_backend)
+    set_qwen3_sharding_config(config, enable_sp=False, enable_ep=parallel.ep > 1)
+    return config
+
+
+def _shard_vision(model: Qwen3VLModel, dims: ParallelDims, parallel: ParallelConfig) -> None:
+    mesh_names = ["dp_replicate", "fsdp"] if dims.dp_replicate_enabled else ["fsdp"]
+    fsdp = dict(
+        mesh=dims.get_mesh(mesh_names),
+        mp_policy=MixedPrecisionPolicy(param_dtype=_DTYPES[parallel.param_dtype], reduce_dtype=torch.float32),
+    )
+    if parallel.cpu_offload:
+        fsdp["offload_policy"] = cpu_offload_policy()
+    for block in model.visual.blocks:
+        fully_shard(block, **fsdp)
+    fully_shard(model.visual, **fsdp)
+
+
+def parallelize(model: Qwen3VLModel, dims: ParallelDims, parallel: ParallelConfig) -> Qwen3VLModel:
+    """Apply the plan in place. ``model`` must come from ``sharded_model_config(...).build()``."""
+    use_host_device()
+    use_partial_dtensor()
+    parallel.validate(model.arch, dims.world_size)
+    if parallel.activation_checkpoint == "full":
+        ac = FullAC.Config()
+    elif parallel.activation_checkpoint == "selective":
+        ac = SelectiveAC.Config()
+    else:
+        ac = None
+    if dims.fsdp_enabled:
+        _shard_vision(model, dims, parallel)
+    parallelize_qwen3(
+        model,
+        parallel_dims=dims,
+        training=TrainingConfig(
+            mixed_precision_param=parallel.param_dtype, enable_cpu_offload=parallel.cpu_offload
+        ),
+        parallelism=ParallelismConfig(
+            data_parallel_replicate_degree=parallel.dp_replicate,
+            data_parallel_shard_degree=dims.dp_shard,
+            tensor_parallel_degree=parallel.tp,
+            expert_parallel_degree=parallel.ep,
+            enable_sequence_parallel=False,
+            fsdp_reshard_after_forward=parallel.reshard_after_forward,
+            spmd_backend=SPMD_BACKEND,
+        ),
+        compile_config=CompileConfig(enable=parallel.compile, components=["model"], backend=parallel.compile_backend),
+        ac_config=ac,
+        dump_folder="",
+        skip_dp=not dims.fsdp_enabled,
+    )
+    force_sum_reduction_if_needed(model)
+    return model

@@ -1,0 +1,59 @@
+import pytest
+import torch
+
+from osvl.model.attention import packed_attention, packed_metadata
+
+
+def _dense_reference(q, k, v, cu, causal):
+    """Float64 masked attention over the whole packed row."""
+    T = q.shape[0]
+    doc = torch.repeat_interleave(torch.arange(len(cu) - 1), torch.diff(torch.tensor(cu)))
+    mask = doc[:, None] == doc[None, :]
+    if causal:
+        mask &= torch.ones(T, T, dtype=torch.bool).tril()
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = torch.einsum("qnh,knh->nqk", q.double(), k.double()) / q.shape[-1] ** 0.5
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.einsum("nqk,knh->qnh", s.softmax(-1), v.double())
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sdpa_backend_matches_float64_masked_attention(causal):
+    cu = [0, 3, 10, 11]
+    q, k, v = torch.randn(11, 4, 8), torch.randn(11, 2, 8), torch.randn(11, 2, 8)
+    meta = packed_metadata(torch.tensor(cu, dtype=torch.int32), 11)
+    out = packed_attention(q, k, v, meta, causal=causal, scale=None, backend="sdpa")
+    torch.testing.assert_close(out.double(), _dense_reference(q, k, v, cu, causal), rtol=1e-5, atol=1e-5)
+
+
+def test_sdpa_backend_backward_runs_on_cpu():
+    q = torch.randn(7, 2, 4, requires_grad=True)
+    meta = packed_metadata(torch.tensor([0, 4, 7]), 7)
+    packed_attention(q, q, q, meta, causal=True, scale=None, backend="sdpa").pow(2).sum().backward()
+    assert torch.isfinite(q.grad).all() and q.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "cu, total, match",
+    [
+        ([0, 3, 2, 5], 5, "strictly increasing"),
+        ([1, 5], 5, "start at 0"),
+        ([0, 4], 5, "end at 5"),
+        ([0], 0, ">= 2 entries"),
+    ],
+)
+def test_packed_metadata_rejects_bad_cu_seqlens(cu, total, match):
+    with pytest.raises(ValueError, match=match):
+        packed_metadata(torch.tensor(cu), total)
+
+
+def test_packed_metadata_rejects_float_and_bad_backend():
+    with pytest.raises(ValueError, match="int32 or int64"):
+        packed_metadata(torch.tensor([0.0, 2.0]), 2)
+    meta = packed_metadata(torch.tensor([0, 2]), 2)
+    x = torch.randn(2, 1, 4)
+    with pytest.raises(ValueError, match="needs CUDA"):
+        packed_attention(x, x, x, meta, causal=True, scale=None, backend="varlen")
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        packed_attention(x, x, x, meta, causal=True, scale=None, backend="flash9")

@@ -1,0 +1,121 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from osvl.model import (
+    build_model,
+    config_from_hf,
+    config_to_hf,
+    from_hf_state_dict,
+    from_pretrained,
+    save_pretrained,
+    to_hf_state_dict,
+)
+from tests.model.tiny import tiny_config
+
+
+def _assert_same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_save_load_round_trip_is_exact(moe, tmp_path):
+    torch.manual_seed(0)
+    model = build_model(tiny_config(moe))
+    save_pretrained(model, tmp_path, max_shard_bytes=20_000)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    loaded = from_pretrained(tmp_path, dtype=torch.float32)
+    assert loaded.arch == model.arch
+    _assert_same_state(model, loaded)
+
+
+def test_tied_embeddings_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(tiny_config(tie=True))
+    save_pretrained(model, tmp_path)
+    assert "lm_head.weight" not in load_file(tmp_path / "model.safetensors")
+    loaded = from_pretrained(tmp_path, dtype=torch.float32)
+    assert loaded.lm_head.weight is loaded.tok_embeddings.weight
+    _assert_same_state(model, loaded)
+
+
+def test_hf_layouts_of_patch_embed_and_experts():
+    config = tiny_config(moe=True)
+    torch.manual_seed(0)
+    state = {k: v.clone() for k, v in build_model(config).state_dict().items()}
+    hf = to_hf_state_dict(state, config)
+    E, D, F = 4, 32, 12
+    assert hf["model.visual.patch_embed.proj.weight"].shape == (16, 3, 2, 2, 2)
+    gate_up = hf["model.language_model.layers.0.mlp.experts.gate_up_proj"]
+    assert gate_up.shape == (E, D, 2 * F)  # released Qwen layout
+    w1 = state["layers.0.moe.routed_experts.inner_experts.w1_EFD"]
+    torch.testing.assert_close(gate_up[2, :, :F], w1[2].T)
+    # transformers>=5 layout [E, 2F, D] / [E, D, F] loads to the same tensors
+    hf_v5 = dict(hf)
+    for layer in (0, 1):
+        p = f"model.language_model.layers.{layer}.mlp.experts."
+        hf_v5[p + "gate_up_proj"] = hf[p + "gate_up_proj"].transpose(1, 2)
+        hf_v5[p + "down_proj"] = hf[p + "down_proj"].transpose(1, 2)
+    for back in (from_hf_state_dict(hf, config), from_hf_state_dict(hf_v5, config)):
+        assert back.keys() == state.keys()
+        for k in state:
+            assert torch.equal(back[k], state[k]), k
+
+
+def test_bad_checkpoints_raise_value_error(tmp_path):
+    config = tiny_config(moe=True)
+    torch.manual_seed(0)
+    model = build_model(config)
+    save_pretrained(model, tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    key = "model.language_model.layers.0.mlp.experts.gate_up_proj"
+    tensors[key] = tensors[key][:, :, :5].contiguous()
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="gate_up_proj has shape"):
+        from_pretrained(tmp_path)
+    del tensors[key]
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="need both"):
+        from_pretrained(tmp_path)
+    tensors.pop("model.language_model.layers.0.mlp.experts.down_proj")
+    tensors["model.language_model.layers.0.mlp.mystery.weight"] = torch.zeros(1)
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="unknown checkpoint tensor"):
+        from_pretrained(tmp_path)
+    tensors.pop("model.language_model.layers.0.mlp.mystery.weight")
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="checkpoint mismatch: missing"):
+        from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="no config.json"):
+        from_pretrained(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="max_shard_bytes"):
+        save_pretrained(model, tmp_path / "x", max_shard_bytes=0)
+
+
+def test_config_json_round_trip_and_errors():
+    for moe in (False, True):
+        config = tiny_config(moe)
+        raw = config_to_hf(config)
+        assert raw["model_type"] == ("qwen3_vl_moe" if moe else "qwen3_vl")
+        assert config_from_hf(raw) == config
+    raw = config_to_hf(tiny_config())
+    with pytest.raises(ValueError, match="model_type"):
+        config_from_hf(dict(raw, model_type="llama"))
+    bad_rope = json.loads(json.dumps(raw))
+    bad_rope["text_config"]["rope_parameters"]["mrope_interleaved"] = False
+    with pytest.raises(ValueError, match="interleaved"):
+        config_from_hf(bad_rope)
+    bad_heads = json.loads(json.dumps(raw))
+    bad_heads["text_config"]["num_key_value_heads"] = 3
+    with pytest.raises(ValueError, match="not divisible"):
+        config_from_hf(bad_heads)
+    legacy = json.loads(json.dumps(raw))  # transformers 4.x spelling: rope_scaling + top-level rope_theta
+    legacy["text_config"]["rope_scaling"] = legacy["text_config"].pop("rope_parameters")
+    legacy["text_config"]["rope_theta"] = legacy["text_config"]["rope_scaling"].pop("rope_theta")
+    assert config_from_hf(legacy) == tiny_config()
