@@ -1,0 +1,264 @@
+"""Typed recipe: one frozen config per component (torchtitan style), validated on construction.
+
+Field-level checks live in ``__post_init__`` and raise ``ValueError`` naming the field; the loader
+prefixes the section path (``grpo.eps_high: ...``). Cross-component checks are in ``Recipe``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from osvl.parallel.parallelize import ParallelConfig
+
+Stage = Literal["sft", "grpo"]
+FatalMode = Literal["vanilla", "hard_mask", "fatal_mask", "fatal_clamp"]
+Estimator = Literal["grpo", "rloo", "drgrpo"]
+LossAgg = Literal["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm"]
+
+PAPER_PRESETS = ("qwen3_vl_8b", "qwen3_vl_30b_a3b", "qwen3_vl_32b")
+TINY_PRESETS = ("tiny", "tiny_moe")
+
+
+def _positive(obj: object, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise ValueError(f"{name} must be > 0, got {getattr(obj, name)}")
+
+
+def _non_negative(obj: object, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(obj, name)}")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    name: str = "run"
+    stage: Stage = "sft"
+    run_dir: str = "runs/run"
+    seed: int = 0
+    world_size: int = 0  # the recipe's target topology (GPUs); 0 = whatever torchrun starts
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "world_size", "seed")
+        if not self.run_dir:
+            raise ValueError("run_dir must not be empty")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    preset: str = "tiny"  # qwen3_vl_8b | qwen3_vl_30b_a3b | qwen3_vl_32b | tiny | tiny_moe
+    pretrained: str = ""  # HF checkpoint directory; "" = random init (tiny recipes, dry runs)
+    attn_backend: Literal["sdpa", "varlen"] = "sdpa"
+    freeze_vision: bool = False  # the paper fine-tunes the vision tower and projector too
+
+    def __post_init__(self) -> None:
+        if self.preset not in PAPER_PRESETS + TINY_PRESETS:
+            raise ValueError(f"preset must be one of {PAPER_PRESETS + TINY_PRESETS}, got {self.preset!r}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_path: str = ""  # SFT: trajectories JSONL (osvl.rl); GRPO: prompts JSONL
+    tokenizer: str = ""  # tokenizer.json (or a directory holding one); "" = the pretrained checkpoint's
+    max_tokens: int = 32768  # packed tokens per micro-batch (image tokens included)
+    max_patches: int = 0  # vision patches per micro-batch; 0 = unbounded
+    min_pixels: int = 65536
+    max_pixels: int = 16777216
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_tokens", "min_pixels", "max_pixels")
+        _non_negative(self, "max_patches")
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels {self.min_pixels} > max_pixels {self.max_pixels}")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: Literal["adamw"] = "adamw"
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
+
+    def __post_init__(self) -> None:
+        _positive(self, "lr", "eps")
+        _non_negative(self, "weight_decay", "grad_clip")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    kind: Literal["cosine", "constant"] = "cosine"
+    warmup_ratio: float = 0.1
+    min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    epochs: int = 1
+    global_batch: int = 256  # trajectories per optimizer step, over all data-parallel ranks
+    max_steps: int = 0  # 0 = epochs * steps_per_epoch
+    loss_chunk: int = 4096  # rows of hidden states per lm_head + cross-entropy chunk
+
+    def __post_init__(self) -> None:
+        _positive(self, "epochs", "global_batch", "loss_chunk")
+        _non_negative(self, "max_steps")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    group_size: int = 8  # G rollouts per prompt
+    batch_prompts: int = 256  # prompts per rollout batch
+    mini_batch_prompts: int = 64  # prompts per optimizer step (PPO mini-batch)
+    epochs: int = 1
+    max_steps: int = 0  # 0 = epochs over the prompt set
+    temperature: float = 0.7
+    top_p: float = 1.0
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    estimator: Estimator = "rloo"
+    loss_agg: LossAgg = "seq-mean-token-sum"
+    fatal_mode: FatalMode = "fatal_clamp"
+    fatal_k: int = 3  # consecutive policy tool errors that make a step fatal
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    max_prompt_tokens: int = 8192
+    max_response_tokens: int = 32768
+    loss_chunk: int = 4096
+
+    def __post_init__(self) -> None:
+        _positive(self, "group_size", "batch_prompts", "mini_batch_prompts", "epochs", "temperature",
+                  "fatal_k", "max_prompt_tokens", "max_response_tokens", "loss_chunk")
+        _non_negative(self, "max_steps", "eps_low", "eps_high", "kl_coef", "entropy_coef")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (a group-relative advantage needs peers), got {self.group_size}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.batch_prompts % self.mini_batch_prompts:
+            raise ValueError(f"mini_batch_prompts {self.mini_batch_prompts} must divide batch_prompts {self.batch_prompts}")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: Literal["local", "sglang"] = "local"
+    sglang_urls: tuple[str, ...] = ()
+    max_in_flight: int = 64
+    max_turns: int = 16
+    trajectory_deadline_s: float = 900.0
+    max_retries: int = 2
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_in_flight", "max_turns", "trajectory_deadline_s")
+        _non_negative(self, "max_retries")
+        if self.engine == "sglang" and not self.sglang_urls:
+            raise ValueError("engine 'sglang' needs sglang_urls")
+
+
+@dataclass(frozen=True)
+class ToolsConfig:
+    backend: Literal["offline", "online"] = "offline"
+    profile: Literal["paper", "release"] = "paper"
+    world_dir: str = ""  # the embedded mini-world for the offline backend
+    workers: int = 4
+    call_deadline_s: float = 60.0
+    fault_rate: float = 0.0  # injected tool faults (demo / tests)
+
+    def __post_init__(self) -> None:
+        _positive(self, "workers", "call_deadline_s")
+        if not 0.0 <= self.fault_rate <= 1.0:
+            raise ValueError(f"fault_rate must lie in [0, 1], got {self.fault_rate}")
+
+
+@dataclass(frozen=True)
+class JudgesConfig:
+    accuracy: Literal["exact", "llm"] = "exact"
+    query: Literal["heuristic", "llm"] = "heuristic"
+    url: str = ""  # OpenAI-compatible chat endpoint for the llm judges
+    model: str = ""
+    alpha: float = 0.8  # weight of accuracy against query quality in the composite reward
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
+        _positive(self, "timeout_s")
+        if "llm" in (self.accuracy, self.query) and not (self.url and self.model):
+            raise ValueError("llm judges need url and model")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 0  # DCP save cadence; 0 = only at exit
+    keep_last: int = 2
+    resume: bool = True  # continue from the newest checkpoint in run_dir
+    export_hf: bool = True  # write HF safetensors at exit
+    export_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "every_steps")
+        _positive(self, "keep_last")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    log_every: int = 1
+    tensorboard: bool = True
+    console: bool = True
+    peak_tflops: float = 989.0  # dense bf16 per GPU for MFU (H100/H200 989, H20 148)
+
+    def __post_init__(self) -> None:
+        _positive(self, "log_every", "peak_tflops")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    job: JobConfig = field(default_factory=JobConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    judges: JudgesConfig = field(default_factory=JudgesConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "tp", "ep"):
+            if getattr(self.parallel, name) < 1:
+                raise ValueError(f"parallel.{name} must be >= 1, got {getattr(self.parallel, name)}")
+        if self.parallel.dp_shard == 0 or self.parallel.dp_shard < -1:
+            raise ValueError(f"parallel.dp_shard must be -1 or >= 1, got {self.parallel.dp_shard}")
+        moe = self.model.preset in ("qwen3_vl_30b_a3b", "tiny_moe")
+        if self.parallel.ep > 1 and not moe:
+            raise ValueError(f"parallel.ep: expert parallelism needs an MoE preset, got model.preset={self.model.preset!r}")
+        w = self.job.world_size
+        if w:
+            dp_shard = self.parallel.resolved_dp_shard(w)
+            if dp_shard * self.parallel.dp_replicate * self.parallel.tp != w:
+                raise ValueError(
+                    f"parallel: dp_replicate({self.parallel.dp_replicate}) * dp_shard({dp_shard}) * "
+                    f"tp({self.parallel.tp}) != job.world_size({w})")
+            if w % self.parallel.ep:
+                raise ValueError(f"parallel.ep: {self.parallel.ep} must divide job.world_size {w}")
+        if self.job.stage == "sft" and w and self.sft.global_batch % self.data_parallel_size(w):
+            raise ValueError(f"sft.global_batch {self.sft.global_batch} must be a multiple of the "
+                             f"data-parallel size {self.data_parallel_size(w)}")
+
+    def data_parallel_size(self, world_size: int) -> int:
+        return self.parallel.resolved_dp_shard(world_size) * self.parallel.dp_replicate

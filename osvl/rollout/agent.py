@@ -1,0 +1,155 @@
+"""The ReAct agent loop for one trajectory: render, generate, parse, act, observe, repeat.
+
+Every failure is data: a malformed generation becomes a ``parse_error`` step, a bad or failed
+tool call keeps the tool's typed status, an engine failure ends the rollout as ``infra_error``.
+The record holds the engine's ids and logprobs and the observation ids exactly as the engine
+saw them, so the trainer never re-tokenizes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+from osvl.data.chat import ChatRenderer
+from osvl.rl.fatal import FatalConfig, find_fatal_step, trajectory_fatal_step
+from osvl.rl.trajectory import (
+    FinishReason,
+    Prompt,
+    Step,
+    ToolCall,
+    ToolResult,
+    ToolStatus,
+    Trajectory,
+)
+from osvl.rollout.engine import (
+    Engine,
+    EngineError,
+    GenerationRequest,
+    SamplingParams,
+    StopKind,
+)
+from osvl.tools.environment import ToolEnvironment
+from osvl.tools.errors import CallParseError
+from osvl.tools.registry import parse_tool_call
+from osvl.tools.visual_context import VisualContext
+
+_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_RESPONSE = re.compile(r"<response>(.*?)</response>", re.DOTALL)
+
+
+@dataclass
+class Action:
+    """What one generation asks for: exactly one of a tool call, a response, or an error."""
+
+    think: str | None = None
+    call: str | None = None  # raw JSON between <tool_call> tags
+    response: str | None = None
+    error: str | None = None
+
+
+def parse_action(text: str) -> Action:
+    """Reads ``<think>..</think>`` then one ``<tool_call>{json}</tool_call>`` or ``<response>..</response>``."""
+    think = _THINK.search(text)
+    calls = _CALL.findall(text)
+    responses = _RESPONSE.findall(text)
+    action = Action(think=think.group(1).strip() if think else None)
+    if len(calls) + len(responses) == 0:
+        action.error = ("no action: end the turn with <tool_call>{...}</tool_call> or "
+                        "<response>...</response>")
+    elif len(calls) + len(responses) > 1:
+        action.error = "more than one action in one turn; emit a single <tool_call> or <response>"
+    elif calls:
+        action.call = calls[0].strip()
+    else:
+        action.response = responses[0].strip()
+    return action
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    max_turns: int = 8
+    max_total_tokens: int = 8192  # whole context: prompt, generations and observations
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    tool_deadline_s: float | None = None  # None = each tool's own deadline
+    fatal: FatalConfig = field(default_factory=FatalConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1 or self.max_total_tokens < 2:
+            raise ValueError(f"max_turns must be >= 1 and max_total_tokens >= 2, got "
+                             f"{self.max_turns} and {self.max_total_tokens}")
+
+
+def _observation_text(result: ToolResult) -> str:
+    return result.text if result.ok else f"Error ({result.status.value}): {result.error}"
+
+
+async def _act(action: Action, env: ToolEnvironment, context: VisualContext,
+               config: AgentConfig) -> tuple[ToolCall | None, ToolResult]:
+    if action.error is not None:
+        return None, ToolResult(status=ToolStatus.PARSE_ERROR, tool="", error=action.error)
+    try:
+        call = parse_tool_call(action.call, env.registry.limits)
+    except CallParseError as error:
+        return None, ToolResult(status=ToolStatus.PARSE_ERROR, tool="", error=str(error))
+    try:
+        result = await env.execute(call, context, config.tool_deadline_s)
+    except Exception as error:  # noqa: BLE001 - a tool-side crash must not kill the rollout
+        result = ToolResult(status=ToolStatus.INFRA_ERROR, tool=call.name, error=f"tool environment failed: {error!r}")
+    return call, result
+
+
+async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
+                         config: AgentConfig, *, group_id: int, sample_index: int,
+                         seed: int | None = None) -> Trajectory:
+    """One rollout; per-turn seeds follow from ``seed`` so a rerun reproduces every turn."""
+    context = VisualContext(prompt.images, env.registry.limits)
+    segment = renderer.render_prompt(prompt)
+    ids, images = list(segment.ids), list(segment.images)
+    steps: list[Step] = []
+    finish = FinishReason.MAX_TURNS
+    special = renderer.tokenizer.special
+    for turn in range(config.max_turns):
+        room = config.max_total_tokens - len(ids)
+        if room < 1:
+            finish = FinishReason.MAX_TOKENS
+            break
+        sampling = replace(config.sampling, max_new_tokens=min(config.sampling.max_new_tokens, room),
+                           seed=None if seed is None else (seed + turn) % 2**63,
+                           stop_token_ids=tuple(sorted({*config.sampling.stop_token_ids, special.im_end,
+                                                        special.endoftext})))
+        try:
+            generation = await engine.generate(GenerationRequest(list(ids), list(images), sampling))
+        except EngineError:
+            finish = FinishReason.INFRA_ERROR
+            break
+        text = renderer.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        budget_cut = generation.finish is StopKind.LENGTH and sampling.max_new_tokens == room
+        action = parse_action(text)
+        step = Step(token_ids=list(generation.token_ids), logprobs=[float(x) for x in generation.logprobs],
+                    text=text, think=action.think, policy_version=generation.policy_version)
+        steps.append(step)
+        ids += step.token_ids
+        if action.response is not None:
+            step.response = action.response
+            finish = FinishReason.RESPONSE
+            break
+        if budget_cut:
+            finish = FinishReason.MAX_TOKENS
+            break
+        step.tool_call, step.tool_result = await _act(action, env, context, config)
+        step.observation_text = _observation_text(step.tool_result)
+        step.observation_images = list(step.tool_result.images) if step.tool_result.ok else []
+        if find_fatal_step([s.status for s in steps], config.fatal.k, config.fatal.anchor) != -1:
+            finish = FinishReason.FATAL
+            break
+        observation = renderer.render_observation(step)
+        step.observation_token_ids = list(observation.ids)
+        ids += observation.ids
+        images += observation.images
+    trajectory = Trajectory(prompt=prompt, steps=steps, finish_reason=finish, group_id=group_id,
+                            sample_index=sample_index)
+    if finish is not FinishReason.INFRA_ERROR:
+        trajectory.fatal_step = trajectory_fatal_step(trajectory, config.fatal)
+    return trajectory

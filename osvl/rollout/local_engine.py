@@ -1,0 +1,213 @@
+"""The local engine: osvl's own model with a KV cache, batched, on CPU or GPU.
+
+Concurrent ``generate`` calls are gathered into one batch (up to ``max_batch`` rows): one padded
+prefill of every row's context (images included), then one decode step per token for all rows.
+Weights are swapped in place between batches (``load_weights``), stamping a new policy version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from osvl.data.image import ImageConfig, pixel_values
+from osvl.data.mrope import mrope_position_ids
+from osvl.data.tokenizer import Tokenizer
+from osvl.model.model import Qwen3VLModel
+from osvl.rollout.engine import (
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    StopKind,
+    hits_stop,
+)
+from osvl.rollout.kv_cache import KVCache, extend
+from osvl.rollout.sampling import make_generator, sample_next
+
+
+def _pad(rows: Sequence[np.ndarray], fill: int = 0) -> np.ndarray:
+    width = max(r.shape[-1] for r in rows)
+    out = np.full((len(rows), *rows[0].shape[:-1], width), fill, dtype=np.int64)
+    for b, row in enumerate(rows):
+        out[b, ..., :row.shape[-1]] = row
+    return out
+
+
+class LocalEngine:
+    def __init__(self, model: Qwen3VLModel, tokenizer: Tokenizer, image_config: ImageConfig, *,
+                 max_batch: int = 8, policy_version: int = 0) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if model.arch.image_token_id != tokenizer.special.image_pad:
+            raise ValueError(f"model image_token_id {model.arch.image_token_id} != tokenizer's <|image_pad|> "
+                             f"{tokenizer.special.image_pad}")
+        if model.arch.text.vocab_size < tokenizer.vocab_size:
+            raise ValueError(f"model vocab {model.arch.text.vocab_size} < tokenizer vocab {tokenizer.vocab_size}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.image_config = image_config
+        self.max_batch = max_batch
+        self._version = policy_version
+        self._lock = threading.Lock()  # a batch and a weight swap never interleave
+        self._pending: list[tuple[GenerationRequest, asyncio.Future]] = []
+        self._drainer: asyncio.Task | None = None
+        self.generated_tokens = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """In-place copy of the trainer's weights (same names and shapes) before the next batch."""
+        with self._lock:
+            missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
+            if missing or unexpected:
+                raise ValueError(f"weight update does not match the engine's model: missing {missing[:3]}, "
+                                 f"unexpected {unexpected[:3]}")
+            self._version = version
+
+    def _prefill_inputs(self, requests: Sequence[GenerationRequest]):
+        pad_id = self.tokenizer.special.image_pad
+        merge = self.image_config.merge_size
+        ids, positions, images = [], [], []
+        for request in requests:
+            row = np.asarray(request.input_ids, dtype=np.int64)
+            if row.min() < 0 or row.max() >= self.model.arch.text.vocab_size:
+                raise ValueError(f"input ids outside the vocabulary [0, {self.model.arch.text.vocab_size})")
+            grids = [image.grid_thw for image in request.images]
+            positions.append(mrope_position_ids(row, grids, pad_id, merge))
+            ids.append(row)
+            images += request.images
+        device = self.device
+        pixels = grid = None
+        if images:
+            pixels = torch.from_numpy(pixel_values(images, self.image_config)).to(device, next(self.model.parameters()).dtype)
+            grid = torch.tensor([image.grid_thw for image in images], device=device)
+        lengths = torch.tensor([len(r) for r in ids], device=device)
+        next_position = [int(p.max()) + 1 for p in positions]
+        return (torch.from_numpy(_pad(ids)).to(device), lengths, torch.from_numpy(_pad(positions)).to(device)
+                .permute(1, 0, 2), pixels, grid, next_position)
+
+    def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Synchronous batched generation; each row samples with its own seeded generator."""
+        if not requests:
+            return []
+        with self._lock:
+            return self._generate(requests)
+
+    def _generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        ids, lengths, positions, pixels, grid, next_position = self._prefill_inputs(requests)
+        budget = max(r.sampling.max_new_tokens for r in requests)
+        cache = KVCache.empty(self.model, len(requests), int(lengths.max()) + budget)
+        logits = extend(self.model, cache, ids, lengths, positions, pixels, grid)
+        last = logits[torch.arange(len(requests)), lengths - 1]
+        generators = [make_generator(r.sampling.seed, self.device) for r in requests]
+        out_ids: list[list[int]] = [[] for _ in requests]
+        out_lp: list[list[float]] = [[] for _ in requests]
+        finish = [StopKind.LENGTH] * len(requests)
+        active = [True] * len(requests)
+        decode = lambda t: self.tokenizer.decode(t)
+        while True:
+            step_ids = torch.zeros(len(requests), dtype=torch.long, device=self.device)
+            for b, request in enumerate(requests):
+                if not active[b]:
+                    continue
+                s = request.sampling
+                token, logprob = sample_next(last[b], s.temperature, s.top_p, generators[b])
+                out_ids[b].append(token)
+                out_lp[b].append(logprob)
+                step_ids[b] = token
+                if hits_stop(out_ids[b], decode, s.stop, s.stop_token_ids):
+                    active[b], finish[b] = False, StopKind.STOP
+                elif len(out_ids[b]) >= s.max_new_tokens:
+                    active[b] = False
+            if not any(active):
+                break
+            new = torch.tensor(active, dtype=torch.long, device=self.device)
+            pos = torch.tensor([next_position[b] + len(out_ids[b]) - 1 for b in range(len(requests))],
+                               device=self.device)
+            last = extend(self.model, cache, step_ids[:, None], new, pos.view(1, -1, 1).expand(3, -1, 1))[:, 0]
+        self.generated_tokens += sum(len(t) for t in out_ids)
+        return [GenerationResult(token_ids=out_ids[b], logprobs=out_lp[b], finish=finish[b],
+                                 policy_version=self._version, prompt_tokens=int(lengths[b]))
+                for b in range(len(requests))]
+
+    @torch.no_grad()
+    def score(self, request: GenerationRequest, continuation: Sequence[int], temperature: float = 1.0) -> list[float]:
+        """fp32 logprobs of ``continuation`` after the request's context (teacher forcing)."""
+        if not continuation:
+            return []
+        full = GenerationRequest(list(request.input_ids) + list(continuation), request.images, request.sampling)
+        with self._lock:
+            ids, lengths, positions, pixels, grid, _ = self._prefill_inputs([full])
+            cache = KVCache.empty(self.model, 1, int(lengths.max()))
+            logits = extend(self.model, cache, ids, lengths, positions, pixels, grid)[0].float()
+        start = len(request.input_ids)
+        logits = logits[start - 1:start - 1 + len(continuation)] / (temperature or 1.0)
+        target = torch.tensor(list(continuation), device=logits.device)
+        return torch.log_softmax(logits, -1).gather(1, target[:, None])[:, 0].tolist()
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Queue one request; requests made while a batch runs form the next batch."""
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        await asyncio.sleep(0)  # let callers scheduled in the same tick join the batch
+        while self._pending:
+            batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+            try:
+                results = await asyncio.to_thread(self.generate_batch, [r for r, _ in batch])
+            except Exception as error:  # noqa: BLE001 - one bad batch must not strand its callers
+                for request, future in batch:
+                    if not future.done():
+                        future.set_exception(error if isinstance(error, ValueError)
+                                             else EngineError(f"local engine failed: {error!r}"))
+                continue
+            for (_, future), result in zip(batch, results):
+                if not future.done():
+                    future.set_result(result)
+
+
+class ReplayEngine:
+    """Forced decoding: emits scripted ids with the real model's logprobs for them.
+
+    ``script(request)`` returns the ids to "generate"; they are cut at the first stop and at
+    ``max_new_tokens`` like sampled ones. Drives the agent loop deterministically in tests.
+    """
+
+    def __init__(self, engine: LocalEngine, script: Callable[[GenerationRequest], Sequence[int]]) -> None:
+        self.engine = engine
+        self.script = script
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def replay(self, request: GenerationRequest) -> GenerationResult:
+        s = request.sampling
+        ids: list[int] = []
+        finish = StopKind.LENGTH
+        for token in self.script(request):
+            ids.append(int(token))
+            if hits_stop(ids, self.engine.tokenizer.decode, s.stop, s.stop_token_ids):
+                finish = StopKind.STOP
+                break
+            if len(ids) >= s.max_new_tokens:
+                break
+        logprobs = self.engine.score(request, ids, s.temperature)
+        return GenerationResult(ids, logprobs, finish, self.engine.policy_version, len(request.input_ids))
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await asyncio.to_thread(self.replay, request)

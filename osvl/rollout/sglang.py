@@ -1,0 +1,129 @@
+"""Client for SGLang servers' native ``/generate`` API: one or many servers (or an sglang-router URL).
+
+Requests carry the exact context ids and the already-resized images (PNG, base64 data URLs), ask
+for ``return_logprob`` and read ``meta_info.output_token_logprobs`` (``[logprob, id, text]`` per
+generated token). Transport failures and aborted requests raise ``EngineError`` (infra), never
+a policy error. Weights are updated with ``/update_weights_from_disk`` on every server.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import cv2
+import httpx
+
+from osvl.rollout.engine import (
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    StopKind,
+)
+
+Routing = Literal["round_robin", "least_loaded"]
+
+
+@dataclass(frozen=True)
+class SGLangConfig:
+    urls: tuple[str, ...]  # server base URLs, or one sglang-router URL
+    routing: Routing = "least_loaded"
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.urls or any(not u.startswith(("http://", "https://")) for u in self.urls):
+            raise ValueError(f"SGLangConfig.urls needs http(s) base URLs, got {self.urls!r}")
+        if self.routing not in ("round_robin", "least_loaded"):
+            raise ValueError(f"unknown routing {self.routing!r}; expected round_robin or least_loaded")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+
+
+def image_data_url(pixels) -> str:
+    ok, png = cv2.imencode(".png", cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR))
+    if not ok:
+        raise ValueError(f"cannot PNG-encode image of shape {pixels.shape}")
+    return "data:image/png;base64," + base64.b64encode(png.tobytes()).decode()
+
+
+def generate_payload(request: GenerationRequest) -> dict[str, Any]:
+    s = request.sampling
+    sampling = {"temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": s.max_new_tokens,
+                "stop": list(s.stop), "stop_token_ids": list(s.stop_token_ids), "skip_special_tokens": False,
+                "no_stop_trim": True}
+    if s.seed is not None:
+        sampling["sampling_seed"] = s.seed
+    payload: dict[str, Any] = {"input_ids": list(request.input_ids), "sampling_params": sampling,
+                               "return_logprob": True}
+    if request.images:
+        payload["image_data"] = [image_data_url(image.pixels) for image in request.images]
+    return payload
+
+
+def parse_generate_response(body: Any, policy_version: int) -> GenerationResult:
+    """``GenerationResult`` from a ``/generate`` JSON body; malformed bodies are infra errors."""
+    try:
+        meta = body["meta_info"]
+        entries = meta["output_token_logprobs"]
+        ids = [int(entry[1]) for entry in entries]
+        logprobs = [float(entry[0]) for entry in entries]
+        finish = meta["finish_reason"]
+        kind = finish["type"] if isinstance(finish, dict) else finish
+    except (KeyError, TypeError, IndexError, ValueError) as error:
+        raise EngineError(f"malformed /generate response ({error!r}): {str(body)[:200]}") from None
+    if "output_ids" in body and list(body["output_ids"]) != ids:
+        raise EngineError("output_ids and output_token_logprobs disagree")
+    if kind not in ("stop", "length"):
+        raise EngineError(f"generation ended with finish_reason {finish!r}")
+    return GenerationResult(ids, logprobs, StopKind(kind), policy_version, int(meta.get("prompt_tokens", 0)))
+
+
+class SGLangEngine:
+    def __init__(self, config: SGLangConfig, client: httpx.AsyncClient | None = None,
+                 policy_version: int = 0) -> None:
+        self.config = config
+        self.client = client or httpx.AsyncClient(timeout=config.timeout_s)
+        self._version = policy_version
+        self._next = itertools.cycle(range(len(config.urls)))
+        self.in_flight = [0] * len(config.urls)
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def _pick(self) -> int:
+        if self.config.routing == "round_robin":
+            return next(self._next)
+        return min(range(len(self.in_flight)), key=lambda i: self.in_flight[i])
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        server = self._pick()
+        version = self._version
+        self.in_flight[server] += 1
+        try:
+            response = await self.client.post(f"{self.config.urls[server]}/generate", json=generate_payload(request))
+        except httpx.HTTPError as error:
+            raise EngineError(f"SGLang server {self.config.urls[server]} unreachable: {error!r}") from None
+        finally:
+            self.in_flight[server] -= 1
+        if response.status_code != 200:
+            raise EngineError(f"SGLang /generate returned HTTP {response.status_code}: {response.text[:200]}")
+        return parse_generate_response(response.json(), version)
+
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None:
+        """Every server loads the checkpoint at ``model_path``; the version changes only if all did."""
+        for url in self.config.urls:
+            try:
+                response = await self.client.post(f"{url}/update_weights_from_disk",
+                                                   json={"model_path": model_path, "weight_version": str(version)})
+                body = response.json()
+            except (httpx.HTTPError, ValueError) as error:
+                raise EngineError(f"weight update on {url} failed: {error!r}") from None
+            if response.status_code != 200 or not body.get("success", False):
+                raise EngineError(f"weight update on {url} refused: {body.get('message', response.text[:200])}")
+        self._version = version
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

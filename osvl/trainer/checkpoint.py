@@ -1,0 +1,84 @@
+"""DCP checkpoints of the whole training state, so a resumed run continues the same stream.
+
+``run_dir/checkpoints/step_00000012/``: model + optimizer as a distributed checkpoint (each rank
+writes its shards), plus ``trainer_rank{r}.pt`` with the scheduler, the RNG states, the step and
+the data cursor. A ``complete`` marker is written last; only marked checkpoints are resumed from.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+MARKER = "complete"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """Newest complete checkpoint under ``root`` (None when there is none)."""
+    done = sorted(p for p in Path(root).glob("step_*") if (p / MARKER).is_file())
+    return done[-1] if done else None
+
+
+def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    trainer_state: dict[str, Any], keep_last: int = 2) -> Path:
+    """Collective: every rank calls it. ``trainer_state`` is this rank's (scheduler, cursor, ...)."""
+    path = step_dir(Path(root), step)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    torch.save({**trainer_state, "step": step, "rng": rng_state()}, path / f"trainer_rank{_rank()}.pt")
+    _barrier()
+    if _rank() == 0:
+        (path / MARKER).write_text(str(step))
+        complete = sorted(p for p in Path(root).glob("step_*") if (p / MARKER).is_file())
+        for old in complete[:-keep_last]:
+            shutil.rmtree(old)
+    _barrier()
+    return path
+
+
+def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Restores model, optimizer and RNG in place; returns this rank's trainer state (with ``step``)."""
+    path = Path(path)
+    if not (path / MARKER).is_file():
+        raise ValueError(f"{path} is not a complete checkpoint (no {MARKER!r} marker)")
+    state_file = path / f"trainer_rank{_rank()}.pt"
+    if not state_file.is_file():
+        raise ValueError(f"{state_file} is missing: was the checkpoint written with a different world size?")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    trainer = torch.load(state_file, weights_only=False)
+    set_rng_state(trainer.pop("rng"))
+    return trainer

@@ -1,0 +1,69 @@
+"""Per-step metrics: JSONL (the record of a run), TensorBoard when installed, a console line.
+
+Only rank 0 writes. Values are plain floats: callers reduce across ranks before logging.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def progress_line(step: int, total: int, values: dict[str, float], width: int = 20) -> str:
+    filled = int(width * step / total) if total else width
+    bar = "#" * filled + "." * (width - filled)
+    shown = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
+    return f"[{bar}] {step}/{total} {shown}"
+
+
+def _fmt(value: float) -> str:
+    if value == 0 or not math.isfinite(value):
+        return str(value)
+    return f"{value:.4g}"
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: str | Path, *, enabled: bool, tensorboard: bool, console: bool,
+                 header: dict[str, Any] | None = None, stream: TextIO = sys.stdout) -> None:
+        self.enabled, self.console, self.stream = enabled, console, stream
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._tb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if header is not None:
+            (self.path.parent / "recipe.json").write_text(json.dumps(header, indent=2))
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is optional
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
+
+    def log(self, step: int, total: int, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **{k: float(v) for k, v in values.items()}}
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in values.items():
+                self._tb.add_scalar(key, float(value), step)
+            self._tb.flush()
+        if self.console:
+            print(progress_line(step, total, values), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{run_dir} has no metrics.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

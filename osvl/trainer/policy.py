@@ -1,0 +1,90 @@
+"""The trained policy: architecture from the recipe (or the checkpoint), weights, parallel plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+
+from osvl.config.recipe import Recipe
+from osvl.data.image import ImageConfig
+from osvl.data.tokenizer import SpecialTokens
+from osvl.model import Qwen3VLConfig, Qwen3VLModel, TextConfig, VisionConfig, config_from_hf, from_pretrained
+from osvl.model.presets import preset
+from osvl.parallel import parallelize, sharded_model_config
+
+
+def tiny_arch(vocab_size: int, special: SpecialTokens, moe: bool = False) -> Qwen3VLConfig:
+    """A CPU-sized Qwen3-VL whose vocabulary and vision ids follow the tokenizer."""
+    text = TextConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, mrope_section=(4, 2, 2),
+                      num_experts=4 if moe else 0, num_experts_per_tok=2 if moe else 0,
+                      moe_intermediate_size=32 if moe else 0)
+    vision = VisionConfig(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8,
+                          out_hidden_size=64, num_position_embeddings=64, deepstack_visual_indexes=(0,))
+    return Qwen3VLConfig(text=text, vision=vision, image_token_id=special.image_pad,
+                         video_token_id=special.video_pad, vision_start_token_id=special.vision_start,
+                         vision_end_token_id=special.vision_end)
+
+
+def policy_arch(recipe: Recipe, vocab_size: int, special: SpecialTokens) -> Qwen3VLConfig:
+    """The checkpoint's architecture when one is given, else the preset."""
+    if recipe.model.pretrained:
+        config_file = Path(recipe.model.pretrained) / "config.json"
+        if not config_file.is_file():
+            raise ValueError(f"model.pretrained: {config_file} does not exist")
+        arch = config_from_hf(json.loads(config_file.read_text()))
+    elif recipe.model.preset in ("tiny", "tiny_moe"):
+        arch = tiny_arch(vocab_size, special, moe=recipe.model.preset == "tiny_moe")
+    else:
+        arch = preset(recipe.model.preset)
+    if arch.text.vocab_size < vocab_size:
+        raise ValueError(f"tokenizer has {vocab_size} ids but the model's vocabulary is {arch.text.vocab_size}")
+    if arch.image_token_id != special.image_pad:
+        raise ValueError(f"model image_token_id {arch.image_token_id} != tokenizer <|image_pad|> {special.image_pad}")
+    return arch
+
+
+def image_config(arch: Qwen3VLConfig, recipe: Recipe) -> ImageConfig:
+    v = arch.vision
+    return ImageConfig(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
+                       merge_size=v.spatial_merge_size, min_pixels=recipe.data.min_pixels,
+                       max_pixels=recipe.data.max_pixels)
+
+
+def build_policy(recipe: Recipe, arch: Qwen3VLConfig, world_size: int) -> Qwen3VLModel:
+    """Same weights on every rank (seeded init or the checkpoint), then the recipe's parallel plan.
+
+    Gradients are *summed* over data-parallel ranks (divide factor 1): the loss is already divided
+    by the global token count, so a mean would shrink every step by the number of ranks.
+    """
+    torch.manual_seed(recipe.job.seed)
+    model = sharded_model_config(arch, recipe.parallel, attn_backend=recipe.model.attn_backend).build()
+    with torch.no_grad():
+        if recipe.model.pretrained:
+            loaded = from_pretrained(recipe.model.pretrained, dtype=torch.float32)
+            model.load_state_dict(loaded.state_dict(), strict=True)
+            del loaded
+        else:
+            model.init_states()
+    if recipe.model.freeze_vision:
+        model.visual.requires_grad_(False)
+    if dist.is_initialized():
+        dims = recipe.parallel.parallel_dims(world_size)
+        dims.build_mesh()
+        parallelize(model, dims, recipe.parallel)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+    return model
+
+
+def lm_head_weight(model: Qwen3VLModel) -> torch.Tensor:
+    """The output projection as the loss needs it (unsharded while FSDP keeps it gathered)."""
+    head = model.lm_head
+    if isinstance(head, FSDPModule):
+        head.unshard()
+    return head.weight

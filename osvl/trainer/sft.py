@@ -1,0 +1,114 @@
+"""The SFT stage (paper Eq. 8): masked next-token loss on the policy's tokens of expert trajectories."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torchtitan.distributed.utils import clip_grad_norm_
+
+from osvl.config.loader import recipe_to_dict
+from osvl.config.recipe import Recipe
+from osvl.data.chat import ChatRenderer
+from osvl.data.packing import PackedBatch
+from osvl.data.tokenizer import load_tokenizer
+from osvl.model import save_pretrained
+from osvl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from osvl.trainer.loss import sft_loss
+from osvl.trainer.metrics import MetricsWriter
+from osvl.trainer.optim import build_optimizer, build_scheduler
+from osvl.trainer.policy import build_policy, image_config, lm_head_weight, policy_arch
+from osvl.trainer.sft_data import SFTStream, load_sft_sequences, rank_microbatches
+
+
+@dataclass(frozen=True)
+class StageResult:
+    steps: int  # optimizer steps taken in total (including those before a resume)
+    resumed_from: int  # step of the checkpoint it resumed from; 0 = fresh start
+    final_loss: float
+    run_dir: Path
+
+
+def _all_sum(value: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(value)
+    return value
+
+
+def _forward_loss(model, batch: PackedBatch, normalizer: int, chunk: int) -> torch.Tensor:
+    hidden = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, position_ids=batch.position_ids,
+                   pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw, return_hidden=True)
+    return sft_loss(hidden, lm_head_weight(model), batch.target_ids, batch.loss_mask, normalizer, chunk)
+
+
+def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int | None = None) -> StageResult:
+    """Train to the recipe's step count (or ``stop_after`` steps, to simulate an interruption)."""
+    run_dir = Path(recipe.job.run_dir)
+    tokenizer = load_tokenizer(recipe.data.tokenizer or recipe.model.pretrained)
+    arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
+    renderer = ChatRenderer(tokenizer, image_config(arch, recipe))
+    sequences = load_sft_sequences(recipe.data.train_path, renderer)
+    stream = SFTStream(len(sequences), recipe.sft.global_batch, recipe.job.seed, recipe.data.shuffle)
+    total = recipe.sft.max_steps or recipe.sft.epochs * stream.steps_per_epoch
+    dp_size = recipe.data_parallel_size(world_size)
+    dp_rank = rank // recipe.parallel.tp
+
+    model = build_policy(recipe, arch, world_size)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(params, recipe.optimizer)
+    scheduler = build_scheduler(optimizer, total, recipe.scheduler)
+    ckpt_root = run_dir / "checkpoints"
+    step = resumed = 0
+    latest = latest_checkpoint(ckpt_root) if recipe.checkpoint.resume else None
+    if latest is not None:
+        state = load_checkpoint(latest, model, optimizer)
+        scheduler.load_state_dict(state["scheduler"])
+        stream.load_state_dict(state["cursor"])
+        step = resumed = state["step"]
+    metrics = MetricsWriter(run_dir, enabled=rank == 0, tensorboard=recipe.metrics.tensorboard,
+                            console=recipe.metrics.console, header=recipe_to_dict(recipe))
+
+    def save(at: int) -> None:
+        save_checkpoint(ckpt_root, at, model, optimizer,
+                        {"scheduler": scheduler.state_dict(), "cursor": stream.state_dict()},
+                        keep_last=recipe.checkpoint.keep_last)
+
+    loss_value = float("nan")
+    end = total if stop_after is None else min(total, step + stop_after)
+    while step < end:
+        start = time.perf_counter()
+        batches, valid_tokens, padding = rank_microbatches(
+            sequences, stream.next_batch(), recipe.data.max_tokens, dp_size, dp_rank, renderer)
+        model.train()
+        loss = torch.zeros(())
+        for batch in batches:
+            micro = _forward_loss(model, batch, max(valid_tokens, 1), recipe.sft.loss_chunk)
+            micro.backward()
+            loss += micro.detach()
+        grad_norm = clip_grad_norm_(params, recipe.optimizer.grad_clip or float("inf"))
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens = _all_sum(torch.tensor([sum(b.num_tokens for b in batches)], dtype=torch.float64))
+        loss_value = float(_all_sum(loss) / max(recipe.parallel.tp, 1))
+        elapsed = time.perf_counter() - start
+        if step % recipe.metrics.log_every == 0 or step == end:
+            metrics.log(step, total, {"loss": loss_value, "grad_norm": float(grad_norm), "lr": lr,
+                                      "tokens_per_s": float(tokens[0]) / elapsed, "padding_frac": padding,
+                                      "valid_tokens": valid_tokens, "step_time_s": elapsed,
+                                      "epoch": stream.cursor.epoch})
+        if recipe.checkpoint.every_steps and step % recipe.checkpoint.every_steps == 0:
+            save(step)
+    if step > resumed and not (recipe.checkpoint.every_steps and step % recipe.checkpoint.every_steps == 0):
+        save(step)
+    if step == total and recipe.checkpoint.export_hf:
+        save_pretrained(model, run_dir / "hf", dtype=getattr(torch, recipe.checkpoint.export_dtype))
+        if rank == 0:
+            tokenizer.save(run_dir / "hf" / "tokenizer.json")
+    metrics.close()
+    return StageResult(steps=step, resumed_from=resumed, final_loss=loss_value, run_dir=run_dir)

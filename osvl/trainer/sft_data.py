@@ -1,0 +1,126 @@
+"""SFT trajectories -> packed micro-batches, in a seeded order with a resumable cursor.
+
+Synthesised SFT trajectories carry text, not engine ids: each step is tokenized once here
+(generation + ``<|im_end|>``, so the model learns to stop). Every rank renders the whole set and
+plans the same packing, so the global loss normaliser needs no collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from osvl.data.chat import ChatRenderer
+from osvl.data.image import ImageConfig
+from osvl.data.mrope import mrope_position_ids
+from osvl.data.packing import PackedBatch, PackingConfig, TrainSequence, pack_rank, plan_packing, train_sequence
+from osvl.data.tokenizer import SpecialTokens, Tokenizer
+from osvl.rl.trajectory import Trajectory, read_jsonl
+
+
+def tokenize_steps(trajectory: Trajectory, tokenizer: Tokenizer) -> Trajectory:
+    """Fills empty ``token_ids`` from each step's text (engine-recorded ids are kept verbatim)."""
+    steps = []
+    for step in trajectory.steps:
+        if not step.token_ids:
+            if not step.text:
+                raise ValueError(f"trajectory {trajectory.prompt.id!r}: a step has neither token ids nor text")
+            ids = tokenizer.encode(step.text) + [tokenizer.special.im_end]
+            step = dataclasses.replace(step, token_ids=ids, logprobs=[0.0] * len(ids))
+        steps.append(step)
+    return dataclasses.replace(trajectory, steps=steps)
+
+
+def load_sft_sequences(path: str | Path, renderer: ChatRenderer) -> list[TrainSequence]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"data.train_path: {path} does not exist")
+    sequences = [train_sequence(tokenize_steps(t, renderer.tokenizer), renderer, reward=0.0)
+                 for t in read_jsonl(path)]
+    if not sequences:
+        raise ValueError(f"data.train_path: {path} holds no trajectories")
+    return sequences
+
+
+@dataclass
+class Cursor:
+    """Where the stream is: epoch and position in that epoch's permutation."""
+
+    epoch: int = 0
+    index: int = 0
+
+
+class SFTStream:
+    """Global batches of sequence indices; epoch e is a permutation seeded by (seed, e)."""
+
+    def __init__(self, num_sequences: int, global_batch: int, seed: int, shuffle: bool = True) -> None:
+        if global_batch > num_sequences:
+            raise ValueError(f"sft.global_batch {global_batch} exceeds the {num_sequences} training trajectories")
+        self.num_sequences, self.global_batch, self.seed, self.shuffle = num_sequences, global_batch, seed, shuffle
+        self.cursor = Cursor()
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_sequences // self.global_batch  # a ragged tail is dropped, as with drop_last
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.num_sequences)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_sequences)
+
+    def next_batch(self) -> list[int]:
+        if self.cursor.index + self.global_batch > self.num_sequences:
+            self.cursor = Cursor(self.cursor.epoch + 1, 0)
+        start = self.cursor.index
+        self.cursor = Cursor(self.cursor.epoch, start + self.global_batch)
+        return self._order(self.cursor.epoch)[start:start + self.global_batch].tolist()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.cursor.epoch, "index": self.cursor.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.cursor = Cursor(int(state["epoch"]), int(state["index"]))
+
+
+def rank_microbatches(sequences: list[TrainSequence], indices: list[int], max_tokens: int, num_ranks: int,
+                      rank: int, renderer: ChatRenderer) -> tuple[list[PackedBatch], int, float]:
+    """This rank's micro-batches of a global batch, the global valid-token count and padding fraction."""
+    chosen = [sequences[i] for i in indices]
+    plan = plan_packing([s.num_tokens for s in chosen], PackingConfig(max_tokens=max_tokens, num_ranks=num_ranks))
+    special = renderer.tokenizer.special
+    batches = [with_vision_filler(b, renderer.image_config, special)
+               for b in pack_rank(chosen, plan, rank, renderer.image_config, special)]
+    return batches, sum(s.num_valid_tokens for s in chosen), plan.padding_frac
+
+
+def with_vision_filler(batch: PackedBatch, image_config: ImageConfig, special: SpecialTokens) -> PackedBatch:
+    """Appends a one-token blank image document (no loss) to a micro-batch without images.
+
+    Under FSDP every rank must run the vision tower in every forward, or the ranks' all-gathers
+    fall out of step; the filler is its own document, so it attends to nothing real.
+    """
+    if batch.image_grid_thw.shape[0] > 0:
+        return batch
+    m = image_config.merge_size
+    ids = np.array([special.vision_start, special.image_pad, special.vision_end], dtype=np.int64)
+    grid = [1, m, m]
+    positions = torch.from_numpy(mrope_position_ids(ids, [grid], special.image_pad, m))
+    patch_dim = 3 * image_config.temporal_patch_size * image_config.patch_size ** 2
+    n = len(ids)
+    zeros_long = torch.zeros(n, dtype=torch.int64)
+    return dataclasses.replace(
+        batch,
+        input_ids=torch.cat([batch.input_ids, torch.from_numpy(ids)]),
+        target_ids=torch.cat([batch.target_ids, zeros_long]),
+        cu_seqlens=torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1:] + n]),
+        position_ids=torch.cat([batch.position_ids, positions], dim=1),
+        pixel_values=torch.zeros(m * m, patch_dim, dtype=torch.float32),
+        image_grid_thw=torch.tensor([grid], dtype=torch.int64),
+        loss_mask=torch.cat([batch.loss_mask, torch.zeros(n, dtype=torch.bool)]),
+        token_step=torch.cat([batch.token_step, zeros_long]),
+        old_logprobs=torch.cat([batch.old_logprobs, torch.zeros(n)]),
+    )

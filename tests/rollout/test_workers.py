@@ -1,0 +1,103 @@
+import asyncio
+
+import numpy as np
+import pytest
+
+from osvl.rl.trajectory import FinishReason
+from osvl.rollout.agent import AgentConfig
+from osvl.rollout.engine import EngineError, SamplingParams
+from osvl.rollout.local_engine import ReplayEngine
+from osvl.rollout.parity import logprob_parity, trainer_logprobs
+from osvl.rollout.recorder import RolloutRecorder
+from osvl.rollout.workers import RolloutConfig, RolloutMetrics, is_stale, stream_groups
+from tests.rollout.helpers import prompts
+from tests.rollout.scripts import call, respond, scripted
+
+AGENT = AgentConfig(max_turns=4, sampling=SamplingParams(temperature=1.0, max_new_tokens=64))
+
+
+async def _collect(*args, **kwargs):
+    return [group async for group in stream_groups(*args, **kwargs)]
+
+
+class FlakyEngine:
+    """Fails (crash) or hangs on chosen samples, forwarding everything else."""
+
+    def __init__(self, inner, crash_seeds=(), hang_seeds=()):
+        self.inner, self.crash, self.hang = inner, set(crash_seeds), set(hang_seeds)
+
+    @property
+    def policy_version(self):
+        return self.inner.policy_version
+
+    async def generate(self, request):
+        seed = request.sampling.seed
+        if seed in self.crash:
+            raise EngineError("engine worker crashed")
+        if seed in self.hang:
+            await asyncio.sleep(3600)
+        return await self.inner.generate(request)
+
+
+def test_groups_stay_together_with_faults_and_metrics(local_engine, env, renderer):
+    from osvl.rollout.engine import derive_seed
+    turns = [call("echo_image", image=0, tag="x"), respond()]
+    base = ReplayEngine(local_engine, scripted(turns))
+    crash = {derive_seed(0, "p1", 0)}  # always crashes: dropped after its retry
+    hang = {derive_seed(0, "p2", 1)}  # always hangs: deadline, retry, drop
+    engine = FlakyEngine(base, crash, hang)
+    metrics = RolloutMetrics()
+    config = RolloutConfig(group_size=2, max_in_flight=4, trajectory_deadline_s=4.0, max_retries=1, queue_size=1)
+    groups = asyncio.run(_collect(prompts(3), engine, env, renderer, AGENT, config, metrics=metrics))
+    assert sorted(g.group_id for g in groups) == [0, 1, 2]
+    for g in groups:
+        assert [t.sample_index for t in g.trajectories] == [0, 1]
+        assert all(t.group_id == g.group_id and t.prompt.id == g.prompt.id for t in g.trajectories)
+    by_key = {(g.prompt.id, t.sample_index): t for g in groups for t in g.trajectories}
+    for key in [("p1", 0), ("p2", 1)]:
+        assert by_key[key].finish_reason is FinishReason.INFRA_ERROR and by_key[key].infra_retries == 1
+    ok = [t for k, t in by_key.items() if k not in {("p1", 0), ("p2", 1)}]
+    assert len(ok) == 4 and all(t.finish_reason is FinishReason.RESPONSE for t in ok)
+    summary = metrics.summary()
+    assert metrics.trajectories == 6 and summary["dropped"] == 2 and summary["retries"] == 2
+    assert summary["tool_calls"] == {"echo_image": 4} and summary["statuses"] == {"ok": 4}
+    assert summary["fatal_rate"] == 0 and summary["engine_tokens_per_s"] > 0
+
+
+def test_staleness_knob():
+    from osvl.rl.trajectory import Step, Trajectory
+    traj = Trajectory(prompts(1)[0], [Step([1], [0.0], policy_version=3), Step([2], [0.0], policy_version=4)],
+                      FinishReason.RESPONSE, 0, 0)
+    assert not is_stale(traj, 3, 0) and is_stale(traj, 4, 0) and not is_stale(traj, 4, 1)
+    with pytest.raises(ValueError, match="max_retries and max_staleness"):
+        RolloutConfig(max_staleness=-1)
+    with pytest.raises(ValueError, match="trajectory_deadline_s"):
+        RolloutConfig(trajectory_deadline_s=0)
+
+
+def test_sampled_rollouts_recorded_and_logprobs_match_the_trainer(local_engine, env, renderer, tmp_path):
+    turns = [call("echo_image", image=0, tag="p"), call("echo", tag="q"), respond()]
+    engine = ReplayEngine(local_engine, scripted(turns))
+    config = RolloutConfig(group_size=2, max_in_flight=4)
+    groups = asyncio.run(_collect(prompts(2), engine, env, renderer, AGENT, config))
+    trajectories = [t for g in groups for t in g.trajectories]
+    recorder = RolloutRecorder(tmp_path / "run")
+    assert recorder.write(3, trajectories) == 4
+    replayed = recorder.read(3)
+    assert [t.steps[0].token_ids for t in replayed] == [t.steps[0].token_ids for t in trajectories]
+    assert all(np.array_equal(a.steps[0].observation_images[0], b.steps[0].observation_images[0])
+               for a, b in zip(replayed, trajectories))
+    report = logprob_parity(local_engine.model, renderer, replayed)
+    assert report.tokens == sum(len(s.token_ids) for t in trajectories for s in t.steps)
+    assert report.mean_abs_diff < 1e-5 and report.max_abs_diff < 1e-4
+    trainer, engine_lp = trainer_logprobs(local_engine.model, renderer, replayed[0])
+    engine_lp = engine_lp.copy()
+    engine_lp[0] += 0.5  # a corrupted record is caught
+    assert np.abs(trainer - engine_lp).max() > 0.4
+    with pytest.raises(ValueError, match="no rollouts recorded"):
+        recorder.read(4)
+
+
+def test_recorder_rejects_negative_steps(tmp_path):
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        RolloutRecorder(tmp_path).path(-1)
