@@ -1,0 +1,94 @@
+import numpy as np
+import pytest
+
+from osvl.eval.benchmarks import FORMATS, Rejected, convert, get_format, load_benchmark
+from osvl.eval.items import EvalItem, read_image_ref, to_prompt
+from osvl.rl.trajectory import Prompt
+from osvl.synth.records import write_prompts
+from tests.eval.helpers import b64, rgb, write_jsonl, write_png
+
+
+def test_every_paper_benchmark_loads_its_released_fields(tmp_path):
+    image = rgb(seed=1)
+    write_png(tmp_path / "img" / "a.png", image)
+    write_png(tmp_path / "oven_0001.JPEG", image)
+    rows = {
+        "simplevqa": {"data_id": 7, "image": b64(image), "question": "Who built it?", "answer": "Ada",
+                      "language": "EN", "vqa_category": "art"},
+        "vdr": {"id": "v1", "question": "Which year?", "answer": "1901", "answers": ["1901", "nineteen-oh-one"],
+                "images": ["img/a.png"]},
+        "mmsearch": {"sample_id": "m1", "query": "What won?", "gt_answer": "Blue", "alternative_gt_answers": ["blue team"],
+                     "query_image": {"bytes": b64(image), "path": None}, "area": "sports", "subfield": "f1"},
+        "livevqa": {"id": "l1", "query": "Where?", "gt": "Oslo", "img_path": "img/a.png"},
+        "browsecomp_vl": {"id": "b1", "question": "Whose?", "answer": "Bo", "image": "data:image/png;base64," + b64(image),
+                          "level": "2"},
+        "fvqa": {"question_id": 3, "question": "What is it used for?", "answer": "cutting", "img_file": "img/a.png"},
+        "infoseek": {"data_id": "infoseek_val_1", "image_id": "oven_0001", "question": "How tall?",
+                     "answer": [120, "120 m"], "answer_eng": ["120 metres"], "data_split": "val_unseen"},
+    }
+    for name, row in rows.items():
+        report = load_benchmark(write_jsonl(tmp_path / f"{name}.jsonl", [row]), name, tmp_path)
+        assert not report.rejected, (name, report.examples)
+        [item] = report.items
+        assert item.benchmark == name and item.question.endswith("?") and item.answers
+        assert len(item.images) == 1 and np.array_equal(read_image_ref(item.images[0]), image), name
+    assert load_benchmark(tmp_path / "infoseek.jsonl", "infoseek").items[0].answers == (
+        "120", "120 m", "120 metres")
+    mm = load_benchmark(tmp_path / "mmsearch.jsonl", "mmsearch").items[0]
+    assert mm.answers == ("Blue", "blue team") and mm.meta == {"area": "sports", "subfield": "f1"}
+    assert {f.column for f in FORMATS.values()} - {None} == {
+        "SimpleVQA", "VDR", "MMSearch", "LiveVQA", "BrowseComp-VL", "FVQA", "InfoSeek"}
+
+
+def test_bad_lines_are_counted_rejections_and_good_lines_survive(tmp_path):
+    write_png(tmp_path / "ok.png", rgb())
+    rows = [
+        {"id": "good", "question": "Q?", "answer": "A", "image": "ok.png"},
+        "{not json",
+        [1, 2],
+        {"question": "Q?", "answer": "A", "image": "ok.png"},
+        {"id": "no-q", "question": "  ", "answer": "A", "image": "ok.png"},
+        {"id": "no-a", "question": "Q?", "image": "ok.png"},
+        {"id": "dict-a", "question": "Q?", "answer": {"range": [1, 2]}, "image": "ok.png"},
+        {"id": "gone", "question": "Q?", "answer": "A", "image": "missing.png"},
+        {"id": "web", "question": "Q?", "answer": "A", "image": "https://example.com/x.jpg"},
+        {"id": "no-img", "question": "Q?", "answer": "A"},
+        {"id": "good", "question": "Q again?", "answer": "B", "image": "ok.png"},
+    ]
+    report = load_benchmark(write_jsonl(tmp_path / "b.jsonl", rows), "browsecomp_vl")
+    assert [i.id for i in report.items] == ["good"]
+    assert dict(report.rejected) == {"invalid_json": 1, "not_an_object": 1, "missing_id": 1, "missing_question": 1,
+                                     "missing_answer": 1, "answer_not_text": 1, "image_not_found": 1,
+                                     "remote_image": 1, "missing_image": 1, "duplicate_id": 1}
+    assert report.examples[0].startswith("line 2: invalid_json") and report.to_dict()["items"] == 1
+
+
+def test_text_only_mmsearch_queries_are_allowed_and_relabelling_keeps_items(tmp_path):
+    path = write_jsonl(tmp_path / "m.jsonl", [{"sample_id": 1, "query": "News?", "gt_answer": "Yes"}])
+    [item] = load_benchmark(path, "mmsearch", name="mmsearch_news").items
+    assert item.images == () and item.benchmark == "mmsearch_news" and item.key == "mmsearch_news/1"
+
+
+def test_curated_world_prompts_load_through_the_osvl_format(tmp_path):
+    image = rgb(seed=3)
+    write_prompts(tmp_path / "rl" / "prompts.jsonl",
+                  [Prompt(id="p1", question="Which year?", images=[image], answer="1926", aliases=["MCMXXVI"])])
+    [item] = load_benchmark(tmp_path / "rl" / "prompts.jsonl", "osvl").items
+    prompt = to_prompt(item)
+    assert prompt.accepted_answers == ["1926", "MCMXXVI"] and prompt.id == "osvl/p1"
+    assert np.array_equal(prompt.images[0], image)
+
+
+def test_unknown_format_missing_file_and_bad_image_data_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown benchmark format 'vqav2'"):
+        get_format("vqav2")
+    with pytest.raises(ValueError, match="benchmark file not found"):
+        load_benchmark(tmp_path / "nope.jsonl", "fvqa")
+    with pytest.raises(ValueError, match="base64"):
+        read_image_ref("data:image/png;base64,@@@")
+    with pytest.raises(ValueError, match="cannot decode"):
+        read_image_ref("data:image/png;base64," + "QUJD" * 20)
+    with pytest.raises(ValueError, match="reference answer"):
+        EvalItem("x", "1", "Q?", ("  ",))
+    with pytest.raises(Rejected, match="not_an_object"):
+        convert("text", get_format("fvqa"), tmp_path, tmp_path)
