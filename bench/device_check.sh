@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one script a session with a lent GPU runs: environment, GPU correctness, kernel
-# benchmarks at issue 2's target shape, and (once it exists) a two-step training run.
+# benchmarks at issue 2's target shape, and the trainer's dry run of the paper's MoE recipe.
 #
 #   bash bench/device_check.sh            # on the GPU machine (about 9 minutes at most)
 #   bash bench/device_check.sh --smoke    # tiny shapes, any machine (tests/bench runs this)
@@ -96,12 +96,10 @@ else
   stage bench_grpo_loss 270 "$PY" bench/kernels/bench_grpo_loss.py --out-dir "$OUT_DIR"
 fi
 
-# --- 5. training step (arrives with the trainer issue; runs only once osvl.train exists) ------
-if "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('osvl.train') is None)" 2> /dev/null; then
-  stage train_tiny_grpo 90 "$PY" -m osvl.train --recipe tiny_grpo --max-steps 2
-else
-  skip train_tiny_grpo "osvl.train does not exist yet"
-fi
+# --- 5. trainer ----------------------------------------------------------------------------
+# The recipe system and the dry-run memory planner of the paper's MoE recipe (seconds, no data).
+# A real short GPU training step joins here once the demo pipeline (world -> SFT -> GRPO) exists.
+stage train_dry_run 120 "$PY" -m osvl.train --recipe grpo_30b_moe --dry-run
 
 # --- summary ---------------------------------------------------------------------------------
 "$PY" - "$LOGS" <<'PYEOF'

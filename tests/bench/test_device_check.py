@@ -16,9 +16,9 @@ def test_smoke_run_records_every_stage(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((tmp_path / "device_check" / "summary.json").read_text())
     stages = {s["stage"]: s for s in summary["stages"]}
-    assert {"environment", "wheels", "gpu_tests", "bench_grpo_loss", "train_tiny_grpo"} <= stages.keys()
+    assert {"environment", "wheels", "gpu_tests", "bench_grpo_loss", "train_dry_run"} <= stages.keys()
     assert summary["failed"] == []
-    for name in ("environment", "gpu_tests", "bench_grpo_loss"):
+    for name in ("environment", "gpu_tests", "bench_grpo_loss", "train_dry_run"):
         assert stages[name]["rc"] == 0 and not stages[name]["timed_out"]
         assert Path(stages[name]["log"]).is_file()
     [result] = tmp_path.glob("device_check_smoke-*.json")
