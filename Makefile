@@ -24,8 +24,15 @@ test: install
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) tests
 
 demo: install
-	@echo "make demo: the trainer (osvl.train) is not built yet; see the open trainer issue." >&2
-	@exit 2
+	rm -rf runs/tiny_sft runs/tiny_grpo
+	$(BIN)/python -m osvl.world build --out runs/demo/world --seed 0
+	$(BIN)/python -m osvl.synth run --world runs/demo/world --out runs/demo/data > runs/demo/curation.json
+	$(BIN)/python -m osvl.trainer.demo tokenizer --data runs/demo/data
+	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_sft --set metrics.tensorboard=false
+	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo --set metrics.tensorboard=false
+	$(BIN)/python -m osvl.report runs/tiny_sft > /dev/null
+	$(BIN)/python -m osvl.report runs/tiny_grpo > /dev/null
+	$(BIN)/python -m osvl.trainer.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo
 
 bench-cpu: install
 	$(BIN)/python bench/kernels/bench_grpo_loss.py --device cpu

@@ -49,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"recipe {recipe.job.name} targets job.world_size={recipe.job.world_size} but "
                      f"{world} processes were started (use --set job.world_size={world} to run it smaller)")
     if recipe.job.stage == "grpo":
-        parser.error("the grpo stage is not implemented yet (waiting on the osvl.rollout API)")
+        from osvl.trainer.grpo import check_grpo_recipe
+
+        try:
+            check_grpo_recipe(recipe, recipe.data_parallel_size(world))
+        except ValueError as error:
+            parser.error(str(error))
     return _train(recipe, rank, world)
 
 
@@ -58,13 +63,13 @@ def _train(recipe: Recipe, rank: int, world: int) -> int:
 
     from osvl.parallel import teardown, use_host_device
     from osvl.parallel._compat import default_backend
-    from osvl.trainer import run_sft
+    from osvl.trainer import run_grpo, run_sft
 
     use_host_device()
     if world > 1:
         dist.init_process_group(default_backend(), rank=rank, world_size=world)
     try:
-        result = run_sft(recipe, rank, world)
+        result = (run_grpo if recipe.job.stage == "grpo" else run_sft)(recipe, rank, world)
     finally:
         teardown()
     if rank == 0:

@@ -44,3 +44,14 @@ def sft_resume_body(rank: int, world: int, overrides_a: list[str], overrides_b: 
     assert first.steps == 2, first
     second = run_sft(load_recipe("tiny_sft", overrides_b), rank, world)
     assert second.steps == 4 and second.resumed_from == 2, second
+
+
+def grpo_body(rank: int, world: int, overrides: list[str]) -> None:
+    """A few GRPO steps of the scripted policy against echo tools with injected faults."""
+    from osvl.config import load_recipe
+    from osvl.trainer import run_grpo
+    from tests.trainer.grpo_fixtures import echo_environment, scripted
+
+    result = run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment,
+                      engine_wrapper=scripted)
+    assert result.steps == 2 and result.resumed_from == 0, result

@@ -157,5 +157,5 @@ def test_cli_errors_before_any_process_group(capsys):
     assert main(["--recipe", "tiny_sft", "--dry-run"]) == 0
     assert "no job.world_size" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        main(["--recipe", "tiny_grpo"])
-    assert "grpo stage is not implemented yet" in capsys.readouterr().err
+        main(["--recipe", "tiny_grpo", "--set", "grpo.kl_coef=0.1"])
+    assert "grpo.kl_coef > 0 needs a reference policy" in capsys.readouterr().err

@@ -1,0 +1,90 @@
+"""GRPO batches: the prompt stream, each rank's share of it, and scored groups -> packed micro-batches.
+
+Every rank rolls out its own slice of the step's prompts (whole groups, so a group never spans
+ranks), then all ranks exchange the scored trajectories: advantages and batch statistics are
+computed over the whole step, and every rank plans the same token-balanced packing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from osvl.data.chat import ChatRenderer
+from osvl.data.packing import (
+    PackedBatch,
+    PackingConfig,
+    TrainSequence,
+    pack_microbatch,
+    pack_rank,
+    plan_packing,
+    train_sequence,
+)
+from osvl.rl.advantages import AdvantageBatch
+from osvl.rl.trajectory import Prompt, Trajectory
+from osvl.synth.records import read_prompts
+from osvl.trainer.sft_data import with_vision_filler
+
+
+def load_prompts(path: str | Path) -> list[Prompt]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"data.train_path: {path} does not exist (the grpo stage reads RL prompts JSONL)")
+    prompts = list(read_prompts(path))
+    if not prompts:
+        raise ValueError(f"data.train_path: {path} holds no prompts")
+    missing = [p.id for p in prompts if not p.accepted_answers]
+    if missing:
+        raise ValueError(f"data.train_path: prompts without a reference answer cannot be scored: {missing[:3]}")
+    return prompts
+
+
+def rank_share(batch: Sequence[int], dp_size: int, dp_rank: int) -> list[tuple[int, int]]:
+    """(group id, prompt index) pairs this rank rolls out: a strided slice of the step's prompts."""
+    if len(batch) % dp_size:
+        raise ValueError(f"grpo.batch_prompts {len(batch)} must be a multiple of the data-parallel size {dp_size}")
+    return [(g, batch[g]) for g in range(dp_rank, len(batch), dp_size)]
+
+
+def training_sequences(trajectories: Sequence[Trajectory], advantages: AdvantageBatch,
+                       renderer: ChatRenderer) -> list[TrainSequence]:
+    """Kept trajectories, rendered from the engine's ids, with the mode's advantage and loss fatal step."""
+    sequences = []
+    for i, traj in enumerate(trajectories):
+        if not bool(advantages.keep[i]) or not traj.steps:
+            continue
+        seq = train_sequence(traj, renderer, reward=traj.reward.total, advantage=float(advantages.advantages[i]))
+        sequences.append(dataclasses.replace(seq, fatal_step=int(advantages.loss_fatal_steps[i])))
+    return sequences
+
+
+def with_grpo_filler(batch: PackedBatch, renderer: ChatRenderer) -> PackedBatch:
+    """The vision filler document (see ``with_vision_filler``), with its per-sequence loss inputs."""
+    filled = with_vision_filler(batch, renderer.image_config, renderer.tokenizer.special)
+    extra = filled.cu_seqlens.shape[0] - 1 - filled.fatal_step.shape[0]
+    if extra == 0:
+        return filled
+    pad_long, pad_float = torch.full((extra,), -1, dtype=torch.int64), torch.zeros(extra)
+    return dataclasses.replace(
+        filled, group_ids=torch.cat([filled.group_ids, pad_long]), fatal_step=torch.cat([filled.fatal_step, pad_long]),
+        rewards=torch.cat([filled.rewards, pad_float]),
+        advantages=None if filled.advantages is None else torch.cat([filled.advantages, pad_float]))
+
+
+def rank_minibatch(sequences: Sequence[TrainSequence], max_tokens: int, dp_size: int, dp_rank: int,
+                   renderer: ChatRenderer) -> tuple[list[PackedBatch], float]:
+    """This rank's micro-batches of one mini-batch and the plan's padding fraction.
+
+    Too few sequences for every rank (e.g. hard_mask dropped most of them) gives filler batches, so
+    every rank still runs the same number of forwards.
+    """
+    if len(sequences) < dp_size:
+        mine = [sequences[dp_rank]] if dp_rank < len(sequences) else []
+        return [with_grpo_filler(pack_microbatch(mine, renderer.image_config, renderer.tokenizer.special),
+                                 renderer)], 0.0
+    plan = plan_packing([s.num_tokens for s in sequences], PackingConfig(max_tokens=max_tokens, num_ranks=dp_size))
+    batches = pack_rank(sequences, plan, dp_rank, renderer.image_config, renderer.tokenizer.special)
+    return [with_grpo_filler(b, renderer) for b in batches], plan.padding_frac
