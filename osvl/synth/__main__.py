@@ -19,9 +19,12 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--world", required=True)
         command.add_argument("--out", required=True)
         command.add_argument("--seed", type=int, default=0)
+    sub.choices["run"].add_argument(
+        "--expert-tools", choices=("exact", "environment"), default="exact",
+        help="the scripted expert's tools: exact in-process stand-ins, or the real tool pool over the world")
     args = parser.parse_args(argv)
     world = load_world(args.world)
-    config = CurationConfig(seed=args.seed)
+    config = CurationConfig(seed=args.seed, expert_tools=getattr(args, "expert_tools", "exact"))
     if args.command == "run":
         print(json.dumps(curate(world, args.out, config), indent=2, sort_keys=True))
     else:

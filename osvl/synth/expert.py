@@ -5,6 +5,11 @@ degraded image, reverse-search it to find the anchor, then one TextSearch per ho
 next entity (and checking the descriptor's qualifiers) from what the search returned. It slips
 at a configured rate (guessing between ambiguous candidates, repeating a query), so the
 answer judge and then the process judge have something to reject, as with a real expert model.
+
+Its tools are any :data:`ToolExecutor`: the exact in-process stand-ins below (the default: fast,
+deterministic) or the real tool environment (``osvl.synth.environment``). Both render results
+in the tool package's format (``[Passage i]`` / ``[Match i]`` blocks), so the expert reads them
+the same way and SFT observations look like the ones the policy meets in RL.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import cv2
 import numpy as np
@@ -30,13 +37,33 @@ from osvl.rl.trajectory import (
 )
 from osvl.synth.question import Attr, obfuscate
 from osvl.synth.records import QAItem
+from osvl.tools.image_search import Match, render_matches
 from osvl.tools.image_tools import perspective_correct, sharpen
+from osvl.tools.text_search import Passage, render_passages
 from osvl.world.build import World
 from osvl.world.graph import Graph
 
 ToolExecutor = Callable[[ToolCall, list[np.ndarray]], ToolResult]
 _SENTENCE = re.compile(r"[^.]*\.")
+_WORD = re.compile(r"\w+")
 _THUMB = 32
+_PASSAGE = re.compile(r"^\[Passage \d+\] (.*)\nURL: (.*)\nSummary: (.*)$", re.MULTILINE)
+_TOP_MATCH = re.compile(r"^\[Match 1\] .* \(page: ([^;]*);", re.MULTILINE)
+WORLD_URL = "world://"
+SHARPEN_ARGS = {"amount": 1.5, "sigma": 2.0}  # strong enough for the degradation subset's blur
+SUPER_RESOLUTION_ARGS = {"scale": 4}
+
+
+def read_passages(text: str) -> list[tuple[str | None, str, str]]:
+    """(page id or None, title, summary) of each passage in a text_search observation."""
+    return [(url.removeprefix(WORLD_URL) if url.startswith(WORLD_URL) else None, title, summary)
+            for title, url, summary in _PASSAGE.findall(text)]
+
+
+def top_match_page(text: str) -> str | None:
+    """The page id of the first match of an image_search observation."""
+    found = _TOP_MATCH.search(text)
+    return found.group(1) if found else None
 
 
 def _thumbnail(image: np.ndarray) -> np.ndarray:
@@ -47,14 +74,14 @@ def _thumbnail(image: np.ndarray) -> np.ndarray:
 
 class WorldTools:
     """Exact offline stand-ins for text_search, image_search and the three repair tools, so the
-    expert runs without the tool worker pool; observations are plain text plus images."""
+    expert runs without the tool worker pool; arguments default as in the real tools' schemas."""
 
     def __init__(self, world: World) -> None:
         self.world = world
-        self.docs = []  # (title, title words, text words, [(sentence, sentence words)])
+        self.docs = []  # (id, title, title words, text words, [(sentence, sentence words)])
         for doc in world.corpus():
             sentences = [(s.strip(), set(normalize_answer(s).split())) for s in _SENTENCE.findall(doc["text"])]
-            self.docs.append((doc["title"], set(normalize_answer(doc["title"]).split()),
+            self.docs.append((doc["id"], doc["title"], set(normalize_answer(doc["title"]).split()),
                               set().union(*(w for _, w in sentences)) if sentences else set(), sentences))
         self.records = list(world.images())
         self.thumbs = np.stack([_thumbnail(world.load_image(r.page_id)) for r in self.records]) \
@@ -63,15 +90,18 @@ class WorldTools:
     def __call__(self, call: ToolCall, images: list[np.ndarray]) -> ToolResult:
         try:
             if call.name == "text_search":
-                return ToolResult(ToolStatus.OK, call.name, self.text_search(str(call.arguments["query"])))
+                top_k = int(call.arguments.get("top_k", 3))
+                return ToolResult(ToolStatus.OK, call.name, self.text_search(str(call.arguments["query"]), top_k))
             image = images[int(call.arguments["image"])]
             if call.name == "image_search":
-                return ToolResult(ToolStatus.OK, call.name, self.image_search(image))
+                return ToolResult(ToolStatus.OK, call.name, self.image_search(image, int(call.arguments.get("top_k", 3))))
             if call.name == "sharpen":
-                return ToolResult(ToolStatus.OK, call.name, "sharpened image added", [sharpen(image, 1.5, 2.0)])
+                amount, sigma = float(call.arguments.get("amount", 1.0)), float(call.arguments.get("sigma", 1.0))
+                return ToolResult(ToolStatus.OK, call.name, "sharpened image added", [sharpen(image, amount, sigma)])
             if call.name == "super_resolution":
-                up = cv2.resize(image, None, fx=4, fy=4, interpolation=cv2.INTER_CUBIC)
-                return ToolResult(ToolStatus.OK, call.name, "upscaled image added (x4)", [up])
+                scale = int(call.arguments.get("scale", 2))
+                up = cv2.resize(image, None, fx=scale, fy=scale, interpolation=cv2.INTER_CUBIC)
+                return ToolResult(ToolStatus.OK, call.name, f"upscaled image added (x{scale})", [up])
             if call.name == "perspective_correct":
                 fixed = perspective_correct(image)
                 return ToolResult(ToolStatus.OK, call.name, fixed.note, [fixed.image])
@@ -84,23 +114,24 @@ class WorldTools:
         sentences that carry the query's non-title words."""
         words = set(normalize_answer(query).split())
         scored = []
-        for index, (_, title, text, _) in enumerate(self.docs):
+        for index, (_, _, title, text, _) in enumerate(self.docs):
             score = 3 * len(words & title) + len(words & text) + (5 if title and title <= words else 0)
             if score:
                 scored.append((-score, index))
-        lines = []
+        passages = []
         for _, index in sorted(scored)[:top_k]:
-            title, title_words, _, sentences = self.docs[index]
+            page_id, title, title_words, _, sentences = self.docs[index]
             extra = words - title_words
             shown = [s for s, w in sentences if extra & w] or [s for s, _ in sentences[:2]]
-            lines.append(f"[{title}] " + " ".join(shown[:6]))
-        return "\n".join(lines) if lines else "no results"
+            passages.append(Passage(title, WORLD_URL + page_id, " ".join(shown[:6])))
+        return render_passages(passages) if passages else "no results"
 
     def image_search(self, image: np.ndarray, top_k: int = 3) -> str:
+        """Nearest thumbnails; the score is the thumbnails' correlation (1 - MSE / 2 when z-scored)."""
         distances = ((self.thumbs - _thumbnail(image)[None]) ** 2).mean(axis=(1, 2))
         order = np.argsort(distances, kind="stable")[:top_k]
-        return "\n".join(f"{rank + 1}. {self.records[i].title} - {self.records[i].caption}"
-                         for rank, i in enumerate(order))
+        return render_matches([Match(self.records[i].title, self.records[i].caption, self.records[i].page_id,
+                                     "near_duplicate", round(1.0 - float(distances[i]) / 2.0, 4)) for i in order])
 
 
 @dataclass(frozen=True)
@@ -130,11 +161,32 @@ class ScriptedExpert:
     graph: Graph
     tools: ToolExecutor
     config: ExpertConfig = field(default_factory=ExpertConfig)
+    _title_words: Counter = field(init=False, repr=False)
 
-    def _titles(self, text: str) -> dict[str, str]:
-        by_title = {normalize_answer(p.title): p.id for p in self.graph.entities()}
-        return {t: by_title[normalize_answer(t)] for t in re.findall(r"\[([^\]]+)\]", text)
-                if normalize_answer(t) in by_title}
+    def __post_init__(self) -> None:
+        self._title_words = Counter(w for p in self.graph.entities() for w in set(_WORD.findall(p.title.lower())))
+
+    def _rarest_title_word(self, page_id: str) -> str:
+        words = _WORD.findall(self.graph[page_id].title.lower())
+        return min(words, key=lambda w: (self._title_words[w], -len(w)))
+
+    def _read_attributes(self, call, page_id: str, keys: list[str], think: str) -> dict[str, str]:
+        """The ``Its <key> is <value>.`` facts the page's passage states. A search summary keeps only
+        a page's few best-matching sentences, and on a long page the title's own words can crowd
+        the attribute out; then the expert asks again, naming the page by its rarest title word."""
+        title = self.graph[page_id].title
+
+        def stated(result: ToolResult, wanted: list[str]) -> dict[str, str]:
+            own = " ".join(summary for page, _, summary in read_passages(result.text) if page == page_id)
+            found = {key: re.search(rf"Its {re.escape(key)} is ([^.]+)\.", own) for key in wanted}
+            return {key: match.group(1) for key, match in found.items() if match}
+
+        values = stated(call(think, "text_search", query=f"{title} {' '.join(keys)}"), keys)
+        for key in [k for k in keys if k not in values]:
+            narrow = call(f"The result does not state the {key} of {title}; search more narrowly.", "text_search",
+                          query=f"{self._rarest_title_word(page_id)} its {key}")
+            values.update(stated(narrow, [key]))
+        return values
 
     def rollout(self, item: QAItem, image: np.ndarray, rng: random.Random) -> list[Step]:
         steps: list[Step] = []
@@ -148,12 +200,14 @@ class ScriptedExpert:
             return result
 
         if item.degradation is not None:
+            tool = item.degradation["repair_tool"]
+            extra = {"sharpen": SHARPEN_ARGS, "super_resolution": SUPER_RESOLUTION_ARGS}.get(tool, {})
             call(f"The image looks degraded ({item.degradation['kind']}); repair it before searching.",
-                 item.degradation["repair_tool"], image=0)
+                 tool, image=0, **extra)
         found = call("Identify what the image shows with a reverse image search.", "image_search",
-                     image=len(images) - 1)
-        top = found.text.split("\n")[0].split(". ", 1)[-1].split(" - ")[0]
-        current = next((p.id for p in self.graph.entities() if p.title == top), None)
+                     image=len(images) - 1, top_k=1)  # only the best match is read
+        top = top_match_page(found.text)
+        current = self.graph.resolve(top) if top is not None else None
         for index in range(1, len(item.path)):
             if current is None:
                 break
@@ -163,18 +217,17 @@ class ScriptedExpert:
             if rng.random() < self.config.repeat_prob:
                 result = call("Search again to be sure.", "text_search", query=query)
             pattern = re.compile(rf"The {re.escape(relation)} of {re.escape(title)} is ([^.]+)\.")
-            names = list(dict.fromkeys(pattern.findall(result.text)))
+            names = list(dict.fromkeys(n for _, _, summary in read_passages(result.text)
+                                       for n in pattern.findall(summary)))
             candidates = [p.id for n in names for p in self.graph.entities() if p.title == n.strip()]
             current = self._choose(candidates, item, index, rng, call)
         if current is None:
             answer = "unknown"
         else:
-            value = self.graph[current].infobox.get(item.attribute)
-            check = call(f"Look up the {item.attribute} of {self.graph[current].title}.", "text_search",
-                         query=f"{self.graph[current].title} {item.attribute}")
-            stated = re.search(rf"Its {re.escape(item.attribute)} is ([^.]+)\.", check.text)
-            value = stated.group(1) if stated else value
-            answer = (obfuscate(value, item.question.obfuscation) if value else None) or "unknown"
+            value = self._read_attributes(call, current, [item.attribute],
+                                          f"Look up the {item.attribute} of {self.graph[current].title}.")
+            stated = value.get(item.attribute)
+            answer = (obfuscate(stated, item.question.obfuscation) if stated else None) or "unknown"
         steps.append(_step("I have followed the chain to the answer.", None, None, response=answer))
         return steps
 
@@ -185,35 +238,44 @@ class ScriptedExpert:
         if not qualifiers or rng.random() < self.config.slip_prob:
             return rng.choice(candidates)
         for candidate in candidates:
-            title = self.graph[candidate].title
-            result = call(f"Check which candidate matches: {title}.", "text_search",
-                          query=f"{title} {' '.join(q.key for q in qualifiers)}")
-            own = next((line for line in result.text.split("\n") if line.startswith(f"[{title}]")), "")
-            if all(f"Its {q.key} is {q.value}." in own for q in qualifiers):
+            values = self._read_attributes(call, candidate, [q.key for q in qualifiers],
+                                           f"Check which candidate matches: {self.graph[candidate].title}.")
+            if all(values.get(q.key) == str(q.value) for q in qualifiers):
                 return candidate
         return None
+
+
+class Expert(Protocol):
+    """One attempt at an item: the steps, ending with a response step when it answered."""
+
+    def rollout(self, item: QAItem, image: np.ndarray, rng: random.Random) -> list[Step]: ...
 
 
 @dataclass
 class SynthesisReport:
     rollouts: int = 0
     kept: int = 0
+    incomplete: int = 0  # no response: expert outage, turn budget, fatal tool-error cascade
     rejected_answer: int = 0
     rejected_process: int = 0
     unscored: int = 0
 
 
-def synthesize(item: QAItem, image: np.ndarray, expert: ScriptedExpert, rollouts: int, rng: random.Random,
+def synthesize(item: QAItem, image: np.ndarray, expert: Expert, rollouts: int, rng: random.Random,
                answer_judge: AccuracyJudge, process_judge: QueryJudge, min_process_score: float,
                report: SynthesisReport, group_id: int) -> list[Trajectory]:
-    """``rollouts`` expert attempts; keep those the answer judge accepts and the process judge rates
-    at least ``min_process_score`` (a judge outage rejects: SFT data is never unverified)."""
+    """``rollouts`` expert attempts; keep those that end with a response the answer judge accepts
+    and the process judge rates at least ``min_process_score`` (a judge outage rejects: SFT data
+    is never unverified)."""
     prompt = Prompt(id=item.id, question=item.text, images=[image], answer=item.answer, aliases=item.aliases)
     kept = []
     for sample in range(rollouts):
         steps = expert.rollout(item, image, rng)
         report.rollouts += 1
-        accuracy = answer_judge.judge_answer(prompt, steps[-1].response or "")
+        if not steps or steps[-1].response is None:
+            report.incomplete += 1
+            continue
+        accuracy = answer_judge.judge_answer(prompt, steps[-1].response)
         if accuracy.score is None:
             report.unscored += 1
             continue

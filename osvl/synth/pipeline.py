@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ import numpy as np
 
 from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.trajectory import Prompt, append_jsonl
+from osvl.synth.environment import world_environment
 from osvl.synth.expert import (
+    Expert,
     ExpertConfig,
     ScriptedExpert,
     SynthesisReport,
@@ -31,6 +34,7 @@ from osvl.synth.filtering import (
     CachedSolver,
     ClosedBookSolver,
     ImageSearchSolver,
+    Solver,
     SolverFilter,
     images_by_page,
 )
@@ -50,6 +54,7 @@ from osvl.synth.sampling import (
     sample_with_retries,
     stratified_seeds,
 )
+from osvl.tools import PoolConfig
 from osvl.world.build import World
 from osvl.world.render import stable_seed
 
@@ -70,8 +75,16 @@ class CurationConfig:
     # so every kept mini-world item needs the multi-hop chain
     text_search_filter: bool = True
     expert: ExpertConfig = field(default_factory=ExpertConfig)
+    # the scripted expert's tools: "exact" in-process stand-ins (fast) or "environment", the real
+    # tool pool over the world's corpus and images (observations as RL rollouts see them)
+    expert_tools: str = "exact"
+    tool_workers: int = 2  # processes of the real tool pool (each builds its own image index)
 
     def __post_init__(self) -> None:
+        if self.tool_workers < 1:
+            raise ValueError(f"CurationConfig.tool_workers must be >= 1, got {self.tool_workers}")
+        if self.expert_tools not in ("exact", "environment"):
+            raise ValueError(f"CurationConfig.expert_tools must be 'exact' or 'environment', got {self.expert_tools!r}")
         if not 0.0 <= self.rl_fraction <= 1.0:
             raise ValueError(f"CurationConfig.rl_fraction must lie in [0, 1], got {self.rl_fraction}")
         if self.rollouts_per_item < 1 or self.per_domain < 1:
@@ -134,8 +147,14 @@ def question_image(world: World, out: Path, item: QAItem) -> np.ndarray:
     return load_rgb(world.root / item.image)
 
 
-def curate(world: World, out: str | Path, config: CurationConfig = CurationConfig()) -> dict[str, Any]:
-    """Run (or resume) every stage; returns and writes ``curation.json`` with all counts."""
+def curate(world: World, out: str | Path, config: CurationConfig = CurationConfig(), *,
+           closed_book: Solver | None = None, image_search: Solver | None = None,
+           expert: Expert | None = None) -> dict[str, Any]:
+    """Run (or resume) every stage; returns and writes ``curation.json`` with all counts.
+
+    ``closed_book`` / ``image_search`` replace the exact stage-1 / stage-2 solvers (e.g. a chat
+    model, the real ImageSearch tool) and ``expert`` the scripted expert (e.g. a chat model);
+    each still goes through the stage's cache and budget."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     graph = world.graph
@@ -145,9 +164,9 @@ def curate(world: World, out: str | Path, config: CurationConfig = CurationConfi
     grounder = AnchorGrounder(graph, by_page, world.root, MetadataScorer(), config.min_grounding_score,
                               sampling.min_image_side)
     counts["ground"] = run_stage("ground", read_items(out / "candidates.jsonl"), out / "grounded.jsonl", grounder)
-    closed = CachedSolver(ClosedBookSolver(graph, config.fame_in_degree), out / "cache" / "closed_book.jsonl",
-                          config.solver_budget)
-    one_search = CachedSolver(ImageSearchSolver(graph, by_page, config.fame_in_degree),
+    closed = CachedSolver(closed_book or ClosedBookSolver(graph, config.fame_in_degree),
+                          out / "cache" / "closed_book.jsonl", config.solver_budget)
+    one_search = CachedSolver(image_search or ImageSearchSolver(graph, by_page, config.fame_in_degree),
                               out / "cache" / "image_search.jsonl", config.solver_budget)
     counts["no_tools"] = run_stage("no_tools", read_items(out / "grounded.jsonl"), out / "no_tools.jsonl",
                                    SolverFilter(closed, "answerable_without_tools"))
@@ -164,12 +183,12 @@ def curate(world: World, out: str | Path, config: CurationConfig = CurationConfi
         kept_from = out / "kept.jsonl"
     degrader = Degrader(world.root, out, load_rgb, config.degrade_fraction, config.seed)
     counts["degrade"] = run_stage("degrade", read_items(kept_from), out / "items.jsonl", degrader)
-    counts["synthesize"] = _split_and_synthesize(world, out, config)
+    counts["synthesize"] = _split_and_synthesize(world, out, config, expert)
     (out / "curation.json").write_text(json.dumps(counts, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return counts
 
 
-def _split_and_synthesize(world: World, out: Path, config: CurationConfig) -> dict[str, Any]:
+def _split_and_synthesize(world: World, out: Path, config: CurationConfig, expert: Expert | None) -> dict[str, Any]:
     """RL prompts for the RL share; expert trajectories (judged) for the rest. Idempotent: a
     finished split is not redone."""
     marker = out / "synthesis.json"
@@ -177,7 +196,19 @@ def _split_and_synthesize(world: World, out: Path, config: CurationConfig) -> di
         return json.loads(marker.read_text(encoding="utf-8"))
     for stale in (out / "sft" / "trajectories.jsonl", out / "rl" / "prompts.jsonl"):
         stale.unlink(missing_ok=True)
-    expert = ScriptedExpert(world.graph, WorldTools(world), config.expert)
+    real_tools = expert is None and config.expert_tools == "environment"
+    environment = (world_environment(world, PoolConfig(num_workers=config.tool_workers),
+                                     index_path=out / "cache" / "corpus.fts5.sqlite") if real_tools
+                   else nullcontext(None))
+    with environment as tools:
+        if expert is None:
+            expert = ScriptedExpert(world.graph, tools or WorldTools(world), config.expert)
+        result = _synthesize_all(world, out, config, expert)
+    marker.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return result
+
+
+def _synthesize_all(world: World, out: Path, config: CurationConfig, expert: Expert) -> dict[str, Any]:
     report = SynthesisReport()
     sft_items = rl_items = 0
     for group, item in enumerate(read_items(out / "items.jsonl")):
@@ -197,6 +228,4 @@ def _split_and_synthesize(world: World, out: Path, config: CurationConfig) -> di
     (out / "sft" / "trajectories.jsonl").touch()
     (out / "rl").mkdir(parents=True, exist_ok=True)
     (out / "rl" / "prompts.jsonl").touch()
-    result = {"sft_items": sft_items, "rl_items": rl_items, **asdict(report)}
-    marker.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return result
+    return {"sft_items": sft_items, "rl_items": rl_items, **asdict(report)}

@@ -9,11 +9,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
 
 
+def message_text(content: str | list[dict]) -> str:
+    """A message's text (the text parts of a multimodal content list)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part["text"] for part in content if part.get("type") == "text")
+
+
 class LoopbackChat:
-    """``reply(prompt) -> (status, content)``; every request's prompt is kept in ``prompts``."""
+    """``reply(prompt) -> (status, content)`` where ``prompt`` is the last message's text; every
+    prompt is kept in ``prompts`` and every request body in ``bodies``."""
 
     def __init__(self, reply: Callable[[str], tuple[int, str]]) -> None:
-        self.reply, self.prompts = reply, []
+        self.reply, self.prompts, self.bodies = reply, [], []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -22,7 +30,8 @@ class LoopbackChat:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                prompt = body["messages"][-1]["content"]
+                outer.bodies.append(body)
+                prompt = message_text(body["messages"][-1]["content"])
                 outer.prompts.append(prompt)
                 status, content = outer.reply(prompt)
                 payload = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant",

@@ -14,7 +14,9 @@ from osvl.synth.expert import (
     ScriptedExpert,
     SynthesisReport,
     WorldTools,
+    read_passages,
     synthesize,
+    top_match_page,
 )
 from osvl.synth.pipeline import question_image
 from osvl.synth.records import read_items
@@ -28,18 +30,21 @@ def tools(world):
 def test_text_search_finds_the_page_and_the_relevant_sentences(world, tools):
     page = next(p for p in world.graph.entities() if p.domain == "Building/Place")
     text = tools.text_search(f"{page.title} architect")
-    first = text.split("\n")[0]
+    first = read_passages(text)[0]
     architect = world.graph[world.graph.edges(page.id, "architect")[0]].title
-    assert first.startswith(f"[{page.title}]") and f"The architect of {page.title} is {architect}." in first
+    assert first[:2] == (page.id, page.title) and f"The architect of {page.title} is {architect}." in first[2]
+    assert text.startswith(f"[Passage 1] {page.title}\nURL: world://{page.id}\nSummary: ")
     assert tools.text_search("zzzz qqqq") == "no results"
 
 
 def test_image_search_recognises_clean_and_degraded_images(world, tools):
     record = next(r for r in world.images() if r.width >= 512)
     image = world.load_image(record.page_id)
-    assert tools.image_search(image).startswith(f"1. {record.title} - ")
+    found = tools.image_search(image)
+    assert found.startswith(f"[Match 1] {record.title} (page: {record.page_id}; near_duplicate, score 1)")
+    assert top_match_page(found) == record.page_id
     small = np.ascontiguousarray(image[::4, ::4])
-    assert tools.image_search(small).startswith(f"1. {record.title} - ")
+    assert top_match_page(tools.image_search(small)) == record.page_id
 
 
 def test_tool_errors_are_statuses(tools):
@@ -70,3 +75,21 @@ def test_careful_expert_answers_every_item_and_slips_get_rejected(world, tools, 
 def test_expert_config_validation():
     with pytest.raises(ValueError, match="slip_prob"):
         ExpertConfig(slip_prob=2.0)
+
+
+def test_observation_parsers_read_the_tool_formats():
+    text = ("[Passage 1] Vorka\nURL: world://Vorka\nSummary: Vorka is a city.\n\n"
+            "[Passage 2] Elsewhere\nURL: https://example.org/x\nSummary: A web page.")
+    assert read_passages(text) == [("Vorka", "Vorka", "Vorka is a city."), (None, "Elsewhere", "A web page.")]
+    assert read_passages("no results") == []
+    match = "[Match 1] Kelpel Talzel (zookeeper) (page: Kelpel_Talzel_(zookeeper); feature_match, score 31)\nCaption: x"
+    assert top_match_page(match) == "Kelpel_Talzel_(zookeeper)"
+    assert top_match_page("Error (tool_error): no visual matches") is None
+
+
+def test_repair_stand_ins_take_the_real_tools_defaults(tools):
+    image = np.zeros((10, 12, 3), np.uint8)
+    up = tools(ToolCall("super_resolution", {"image": 0}), [image])
+    assert up.ok and up.images[0].shape == (20, 24, 3)
+    assert tools(ToolCall("super_resolution", {"image": 0, "scale": 4}), [image]).images[0].shape == (40, 48, 3)
+    assert tools(ToolCall("sharpen", {"image": 0}), [image]).ok

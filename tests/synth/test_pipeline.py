@@ -7,6 +7,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 
 from osvl.rl.judges import normalize_answer
 from osvl.rl.trajectory import read_jsonl
@@ -106,3 +107,10 @@ def test_leak_detector_flags_a_named_anchor(world, curated):
     named = item.question.with_mention(0, Mention(name=world.graph[item.path[0]].title))
     item.question = named
     assert leaks(world, item) == [world.graph[item.path[0]].title]
+
+
+def test_cli_run_validates_the_expert_tools_choice(world, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--world", str(world.root), "--out", str(tmp_path), "--expert-tools", "web"])
+    assert "invalid choice: 'web'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # rejected before anything was written
