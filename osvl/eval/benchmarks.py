@@ -1,25 +1,27 @@
-"""Benchmark file loaders: each benchmark's released JSONL fields -> :class:`EvalItem`.
+"""Benchmark file loaders: each benchmark's released fields -> :class:`EvalItem`.
 
-A line that cannot become an item is a counted rejection with a reason (``invalid_json``,
-``missing_question``, ``image_not_found``, ...), never an exception: one bad line must not lose
-the other thousands. Fields are read from the JSONL export of each benchmark's released split
-(the first key present wins; ``|`` lists alternatives):
+A record that cannot become an item is a counted rejection with a reason (``invalid_json``,
+``missing_question``, ``image_not_found``, ...), never an exception: one bad record must not lose
+the other thousands. A file is JSONL (one record a line) or one JSON array of records (LiveVQA's
+``benchmark.json``); parquet releases are exported to JSONL first. The first key present wins
+(``|`` lists alternatives); "verified" names the public source the layout was checked against:
 
-| format | paper column | id | question | answers (reference, aliases) | image |
+| format | id | question | answers (reference, aliases) | image | source |
 |---|---|---|---|---|---|
-| ``simplevqa`` | SimpleVQA | ``data_id`` | ``question`` | ``answer`` | ``image`` |
-| ``vdr`` | VDR | ``id`` \\| ``question_id`` | ``question`` | ``answer``, ``answers`` \\| ``aliases`` | ``image`` \\| ``images`` \\| ``image_path`` |
-| ``mmsearch`` | MMSearch | ``sample_id`` | ``query`` | ``gt_answer``, ``alternative_gt_answers`` | ``query_image`` (optional: text-only queries exist) |
-| ``livevqa`` | LiveVQA | ``id`` \\| ``sample_id`` | ``question`` \\| ``query`` | ``answer`` \\| ``gt`` | ``image`` \\| ``img_path`` \\| ``image_path`` |
-| ``browsecomp_vl`` | BrowseComp-VL | ``id`` | ``question`` | ``answer`` | ``image`` \\| ``images`` |
-| ``fvqa`` | FVQA | ``question_id`` \\| ``qa_id`` | ``question`` | ``answer`` | ``img_file`` \\| ``image`` |
-| ``infoseek`` | InfoSeek | ``data_id`` | ``question`` | ``answer``, ``answer_eng`` | ``image_id`` -> ``<root>/<image_id>.jpg`` (or .JPEG/.jpeg/.png) |
-| ``osvl`` | - | ``id`` | ``question`` | ``answer``, ``aliases`` | ``images``: SHA-256 names in ``images/`` (curated RL prompts) |
+| ``simplevqa`` | ``data_id`` | ``question`` | ``answer`` | ``image`` | verified: SimpleVQA dataset card |
+| ``vdr`` | ``id`` \\| ``question_id`` | ``question`` | ``answer``, ``answers`` \\| ``aliases`` | ``image`` \\| ``images`` \\| ``image_path`` | ``id``/``answer`` verified: shawn0728/OpenSearch-VL opensearch_vl/eval_with_gpt4o.py reads VDR-Bench-testmini parquet by ``id``, ``answer``; question/image columns unverified |
+| ``mmsearch`` | ``sample_id`` | ``query`` | ``gt_answer``, ``alternative_gt_answers`` | ``query_image`` (None for text-only queries) | verified: CaraJ7/MMSearch eval_end2end.py (CaraJ/MMSearch ``end2end``) |
+| ``livevqa`` | ``id`` + ``/level1_qa`` \\| ``/level2_qa`` | ``question`` | ``Ground_Truth_List`` | ``img_path`` | verified: fumingyang2004/LIVEVQA liveVQA_benchmarks/News/benchmark.json (a JSON array; each record holds two QA levels) |
+| ``browsecomp_vl`` | ``id`` | ``question`` | ``answer`` | ``image`` \\| ``images`` | unverified (no public file found; OpenSearch-VL reads trajectories, not the release) |
+| ``fvqa`` | ``data_id`` \\| ``question_id`` \\| ``qa_id`` | ``question`` | ``answer`` | ``images`` \\| ``img_file`` \\| ``image`` | ``data_id``/``images`` verified: OpenSearch-VL opensearch_infer/pipeline.py reads lmms-lab/FVQA ``fvqa_test.parquet`` (MMSearch-R1's FVQA); question/answer columns unverified |
+| ``infoseek`` | ``data_id`` | ``question`` | ``answer``, ``answer_eval`` \\| ``answer_eng`` | ``image_id`` -> ``<root>/<image_id>.jpg`` (or .JPEG/.jpeg/.png) | verified: open-vision-language/infoseek README, edchengg/infoseek_eval infoseek_eval.py (numeric ``answer_eval`` is ``[{"wikidata": x, "range": [lo, hi]}]``); ``answer_eng`` unverified |
+| ``osvl`` | ``id`` | ``question`` | ``answer``, ``aliases`` | ``images``: SHA-256 names in ``images/`` (curated RL prompts) | this repo |
 
 An image value may be a path (relative to the images root, by default the file's directory), a
 ``data:image/...;base64,`` URI, bare base64, a Hugging Face image dict ``{"bytes", "path"}``, or a
 list of these. Remote URLs are rejected (``remote_image``): evaluation never downloads.
-Answers may be strings, numbers or lists of them.
+Answers may be strings, numbers or lists of them; an InfoSeek numeric alias contributes its
+``wikidata`` value.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import binascii
 import json
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,7 @@ class BenchmarkFormat:
     image_store: bool = False  # images are SHA-256 names in ``images/`` beside the file
     requires_image: bool = True
     meta_keys: tuple[str, ...] = ()
+    sub_item_keys: tuple[str, ...] = ()  # nested question records, each one item (LiveVQA levels)
 
 
 FORMATS: dict[str, BenchmarkFormat] = {f.name: f for f in (
@@ -64,13 +67,14 @@ FORMATS: dict[str, BenchmarkFormat] = {f.name: f for f in (
     BenchmarkFormat("mmsearch", "MMSearch", ("sample_id",), ("query",), ("gt_answer",),
                     ("alternative_gt_answers",), image_keys=("query_image",), requires_image=False,
                     meta_keys=("area", "subfield")),
-    BenchmarkFormat("livevqa", "LiveVQA", ("id", "sample_id"), ("question", "query"), ("answer", "gt"),
-                    image_keys=("image", "img_path", "image_path")),
+    BenchmarkFormat("livevqa", "LiveVQA", ("id",), ("question",), ("Ground_Truth_List",),
+                    image_keys=("img_path",), meta_keys=("question_type", "source", "time"),
+                    sub_item_keys=("level1_qa", "level2_qa")),
     BenchmarkFormat("browsecomp_vl", "BrowseComp-VL", ("id",), ("question",), ("answer",),
                     image_keys=("image", "images"), meta_keys=("level",)),
-    BenchmarkFormat("fvqa", "FVQA", ("question_id", "qa_id"), ("question",), ("answer",),
-                    image_keys=("img_file", "image"), meta_keys=("kb_source",)),
-    BenchmarkFormat("infoseek", "InfoSeek", ("data_id",), ("question",), ("answer",), ("answer_eng",),
+    BenchmarkFormat("fvqa", "FVQA", ("data_id", "question_id", "qa_id"), ("question",), ("answer",),
+                    image_keys=("images", "img_file", "image"), meta_keys=("category", "data_source")),
+    BenchmarkFormat("infoseek", "InfoSeek", ("data_id",), ("question",), ("answer",), ("answer_eval", "answer_eng"),
                     image_id_key="image_id", meta_keys=("data_split",)),
     BenchmarkFormat("osvl", None, ("id",), ("question",), ("answer",), ("aliases",),
                     image_keys=("images",), image_store=True),
@@ -131,6 +135,13 @@ def _texts(value: Any, what: str) -> list[str]:
         if text:
             out.append(text)
     return out
+
+
+def _alias_texts(value: Any) -> list[str]:
+    """InfoSeek's numeric aliases are ``{"wikidata": x, "range": [lo, hi]}``: the value is the alias."""
+    values = value if isinstance(value, list) else [value]
+    plain = [v["wikidata"] if isinstance(v, Mapping) and "wikidata" in v else v for v in values]
+    return _texts(plain, "alias")
 
 
 def _looks_base64(text: str) -> bool:
@@ -202,7 +213,7 @@ def convert(row: Any, fmt: BenchmarkFormat, root: Path, store: Path) -> EvalItem
     answers = _texts(answer, "answer")
     aliases = _first(row, fmt.alias_keys)
     if aliases is not None:
-        answers += [a for a in _texts(aliases, "alias") if a not in answers]
+        answers += [a for a in _alias_texts(aliases) if a not in answers]
     if not answers:
         raise Rejected("missing_answer", "answers are empty")
     images = _image_refs(row, fmt, root, store)
@@ -211,6 +222,43 @@ def convert(row: Any, fmt: BenchmarkFormat, root: Path, store: Path) -> EvalItem
     meta = {k: str(row[k]) for k in fmt.meta_keys if row.get(k) is not None}
     return EvalItem(benchmark=fmt.name, id=str(item_id), question=question.strip(), answers=tuple(answers),
                     images=tuple(images), meta=meta)
+
+
+def convert_all(row: Any, fmt: BenchmarkFormat, root: Path, store: Path) -> list[EvalItem]:
+    """One record -> its items; a format with ``sub_item_keys`` yields one item per nested record."""
+    if not fmt.sub_item_keys:
+        return [convert(row, fmt, root, store)]
+    if not isinstance(row, Mapping):
+        raise Rejected("not_an_object", f"record is a JSON {type(row).__name__}")
+    parent_id = _first(row, fmt.id_keys)
+    if parent_id is None:
+        raise Rejected("missing_id", f"none of {list(fmt.id_keys)}")
+    subs = [(key, row[key]) for key in fmt.sub_item_keys if isinstance(row.get(key), Mapping)]
+    if not subs:
+        raise Rejected("missing_question", f"none of {list(fmt.sub_item_keys)} holds a question record")
+    inherited = {k: v for k, v in row.items() if k not in fmt.sub_item_keys}
+    return [convert({**inherited, **sub, fmt.id_keys[0]: f"{parent_id}/{key}"}, fmt, root, store)
+            for key, sub in subs]
+
+
+def _records(handle: Any) -> Iterator[tuple[int, Any]]:
+    """(number, parsed record or :class:`Rejected`) from JSONL, or from one JSON array of records."""
+    text = handle.read()
+    if text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except ValueError:
+            records = None  # JSONL whose first record is an array: counted line by line below
+        if isinstance(records, list):
+            yield from enumerate(records, start=1)
+            return
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except ValueError as error:
+            yield number, Rejected("invalid_json", str(error))
 
 
 def load_benchmark(path: str | os.PathLike[str], fmt: BenchmarkFormat | str,
@@ -226,22 +274,20 @@ def load_benchmark(path: str | os.PathLike[str], fmt: BenchmarkFormat | str,
     report = LoadReport(benchmark=label, path=str(path))
     seen: set[str] = set()
     with open(path, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+        for number, row in _records(handle):
             try:
-                try:
-                    row = json.loads(line)
-                except ValueError as error:
-                    raise Rejected("invalid_json", str(error)) from None
-                item = convert(row, fmt, root, store)
-                if item.id in seen:
-                    raise Rejected("duplicate_id", item.id)
+                if isinstance(row, Rejected):
+                    raise row
+                items = convert_all(row, fmt, root, store)
+                for item in items:
+                    if item.id in seen:
+                        raise Rejected("duplicate_id", item.id)
             except Rejected as error:
                 report.reject(number, error)
                 continue
-            seen.add(item.id)
-            report.items.append(item if label == fmt.name else EvalItem(
-                benchmark=label, id=item.id, question=item.question, answers=item.answers,
-                images=item.images, meta=item.meta))
+            for item in items:
+                seen.add(item.id)
+                report.items.append(item if label == fmt.name else EvalItem(
+                    benchmark=label, id=item.id, question=item.question, answers=item.answers,
+                    images=item.images, meta=item.meta))
     return report

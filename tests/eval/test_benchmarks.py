@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -19,12 +21,17 @@ def test_every_paper_benchmark_loads_its_released_fields(tmp_path):
                 "images": ["img/a.png"]},
         "mmsearch": {"sample_id": "m1", "query": "What won?", "gt_answer": "Blue", "alternative_gt_answers": ["blue team"],
                      "query_image": {"bytes": b64(image), "path": None}, "area": "sports", "subfield": "f1"},
-        "livevqa": {"id": "l1", "query": "Where?", "gt": "Oslo", "img_path": "img/a.png"},
+        "livevqa": {"id": "l1", "img_path": "img/a.png", "source": "BBC UK",
+                    "level1_qa": {"question": "Where?", "question_type": "location", "options": ["A. Oslo"],
+                                  "Ground_Truth": "A", "Ground_Truth_List": ["Oslo"], "img_path": "img/a.png",
+                                  "img_url": "https://example.com/a.jpg"}},
         "browsecomp_vl": {"id": "b1", "question": "Whose?", "answer": "Bo", "image": "data:image/png;base64," + b64(image),
                           "level": "2"},
-        "fvqa": {"question_id": 3, "question": "What is it used for?", "answer": "cutting", "img_file": "img/a.png"},
+        "fvqa": {"data_id": "fvqa_test_3", "question": "What is it used for?", "answer": "cutting",
+                 "images": [{"bytes": b64(image), "path": None}], "category": "object", "data_source": "fvqa"},
         "infoseek": {"data_id": "infoseek_val_1", "image_id": "oven_0001", "question": "How tall?",
-                     "answer": [120, "120 m"], "answer_eng": ["120 metres"], "data_split": "val_unseen"},
+                     "answer": [120, "120 m"], "answer_eval": [{"wikidata": 120.0, "range": [108.0, 132.0]}],
+                     "data_split": "val_unseen_question"},
     }
     for name, row in rows.items():
         report = load_benchmark(write_jsonl(tmp_path / f"{name}.jsonl", [row]), name, tmp_path)
@@ -33,7 +40,7 @@ def test_every_paper_benchmark_loads_its_released_fields(tmp_path):
         assert item.benchmark == name and item.question.endswith("?") and item.answers
         assert len(item.images) == 1 and np.array_equal(read_image_ref(item.images[0]), image), name
     assert load_benchmark(tmp_path / "infoseek.jsonl", "infoseek").items[0].answers == (
-        "120", "120 m", "120 metres")
+        "120", "120 m", "120.0")
     mm = load_benchmark(tmp_path / "mmsearch.jsonl", "mmsearch").items[0]
     assert mm.answers == ("Blue", "blue team") and mm.meta == {"area": "sports", "subfield": "f1"}
     assert {f.column for f in FORMATS.values()} - {None} == {
@@ -92,3 +99,34 @@ def test_unknown_format_missing_file_and_bad_image_data_are_clear_errors(tmp_pat
         EvalItem("x", "1", "Q?", ("  ",))
     with pytest.raises(Rejected, match="not_an_object"):
         convert("text", get_format("fvqa"), tmp_path, tmp_path)
+
+
+def test_livevqa_benchmark_json_array_yields_one_item_per_level(tmp_path):
+    image = rgb(seed=5)
+    write_png(tmp_path / "News_imgs" / "cnn_1.jpg", image)
+    levels = {f"level{n}_qa": {"question": f"Q{n}?", "question_type": "event", "options": ["A. x", "B. y"],
+                               "Ground_Truth": "B", "Ground_Truth_List": [f"answer {n}", f"alias {n}"],
+                               "img_path": "cnn_1.jpg", "img_url": "https://example.com/1.jpg"} for n in (1, 2)}
+    records = [{"id": "0_2025", "img_path": "cnn_1.jpg", **levels, "source": "CNN World", "time": "2024-10-02"},
+               {"id": "0_bad", "source": "CNN World"}, 7]
+    path = tmp_path / "benchmark.json"
+    path.write_text(json.dumps(records, indent=2), encoding="utf-8")
+    report = load_benchmark(path, "livevqa", tmp_path / "News_imgs")
+    assert [i.id for i in report.items] == ["0_2025/level1_qa", "0_2025/level2_qa"]
+    first, second = report.items
+    assert first.question == "Q1?" and first.answers == ("answer 1", "alias 1") and second.answers[0] == "answer 2"
+    assert first.meta == {"question_type": "event", "source": "CNN World", "time": "2024-10-02"}
+    assert np.array_equal(read_image_ref(second.images[0]), image)
+    assert dict(report.rejected) == {"missing_question": 1, "not_an_object": 1}
+    assert report.examples[0].startswith("line 2: missing_question")
+
+
+def test_infoseek_numeric_aliases_and_jsonl_opening_with_an_array_line(tmp_path):
+    write_png(tmp_path / "oven_1.jpg", rgb())
+    rows = ['[1, 2]', {"data_id": "infoseek_val_1", "image_id": "oven_1", "question": "How long?",
+                       "answer": ["3 km"], "answer_eval": ["3 km", {"wikidata": 3.0, "range": [2.7, 3.3]}]}]
+    report = load_benchmark(write_jsonl(tmp_path / "i.jsonl", rows), "infoseek")
+    assert report.items[0].answers == ("3 km", "3.0") and dict(report.rejected) == {"not_an_object": 1}
+    bad = write_jsonl(tmp_path / "j.jsonl", [{"data_id": "x", "image_id": "oven_1", "question": "Q?",
+                                              "answer": ["a"], "answer_eval": [{"range": [1, 2]}]}])
+    assert dict(load_benchmark(bad, "infoseek").rejected) == {"alias_not_text": 1}
