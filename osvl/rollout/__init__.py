@@ -1,5 +1,6 @@
 """Rollouts: engines (local torch with a KV cache, SGLang over HTTP), the ReAct agent loop,
-grouped streaming with deadlines and retries, weight sync, logprob parity and the recorder."""
+grouped streaming with deadlines and retries (in the caller's process or in worker processes),
+engine server processes, weight sync, logprob parity and the recorder."""
 
 from osvl.rollout.agent import Action, AgentConfig, parse_action, run_trajectory
 from osvl.rollout.engine import (
@@ -11,22 +12,31 @@ from osvl.rollout.engine import (
     StopKind,
     derive_seed,
 )
+from osvl.rollout.engine_process import ProcessEngine, ProcessEngineConfig
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
 from osvl.rollout.loopback import LoopbackServer
 from osvl.rollout.parity import ParityReport, logprob_parity, trainer_logprobs
 from osvl.rollout.recorder import RolloutRecorder
 from osvl.rollout.sglang import SGLangConfig, SGLangEngine
+from osvl.rollout.worker_pool import (
+    RolloutSetup,
+    RolloutWorkerPool,
+    WorkerPoolConfig,
+    WorkerPoolStats,
+)
 from osvl.rollout.workers import (
     Group,
     RolloutConfig,
     RolloutMetrics,
     is_stale,
+    run_group,
     stream_groups,
 )
 
 __all__ = [
     "Action", "AgentConfig", "Engine", "EngineError", "GenerationRequest", "GenerationResult", "Group",
-    "LocalEngine", "LoopbackServer", "ParityReport", "ReplayEngine", "RolloutConfig", "RolloutMetrics",
-    "RolloutRecorder", "SGLangConfig", "SGLangEngine", "SamplingParams", "StopKind", "derive_seed", "is_stale",
-    "logprob_parity", "parse_action", "run_trajectory", "stream_groups", "trainer_logprobs",
+    "LocalEngine", "LoopbackServer", "ParityReport", "ProcessEngine", "ProcessEngineConfig", "ReplayEngine",
+    "RolloutConfig", "RolloutMetrics", "RolloutRecorder", "RolloutSetup", "RolloutWorkerPool", "SGLangConfig",
+    "SGLangEngine", "SamplingParams", "StopKind", "WorkerPoolConfig", "WorkerPoolStats", "derive_seed", "is_stale",
+    "logprob_parity", "parse_action", "run_group", "run_trajectory", "stream_groups", "trainer_logprobs",
 ]

@@ -3,6 +3,8 @@
 Concurrent ``generate`` calls are gathered into one batch (up to ``max_batch`` rows): one padded
 prefill of every row's context (images included), then one decode step per token for all rows.
 Weights are swapped in place between batches (``load_weights``), stamping a new policy version.
+With ``prefix_cache_tokens > 0`` a request that extends an earlier generation's context (the next
+turn of a rollout) reuses that context's keys/values and prefills only the new tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from osvl.rollout.engine import (
     hits_stop,
 )
 from osvl.rollout.kv_cache import KVCache, extend
+from osvl.rollout.prefix_cache import Prefix, PrefixCache, image_key
 from osvl.rollout.sampling import make_generator, sample_next
 
 
@@ -39,9 +42,11 @@ def _pad(rows: Sequence[np.ndarray], fill: int = 0) -> np.ndarray:
 
 class LocalEngine:
     def __init__(self, model: Qwen3VLModel, tokenizer: Tokenizer, image_config: ImageConfig, *,
-                 max_batch: int = 8, policy_version: int = 0) -> None:
+                 max_batch: int = 8, policy_version: int = 0, prefix_cache_tokens: int = 0) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         if model.arch.image_token_id != tokenizer.special.image_pad:
             raise ValueError(f"model image_token_id {model.arch.image_token_id} != tokenizer's <|image_pad|> "
                              f"{tokenizer.special.image_pad}")
@@ -56,6 +61,8 @@ class LocalEngine:
         self._pending: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._drainer: asyncio.Task | None = None
         self.generated_tokens = 0
+        self.prefilled_tokens = 0
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
 
     @property
     def policy_version(self) -> int:
@@ -73,26 +80,31 @@ class LocalEngine:
                 raise ValueError(f"weight update does not match the engine's model: missing {missing[:3]}, "
                                  f"unexpected {unexpected[:3]}")
             self._version = version
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()  # keys/values of the old weights
 
-    def _prefill_inputs(self, requests: Sequence[GenerationRequest]):
+    def _prefill_inputs(self, requests: Sequence[GenerationRequest], skips: Sequence[tuple[int, int]] | None = None):
+        """Padded new ids, their MRoPE positions and new images; row b skips its first
+        ``skips[b] = (tokens, images)``, which a prefix cache already holds."""
         pad_id = self.tokenizer.special.image_pad
         merge = self.image_config.merge_size
-        ids, positions, images = [], [], []
-        for request in requests:
+        ids, positions, images, next_position = [], [], [], []
+        for request, (skip, skip_images) in zip(requests, skips or [(0, 0)] * len(requests)):
             row = np.asarray(request.input_ids, dtype=np.int64)
             if row.min() < 0 or row.max() >= self.model.arch.text.vocab_size:
                 raise ValueError(f"input ids outside the vocabulary [0, {self.model.arch.text.vocab_size})")
             grids = [image.grid_thw for image in request.images]
-            positions.append(mrope_position_ids(row, grids, pad_id, merge))
-            ids.append(row)
-            images += request.images
+            full = mrope_position_ids(row, grids, pad_id, merge)
+            next_position.append(int(full.max()) + 1)
+            positions.append(full[:, skip:])
+            ids.append(row[skip:])
+            images += request.images[skip_images:]
         device = self.device
         pixels = grid = None
         if images:
             pixels = torch.from_numpy(pixel_values(images, self.image_config)).to(device, next(self.model.parameters()).dtype)
             grid = torch.tensor([image.grid_thw for image in images], device=device)
         lengths = torch.tensor([len(r) for r in ids], device=device)
-        next_position = [int(p.max()) + 1 for p in positions]
         return (torch.from_numpy(_pad(ids)).to(device), lengths, torch.from_numpy(_pad(positions)).to(device)
                 .permute(1, 0, 2), pixels, grid, next_position)
 
@@ -104,9 +116,23 @@ class LocalEngine:
             return self._generate(requests)
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        ids, lengths, positions, pixels, grid, next_position = self._prefill_inputs(requests)
+        image_keys = [[image_key(image) for image in r.images] if self.prefix_cache is not None else []
+                      for r in requests]
+        prefixes = [self.prefix_cache.lookup(r.input_ids, keys) for r, keys in zip(requests, image_keys)] \
+            if self.prefix_cache is not None else [None] * len(requests)
+        skips = [(len(p.ids), len(p.image_keys)) if p else (0, 0) for p in prefixes]
+        ids, lengths, positions, pixels, grid, next_position = self._prefill_inputs(requests, skips)
         budget = max(r.sampling.max_new_tokens for r in requests)
-        cache = KVCache.empty(self.model, len(requests), int(lengths.max()) + budget)
+        full = [len(r.input_ids) for r in requests]
+        cache = KVCache.empty(self.model, len(requests), max(full) + budget)
+        for b, prefix in enumerate(prefixes):
+            if prefix is not None:
+                n = len(prefix.ids)
+                for layer, (keys, values) in enumerate(zip(prefix.keys, prefix.values)):
+                    cache.keys[layer][b, :, :n] = keys
+                    cache.values[layer][b, :, :n] = values
+                cache.lengths[b] = n
+        self.prefilled_tokens += int(lengths.sum())
         logits = extend(self.model, cache, ids, lengths, positions, pixels, grid)
         last = logits[torch.arange(len(requests)), lengths - 1]
         generators = [make_generator(r.sampling.seed, self.device) for r in requests]
@@ -136,8 +162,14 @@ class LocalEngine:
                                device=self.device)
             last = extend(self.model, cache, step_ids[:, None], new, pos.view(1, -1, 1).expand(3, -1, 1))[:, 0]
         self.generated_tokens += sum(len(t) for t in out_ids)
+        if self.prefix_cache is not None:
+            for b, request in enumerate(requests):  # the last sampled token was never fed: not cached
+                n = int(cache.lengths[b])
+                self.prefix_cache.store(Prefix(
+                    tuple(request.input_ids) + tuple(out_ids[b][:n - full[b]]), tuple(image_keys[b]),
+                    [k[b, :, :n].clone() for k in cache.keys], [v[b, :, :n].clone() for v in cache.values]))
         return [GenerationResult(token_ids=out_ids[b], logprobs=out_lp[b], finish=finish[b],
-                                 policy_version=self._version, prompt_tokens=int(lengths[b]))
+                                 policy_version=self._version, prompt_tokens=full[b])
                 for b in range(len(requests))]
 
     @torch.no_grad()
@@ -194,6 +226,9 @@ class ReplayEngine:
     @property
     def policy_version(self) -> int:
         return self.engine.policy_version
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        self.engine.load_weights(state_dict, version)
 
     def replay(self, request: GenerationRequest) -> GenerationResult:
         s = request.sampling

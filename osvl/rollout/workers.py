@@ -110,6 +110,22 @@ async def _sample(prompt: Prompt, group_id: int, index: int, step: int, engine: 
     raise AssertionError("unreachable")
 
 
+async def run_group(prompt: Prompt, group_id: int, engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
+                    agent: AgentConfig, config: RolloutConfig, *, step: int = 0, slots: asyncio.Semaphore | None = None,
+                    metrics: RolloutMetrics | None = None) -> Group:
+    """All G samples of one prompt, each final (retried or kept as an ``infra_error`` record).
+
+    ``slots`` bounds trajectories in flight across the groups that share it; ``metrics`` receives
+    retry and staleness counts (trajectories are recorded by whoever consumes the group).
+    """
+    slots = slots if slots is not None else asyncio.Semaphore(config.max_in_flight)
+    metrics = metrics if metrics is not None else RolloutMetrics()
+    samples = await asyncio.gather(*[
+        _sample(prompt, group_id, i, step, engine, env, renderer, agent, config, slots, metrics)
+        for i in range(config.group_size)])
+    return Group(prompt, group_id, list(samples))
+
+
 async def stream_groups(prompts: Sequence[Prompt], engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
                         agent: AgentConfig, config: RolloutConfig, *, step: int = 0,
                         metrics: RolloutMetrics | None = None) -> AsyncIterator[Group]:
@@ -120,15 +136,14 @@ async def stream_groups(prompts: Sequence[Prompt], engine: Engine, env: ToolEnvi
 
     async def group(prompt: Prompt, group_id: int) -> None:
         try:
-            samples = await asyncio.gather(*[
-                _sample(prompt, group_id, i, step, engine, env, renderer, agent, config, slots, metrics)
-                for i in range(config.group_size)])
+            result = await run_group(prompt, group_id, engine, env, renderer, agent, config, step=step, slots=slots,
+                                     metrics=metrics)
         except Exception as error:  # noqa: BLE001 - a bug surfaces at the consumer, not as a hang
             await done.put(error)
             return
-        for traj in samples:
+        for traj in result.trajectories:
             metrics.record(traj)
-        await done.put(Group(prompt, group_id, list(samples)))
+        await done.put(result)
 
     tasks = [asyncio.create_task(group(p, g)) for g, p in enumerate(prompts)]
     try:

@@ -37,7 +37,7 @@ def test_two_loopback_servers_give_valid_records_with_engine_parity(local_engine
     for traj in trajectories:
         rendered = renderer.render_trajectory(traj)  # pads match images, ids in vocabulary
         assert len(rendered.images) >= 1
-    report = logprob_parity(local_engine.model, renderer, trajectories)
+    report = logprob_parity(local_engine.model, renderer, trajectories, backend="torch")  # kernel path: test_workers
     assert report.tokens > 0 and report.mean_abs_diff < 1e-5
 
 
