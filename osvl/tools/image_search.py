@@ -136,8 +136,11 @@ class NearDuplicateIndex:
         for i in sorted(range(len(self.entries)), key=distances.__getitem__):
             if distances[i] <= PHASH_MAX_DISTANCE:
                 found[i] = self._match(i, "near_duplicate", 1 - distances[i] / 64)
-        if len(found) < top_k:
-            inliers = {i: _inliers(query, e) for i, e in enumerate(self.entries) if i not in found}
+        # A cascade: each stage runs only when the cheaper one found nothing. Near-duplicates are
+        # what a reverse-image search is for; running ORB + RANSAC against the whole collection
+        # just to pad top_k cost seconds per call on the mini-world.
+        if not found:
+            inliers = {i: _inliers(query, e) for i, e in enumerate(self.entries)}
             for i in sorted(inliers, key=lambda i: -inliers[i]):
                 if inliers[i] >= ORB_MIN_INLIERS:
                     found[i] = self._match(i, "feature_match", float(inliers[i]))
