@@ -106,7 +106,8 @@ def test_exceptions_map_to_statuses(fault_pool, fn, status, message):
 
 
 def test_back_pressure_on_a_full_queue(fault_pool):
-    busy = [fault_pool.submit(job("echo", tag="slow", seconds=0.6)) for _ in range(2)]
+    # Long enough that the workers stay busy through the checks even on a loaded machine.
+    busy = [fault_pool.submit(job("echo", tag="slow", seconds=3.0)) for _ in range(2)]
     while not all(f.running() or f.done() for f in busy):  # both workers have taken a job
         time.sleep(0.01)
     queued = [fault_pool.submit(job("echo", tag=f"q{i}"), block=False) for i in range(4)]
