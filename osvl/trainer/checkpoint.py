@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from osvl.model import save_pretrained
 
 MARKER = "complete"
 
@@ -82,3 +85,16 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     trainer = torch.load(state_file, weights_only=False)
     set_rng_state(trainer.pop("rng"))
     return trainer
+
+
+def finish_stage(save: Callable[[int], None], step: int, resumed: int, total: int, recipe: Any,
+                 model: torch.nn.Module, tokenizer: Any, run_dir: Path) -> None:
+    """End-of-stage bookkeeping shared by the SFT and GRPO loops: a final checkpoint unless the
+    loop has just written one, and the HF export once the stage ran to completion."""
+    every = recipe.checkpoint.every_steps
+    if step > resumed and not (every and step % every == 0):
+        save(step)
+    if step == total and recipe.checkpoint.export_hf:
+        save_pretrained(model, run_dir / "hf", dtype=getattr(torch, recipe.checkpoint.export_dtype))
+        if _rank() == 0:
+            tokenizer.save(run_dir / "hf" / "tokenizer.json")

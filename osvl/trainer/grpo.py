@@ -31,7 +31,7 @@ from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
 from osvl.data.distributed import global_normalizers
 from osvl.data.tokenizer import load_tokenizer
-from osvl.model import build_model, save_pretrained
+from osvl.model import build_model
 from osvl.rl.advantages import AdvantageConfig, trajectory_advantages
 from osvl.rl.fatal import FatalConfig
 from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
@@ -48,7 +48,7 @@ from osvl.rollout import (
     stream_groups,
 )
 from osvl.rollout import RolloutConfig as WorkerConfig
-from osvl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from osvl.trainer.checkpoint import finish_stage, latest_checkpoint, load_checkpoint, save_checkpoint
 from osvl.trainer.grpo_data import (
     load_prompts,
     rank_minibatch,
@@ -267,11 +267,6 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
                 metrics.log(step, total, record)
             if recipe.checkpoint.every_steps and step % recipe.checkpoint.every_steps == 0:
                 save(step)
-    if step > resumed and not (recipe.checkpoint.every_steps and step % recipe.checkpoint.every_steps == 0):
-        save(step)
-    if step == total and recipe.checkpoint.export_hf:
-        save_pretrained(model, run_dir / "hf", dtype=getattr(torch, recipe.checkpoint.export_dtype))
-        if rank == 0:
-            tokenizer.save(run_dir / "hf" / "tokenizer.json")
+    finish_stage(save, step, resumed, total, recipe, model, tokenizer, run_dir)
     metrics.close()
     return StageResult(steps=step, resumed_from=resumed, final_loss=final_loss, run_dir=run_dir)

@@ -15,8 +15,7 @@ from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
 from osvl.data.packing import PackedBatch
 from osvl.data.tokenizer import load_tokenizer
-from osvl.model import save_pretrained
-from osvl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from osvl.trainer.checkpoint import finish_stage, latest_checkpoint, load_checkpoint, save_checkpoint
 from osvl.trainer.loss import sft_loss
 from osvl.trainer.metrics import MetricsWriter
 from osvl.trainer.optim import build_optimizer, build_scheduler
@@ -104,11 +103,6 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
                                       "epoch": stream.cursor.epoch})
         if recipe.checkpoint.every_steps and step % recipe.checkpoint.every_steps == 0:
             save(step)
-    if step > resumed and not (recipe.checkpoint.every_steps and step % recipe.checkpoint.every_steps == 0):
-        save(step)
-    if step == total and recipe.checkpoint.export_hf:
-        save_pretrained(model, run_dir / "hf", dtype=getattr(torch, recipe.checkpoint.export_dtype))
-        if rank == 0:
-            tokenizer.save(run_dir / "hf" / "tokenizer.json")
+    finish_stage(save, step, resumed, total, recipe, model, tokenizer, run_dir)
     metrics.close()
     return StageResult(steps=step, resumed_from=resumed, final_loss=loss_value, run_dir=run_dir)
