@@ -99,7 +99,13 @@ def test_a_killed_engine_server_ends_its_trajectories_as_infra_error_and_the_bat
         async def collect():
             return [g async for g in stream_groups(prompts(3), engine, env, renderer_for(env), agent, config)]
         groups = asyncio.run(collect())
+        # Whether another request reached the server after the kill depends on timing; the next
+        # batch must find it restarted (once) and complete normally.
+        async def collect_after():
+            return [g async for g in stream_groups(prompts(1), server, env, renderer_for(env), agent, config)]
+        after = asyncio.run(collect_after())
         restarts = server.restarts
+    assert all(t.finish_reason is FinishReason.RESPONSE for g in after for t in g.trajectories)
     trajectories = {(g.prompt.id, t.sample_index): t for g in groups for t in g.trajectories}
     assert sorted(g.group_id for g in groups) == [0, 1, 2] and len(trajectories) == 6
     assert trajectories[("p1", 0)].finish_reason is FinishReason.INFRA_ERROR
