@@ -8,10 +8,10 @@ saw them, so the trainer never re-tokenizes.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 from osvl.data.chat import ChatRenderer
+from osvl.rl.actions import Action, parse_action
 from osvl.rl.fatal import FatalConfig, find_fatal_step, trajectory_fatal_step
 from osvl.rl.trajectory import (
     FinishReason,
@@ -33,39 +33,6 @@ from osvl.tools.environment import ToolEnvironment
 from osvl.tools.errors import CallParseError
 from osvl.tools.registry import parse_tool_call
 from osvl.tools.visual_context import VisualContext
-
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_RESPONSE = re.compile(r"<response>(.*?)</response>", re.DOTALL)
-
-
-@dataclass
-class Action:
-    """What one generation asks for: exactly one of a tool call, a response, or an error."""
-
-    think: str | None = None
-    call: str | None = None  # raw JSON between <tool_call> tags
-    response: str | None = None
-    error: str | None = None
-
-
-def parse_action(text: str) -> Action:
-    """Reads ``<think>..</think>`` then one ``<tool_call>{json}</tool_call>`` or ``<response>..</response>``."""
-    think = _THINK.search(text)
-    calls = _CALL.findall(text)
-    responses = _RESPONSE.findall(text)
-    action = Action(think=think.group(1).strip() if think else None)
-    if len(calls) + len(responses) == 0:
-        action.error = ("no action: end the turn with <tool_call>{...}</tool_call> or "
-                        "<response>...</response>")
-    elif len(calls) + len(responses) > 1:
-        action.error = "more than one action in one turn; emit a single <tool_call> or <response>"
-    elif calls:
-        action.call = calls[0].strip()
-    else:
-        action.response = responses[0].strip()
-    return action
-
 
 @dataclass(frozen=True)
 class AgentConfig:

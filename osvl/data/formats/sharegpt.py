@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 from osvl.data.chat import function_schema
 from osvl.data.formats.records import FileStats, Rejected, load_image_file
 from osvl.data.tokenizer import Tokenizer
+from osvl.rl.actions import parse_action
 from osvl.rl.trajectory import (
     FinishReason,
     Prompt,
@@ -38,9 +38,6 @@ from osvl.rl.trajectory import (
 
 IMAGE_PLACEHOLDER = "<image>"
 ERROR_PREFIX = "Tool execution error"  # how the release's tools word a failed call
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_RESPONSE = re.compile(r"<response>(.*?)</response>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -92,14 +89,12 @@ def _assistant_step(text: str, function_call: bool, where: str) -> Step:
         call = _parse_call(text, where)
         body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
         return Step(token_ids=[], logprobs=[], text=f"<tool_call>\n{body}\n</tool_call>", tool_call=call)
-    calls, responses = _TOOL_CALL.findall(text), _RESPONSE.findall(text)
-    if len(calls) + len(responses) != 1:
-        raise Rejected("bad assistant turn", f"{where}: needs exactly one <tool_call> or <response>, "
-                                             f"got {len(calls)} and {len(responses)}")
-    think = _THINK.search(text)
-    return Step(token_ids=[], logprobs=[], text=text, think=think[1].strip() if think else None,
-                tool_call=_parse_call(calls[0].strip(), where) if calls else None,
-                response=responses[0].strip() if responses else None)
+    action = parse_action(text)
+    if action.error is not None:
+        raise Rejected("bad assistant turn", f"{where}: {action.error}")
+    return Step(token_ids=[], logprobs=[], text=text, think=action.think,
+                tool_call=_parse_call(action.call, where) if action.call is not None else None,
+                response=action.response)
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:
