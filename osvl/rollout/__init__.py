@@ -1,8 +1,15 @@
 """Rollouts: engines (local torch with a KV cache, SGLang over HTTP), the ReAct agent loop,
 grouped streaming with deadlines and retries (in the caller's process or in worker processes),
-engine server processes, weight sync, logprob parity and the recorder."""
+engine server processes, weight sync, logprob parity, the recorder, and the reserved vision ids
+no engine output may carry."""
 
-from osvl.rollout.agent import Action, AgentConfig, parse_action, run_trajectory
+from osvl.rollout.agent import (
+    Action,
+    AgentConfig,
+    malformed_step,
+    parse_action,
+    run_trajectory,
+)
 from osvl.rollout.engine import (
     Engine,
     EngineError,
@@ -17,6 +24,7 @@ from osvl.rollout.local_engine import LocalEngine, ReplayEngine
 from osvl.rollout.loopback import LoopbackServer
 from osvl.rollout.parity import ParityReport, logprob_parity, trainer_logprobs
 from osvl.rollout.recorder import RolloutRecorder
+from osvl.rollout.reserved import UnusableToken, find_unusable, reserved_vision_ids
 from osvl.rollout.sglang import SGLangConfig, SGLangEngine
 from osvl.rollout.worker_pool import (
     RolloutSetup,
@@ -37,6 +45,7 @@ __all__ = [
     "Action", "AgentConfig", "Engine", "EngineError", "GenerationRequest", "GenerationResult", "Group",
     "LocalEngine", "LoopbackServer", "ParityReport", "ProcessEngine", "ProcessEngineConfig", "ReplayEngine",
     "RolloutConfig", "RolloutMetrics", "RolloutRecorder", "RolloutSetup", "RolloutWorkerPool", "SGLangConfig",
-    "SGLangEngine", "SamplingParams", "StopKind", "WorkerPoolConfig", "WorkerPoolStats", "derive_seed", "is_stale",
-    "logprob_parity", "parse_action", "run_group", "run_trajectory", "stream_groups", "trainer_logprobs",
+    "SGLangEngine", "SamplingParams", "StopKind", "UnusableToken", "WorkerPoolConfig", "WorkerPoolStats",
+    "derive_seed", "find_unusable", "is_stale", "logprob_parity", "malformed_step", "parse_action",
+    "reserved_vision_ids", "run_group", "run_trajectory", "stream_groups", "trainer_logprobs",
 ]

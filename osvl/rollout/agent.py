@@ -2,6 +2,10 @@
 
 Every failure is data: a malformed generation becomes a ``parse_error`` step, a bad or failed
 tool call keeps the tool's typed status, an engine failure ends the rollout as ``infra_error``.
+A generation holding a reserved vision placeholder (or an id the tokenizer cannot decode) cannot
+be rendered into a next turn nor trained on: the step keeps only the ids before the first such
+id, its ``parse_error`` names every offending id and the full engine output, and the rollout
+stops as ``fatal`` (see :mod:`osvl.rollout.reserved`).
 The record holds the engine's ids and logprobs and the observation ids exactly as the engine
 saw them, so the trainer never re-tokenizes.
 """
@@ -26,13 +30,16 @@ from osvl.rollout.engine import (
     Engine,
     EngineError,
     GenerationRequest,
+    GenerationResult,
     SamplingParams,
     StopKind,
 )
+from osvl.rollout.reserved import find_unusable, reserved_vision_ids
 from osvl.tools.environment import ToolEnvironment
 from osvl.tools.errors import CallParseError
 from osvl.tools.registry import parse_tool_call
 from osvl.tools.visual_context import VisualContext
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -56,15 +63,37 @@ async def _act(action: Action, env: ToolEnvironment, context: VisualContext,
                config: AgentConfig) -> tuple[ToolCall | None, ToolResult]:
     if action.error is not None:
         return None, ToolResult(status=ToolStatus.PARSE_ERROR, tool="", error=action.error)
-    try:
+    try:  # the record keeps osvl's reading of the call; a tool profile may still accept one it rejects
         call = parse_tool_call(action.call, env.registry.limits)
-    except CallParseError as error:
-        return None, ToolResult(status=ToolStatus.PARSE_ERROR, tool="", error=str(error))
-    try:
-        result = await env.execute(call, context, config.tool_deadline_s)
+    except CallParseError:
+        call = None
+    try:  # the environment gets the call verbatim: a profiled one translates release-style calls first
+        result = await env.execute(action.call, context, config.tool_deadline_s)
     except Exception as error:  # noqa: BLE001 - a tool-side crash must not kill the rollout
-        result = ToolResult(status=ToolStatus.INFRA_ERROR, tool=call.name, error=f"tool environment failed: {error!r}")
+        result = ToolResult(status=ToolStatus.INFRA_ERROR, tool=call.name if call else "",
+                            error=f"tool environment failed: {error!r}")
     return call, result
+
+
+def malformed_step(generation: GenerationResult, renderer: ChatRenderer, reserved: tuple[int, ...]) -> Step | None:
+    """The ``parse_error`` step for a generation holding unusable ids, or None when it has none.
+
+    Only the ids before the first unusable one are kept (the trainer renders them verbatim, and
+    a pad without pixels cannot be rendered); the error carries the exact engine output.
+    """
+    tokenizer = renderer.tokenizer
+    bad = find_unusable(generation.token_ids, reserved, tokenizer.vocab_size)
+    if not bad:
+        return None
+    cut = bad[0].position
+    kept = list(generation.token_ids[:cut])
+    names = {i: tokenizer.backend.id_to_token(i) for i in reserved}
+    found = ", ".join(f"{names.get(b.token_id, 'out-of-vocabulary')} (id {b.token_id}) at {b.position}" for b in bad)
+    error = (f"malformed generation: reserved vision or out-of-vocabulary token ids: {found}; "
+             f"the rollout stops here; engine ids: {list(generation.token_ids)}")
+    return Step(token_ids=kept, logprobs=[float(x) for x in generation.logprobs[:cut]],
+                text=tokenizer.decode(kept, skip_special_tokens=True), policy_version=generation.policy_version,
+                tool_result=ToolResult(status=ToolStatus.PARSE_ERROR, tool="", error=error))
 
 
 async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
@@ -77,19 +106,26 @@ async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, r
     steps: list[Step] = []
     finish = FinishReason.MAX_TURNS
     special = renderer.tokenizer.special
+    reserved = reserved_vision_ids(renderer.tokenizer)
     for turn in range(config.max_turns):
         room = config.max_total_tokens - len(ids)
         if room < 1:
             finish = FinishReason.MAX_TOKENS
             break
+        # reserved ids stop a remote engine at the first one; the local engine never samples them
         sampling = replace(config.sampling, max_new_tokens=min(config.sampling.max_new_tokens, room),
                            seed=None if seed is None else (seed + turn) % 2**63,
                            stop_token_ids=tuple(sorted({*config.sampling.stop_token_ids, special.im_end,
-                                                        special.endoftext})))
+                                                        special.endoftext, *reserved})))
         try:
             generation = await engine.generate(GenerationRequest(list(ids), list(images), sampling))
         except EngineError:
             finish = FinishReason.INFRA_ERROR
+            break
+        malformed = malformed_step(generation, renderer, reserved)
+        if malformed is not None:
+            steps.append(malformed)
+            finish = FinishReason.FATAL
             break
         text = renderer.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         budget_cut = generation.finish is StopKind.LENGTH and sampling.max_new_tokens == room

@@ -1,8 +1,9 @@
 """What every rollout engine speaks: a typed request, a typed result, reproducible seeds.
 
 An engine turns ``(input_ids, images, sampling)`` into generated ids with the fp32 logprob of
-each id under the distribution it was sampled from (``log_softmax(logits / temperature)``; the
-logits at temperature 1 for greedy decoding). Token parity: the ids a result carries are the ids
+each id under the full tempered distribution (``log_softmax(logits / temperature)``; the logits
+at temperature 1 for greedy decoding), the quantity the trainer recomputes, whatever the engine
+kept out of the draw (the top-p tail, reserved vision ids). Token parity: the ids a result carries are the ids
 the trainer will score, so engines never detokenize and re-encode.
 """
 

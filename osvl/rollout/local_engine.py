@@ -5,6 +5,8 @@ prefill of every row's context (images included), then one decode step per token
 Weights are swapped in place between batches (``load_weights``), stamping a new policy version.
 With ``prefix_cache_tokens > 0`` a request that extends an earlier generation's context (the next
 turn of a rollout) reuses that context's keys/values and prefills only the new tokens.
+Reserved vision placeholders and the model's padded vocabulary rows are never sampled
+(see :mod:`osvl.rollout.reserved`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from osvl.rollout.engine import (
 )
 from osvl.rollout.kv_cache import KVCache, extend
 from osvl.rollout.prefix_cache import Prefix, PrefixCache, image_key
+from osvl.rollout.reserved import reserved_vision_ids
 from osvl.rollout.sampling import make_generator, sample_next
 
 
@@ -63,6 +66,9 @@ class LocalEngine:
         self.generated_tokens = 0
         self.prefilled_tokens = 0
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        self._banned = torch.tensor([*reserved_vision_ids(tokenizer),
+                                     *range(tokenizer.vocab_size, model.arch.text.vocab_size)],
+                                    dtype=torch.long)
 
     @property
     def policy_version(self) -> int:
@@ -136,6 +142,7 @@ class LocalEngine:
         logits = extend(self.model, cache, ids, lengths, positions, pixels, grid)
         last = logits[torch.arange(len(requests)), lengths - 1]
         generators = [make_generator(r.sampling.seed, self.device) for r in requests]
+        banned = self._banned.to(self.device)
         out_ids: list[list[int]] = [[] for _ in requests]
         out_lp: list[list[float]] = [[] for _ in requests]
         finish = [StopKind.LENGTH] * len(requests)
@@ -147,7 +154,7 @@ class LocalEngine:
                 if not active[b]:
                     continue
                 s = request.sampling
-                token, logprob = sample_next(last[b], s.temperature, s.top_p, generators[b])
+                token, logprob = sample_next(last[b], s.temperature, s.top_p, generators[b], banned)
                 out_ids[b].append(token)
                 out_lp[b].append(logprob)
                 step_ids[b] = token

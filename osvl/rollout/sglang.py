@@ -4,6 +4,57 @@ Requests carry the exact context ids and the already-resized images (PNG, base64
 for ``return_logprob`` and read ``meta_info.output_token_logprobs`` (``[logprob, id, text]`` per
 generated token). Transport failures and aborted requests raise ``EngineError`` (infra), never
 a policy error. Weights are updated with ``/update_weights_from_disk`` on every server.
+
+Wire format, checked field by field against sgl-project/sglang; sources are under
+``python/sglang/srt/``: [io] ``managers/io_struct.py`` (``GenerateReqInput``,
+``UpdateWeightFromDiskReqInput``), [sp] ``sampling/sampling_params.py`` (``SamplingParams``),
+[tm] ``managers/tokenizer_manager.py`` (``detokenize_logprob_tokens``), [sb]
+``managers/schedule_batch.py`` (``FINISH_*.to_json``), [hs] ``entrypoints/http_server.py``.
+
+==============================  ==================================================================  =====
+field                           as used here                                                        src
+==============================  ==================================================================  =====
+``input_ids``                   one flat list = one request (a list of lists is a batch)            io
+``image_data``                  list of data URLs = that one request's images, in pad-run order     io
+``return_logprob``              true                                                                io
+``logprob_start_len``           -1: logprobs of the output tokens only                              io
+``return_text_in_logprobs``     false: the third entry of each triple is null                       io
+``sampling_params`` keys                                                                            sp
+- ``max_new_tokens``            per-turn budget (server default 128)                                sp
+- ``temperature``, ``top_p``    temperature 0 is greedy (the server sets top_k = 1)                 sp
+- ``stop``, ``stop_token_ids``  stop strings, stop ids (a set on the server)                        sp
+- ``skip_special_tokens``       false (affects ``text`` only)                                       sp
+- ``no_stop_trim``              true: the matched stop stays in the output                          sp
+- ``sampling_seed``             the per-request seed (exact name)                                   sp
+``output_ids``                  generated ids; must equal the ids of the logprob triples            tm
+``meta_info`` keys                                                                                  tm
+- ``output_token_logprobs``     ``[logprob, token_id, text | null]`` per generated token            tm
+- ``finish_reason``             ``{type: stop, matched: id | str}`` or ``{type: length, length}``;  sb
+                                ``{type: abort, message}`` is an infra error
+- ``prompt_tokens``             context length as the server counted it                             tm
+``/update_weights_from_disk``   ``model_path``, ``weight_version`` (a str); answers ``success``,    io hs
+                                ``message``, ``num_paused_requests``; HTTP 400 when refused
+``GET /health``                 200 with an empty body once a 1-token probe answers, else 503       hs
+==============================  ==================================================================  =====
+
+Facts the contract relies on:
+
+- Logprobs are ``log_softmax(logits / temperature)`` unless the server runs with
+  ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (pre-temperature): leave it unset, or engine and trainer
+  logprobs disagree at T != 1. Greedy requests report T = 1, as the local engine does.
+- SGLang's Qwen-VL processor matches *expanded* pad runs
+  (``<|vision_start|>(<|image_pad|>)+<|vision_end|>``, ``multimodal/processors/qwen_vl.py``) and
+  re-expands them from its own resize of ``image_data``: our ``ImageConfig`` must equal the
+  server's processor settings, or the pad counts differ.
+- ``no_stop_trim`` keeps the matched stop in the output, so ``output_ids`` and the logprob triples
+  hold the same ids. The response also has ``text`` (unused: ids are never re-encoded).
+- ``logit_bias`` exists, but it acts on the logits the returned logprobs come from, so they would
+  drift from the trainer's; reserved vision ids are stop ids instead and the agent loop rejects
+  them (:mod:`osvl.rollout.reserved`).
+- Behind sglang-router, ``/generate`` is routed to one worker; how it answers a weight update
+  was not verified here: list the workers' URLs when the trainer syncs weights.
+- Also verified but unused: ``/flush_cache`` (GET/POST), ``/get_model_info`` (``model_path``,
+  ``weight_version``...), ``/update_weights_from_tensor`` and ``/update_weights_from_distributed``.
 """
 
 from __future__ import annotations
@@ -56,7 +107,7 @@ def generate_payload(request: GenerationRequest) -> dict[str, Any]:
     if s.seed is not None:
         sampling["sampling_seed"] = s.seed
     payload: dict[str, Any] = {"input_ids": list(request.input_ids), "sampling_params": sampling,
-                               "return_logprob": True}
+                               "return_logprob": True, "logprob_start_len": -1, "return_text_in_logprobs": False}
     if request.images:
         payload["image_data"] = [image_data_url(image.pixels) for image in request.images]
     return payload

@@ -95,3 +95,36 @@ def test_engine_crash_is_an_infra_error(env, renderer):
 def test_agent_config_validation():
     with pytest.raises(ValueError, match="max_turns"):
         AgentConfig(max_turns=0)
+
+
+class _RecordingRunner:
+    """Stands in for the tool pool: records each job and answers ok."""
+
+    def __init__(self) -> None:
+        self.jobs: list = []
+
+    async def acall(self, job):
+        from osvl.rl.trajectory import ToolResult
+
+        self.jobs.append(job)
+        return ToolResult(status=ToolStatus.OK, tool=job.tool, text="done")
+
+    def call(self, job):
+        return asyncio.run(self.acall(job))
+
+
+def test_release_profile_call_reaches_its_tool_verbatim(local_engine, renderer):
+    """A released checkpoint writes ``parameters``: the agent must hand the call to the profiled
+    environment untouched rather than reject it with osvl's own parser first."""
+    import json
+
+    from osvl.tools.profiles import ProfiledEnvironment, tool_profile
+
+    runner = _RecordingRunner()
+    env = ProfiledEnvironment(tool_profile("release"), runner)
+    release_call = "<think>crop</think>\n<tool_call>" + json.dumps(
+        {"name": "crop", "parameters": {"image": "img_1", "x": 0, "y": 0, "width": 4, "height": 4}}) + "</tool_call>"
+    traj = _run(ReplayEngine(local_engine, scripted([release_call, respond()])), env, renderer)
+    assert traj.steps[0].status is ToolStatus.OK and traj.finish_reason is FinishReason.RESPONSE
+    (job,) = runner.jobs
+    assert job.tool == "crop" and job.arguments["boxes"] == [[0, 0, 4, 4]]

@@ -1,14 +1,27 @@
 import asyncio
+import json
 
+import httpx
 import numpy as np
 import pytest
 import torch
 
 from osvl.rl.trajectory import FinishReason
 from osvl.rollout.agent import AgentConfig, run_trajectory
-from osvl.rollout.engine import EngineError, GenerationRequest, SamplingParams
+from osvl.rollout.engine import (
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    StopKind,
+)
 from osvl.rollout.local_engine import LocalEngine
-from osvl.rollout.loopback import LoopbackServer
+from osvl.rollout.loopback import (
+    LoopbackServer,
+    finish_reason,
+    request_from_json,
+    response_json,
+)
 from osvl.rollout.parity import logprob_parity
 from osvl.rollout.sglang import (
     SGLangConfig,
@@ -103,3 +116,106 @@ def test_payload_and_response_protocol():
         SGLangConfig(("localhost:30000",))
     with pytest.raises(ValueError, match="routing"):
         SGLangConfig(("http://a",), routing="random")
+
+
+def test_wire_format_of_generate_matches_sglang(local_engine, renderer):
+    """The exact JSON the client sends, and the response shape the loopback answers and the client parses
+    (fields verified against SGLang's GenerateReqInput, SamplingParams and tokenizer manager)."""
+    segment = renderer.render_prompt(prompts(1)[0])
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=5, stop=("</tool_call>",),
+                              stop_token_ids=(3, 1), seed=11)
+    payload = generate_payload(GenerationRequest(segment.ids, segment.images, sampling))
+    image_urls = payload.pop("image_data")
+    assert payload == {
+        "input_ids": segment.ids, "return_logprob": True, "logprob_start_len": -1, "return_text_in_logprobs": False,
+        "sampling_params": {"max_new_tokens": 5, "temperature": 0.7, "top_p": 0.9, "stop": ["</tool_call>"],
+                            "stop_token_ids": [3, 1], "skip_special_tokens": False, "no_stop_trim": True,
+                            "sampling_seed": 11}}
+    assert len(image_urls) == 1 and image_urls[0].startswith("data:image/png;base64,")
+    payload["image_data"] = image_urls
+    wire = json.loads(json.dumps(payload))
+    decoded = request_from_json(wire, local_engine)  # the loopback reads back what was sent
+    assert decoded.input_ids == segment.ids and decoded.sampling == sampling
+    assert np.array_equal(decoded.images[0].pixels, segment.images[0].pixels)
+    assert "sampling_seed" not in generate_payload(GenerationRequest([1], sampling=SamplingParams()))["sampling_params"]
+
+    with LoopbackServer(local_engine) as server:
+        body = httpx.post(f"{server.url}/generate", json=wire, timeout=60).json()
+        health = httpx.get(f"{server.url}/health", timeout=10)
+        refused = httpx.post(f"{server.url}/generate", timeout=10, json={
+            **wire, "sampling_params": {**wire["sampling_params"], "top_k": 5}})
+    assert set(body) == {"text", "output_ids", "meta_info"}
+    meta = body["meta_info"]
+    assert set(meta) == {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
+                         "output_token_logprobs", "weight_version"}
+    assert [entry[1] for entry in meta["output_token_logprobs"]] == body["output_ids"]
+    assert all(len(entry) == 3 and entry[2] is None for entry in meta["output_token_logprobs"])
+    assert meta["prompt_tokens"] == len(segment.ids) and meta["completion_tokens"] == len(body["output_ids"])
+    reason = meta["finish_reason"]
+    assert reason in ({"type": "length", "length": 5}, {"type": "stop", "matched": body["output_ids"][-1]},
+                      {"type": "stop", "matched": "</tool_call>"})
+    result = parse_generate_response(body, 0)
+    assert result.token_ids == body["output_ids"] and result.prompt_tokens == len(segment.ids)
+    assert health.status_code == 200 and health.content == b""
+    assert refused.status_code == 400 and "top_k" in refused.json()["error"]["message"]
+
+
+def test_parse_a_real_sglang_response_body():
+    body = {"text": "a</tool_call>", "output_ids": [7, 8],
+            "meta_info": {"id": "9f", "finish_reason": {"type": "stop", "matched": "</tool_call>"}, "prompt_tokens": 12,
+                          "completion_tokens": 2, "cached_tokens": 10, "weight_version": "3", "e2e_latency": 0.1,
+                          "output_token_logprobs": [[-0.1, 7, "a"], [-999999999.0, 8, "</tool_call>"]]}}
+    result = parse_generate_response(body, 3)
+    assert result.token_ids == [7, 8] and result.logprobs == [-0.1, -999999999.0] and result.finish is StopKind.STOP
+    assert result.prompt_tokens == 12 and result.policy_version == 3
+    length = {**body, "meta_info": {**body["meta_info"], "finish_reason": {"type": "length", "length": 2}}}
+    assert parse_generate_response(length, 3).finish is StopKind.LENGTH
+
+
+def test_weight_update_wire_format():
+    sent = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append((request.url.path, json.loads(request.content)))
+        if len(sent) == 1:
+            return httpx.Response(200, json={"success": True, "message": "ok", "num_paused_requests": 0})
+        return httpx.Response(400, json={"success": False, "message": "no such dir", "num_paused_requests": 0})
+
+    async def main():
+        client = SGLangEngine(SGLangConfig(("http://a",)), httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+        await client.update_weights_from_disk("/ckpt/step7", version=7)
+        with pytest.raises(EngineError, match="no such dir"):
+            await client.update_weights_from_disk("/ckpt/missing", version=8)
+        await client.aclose()
+        return client.policy_version
+
+    assert asyncio.run(main()) == 7
+    assert sent[0] == ("/update_weights_from_disk", {"model_path": "/ckpt/step7", "weight_version": "7"})
+
+
+@pytest.mark.parametrize("body, message", [
+    ([1, 2], "JSON object"), ({"input_ids": [[1, 2]]}, "flat list"), ({"input_ids": []}, "flat list"),
+    ({"input_ids": [1], "logprob_start_len": 0}, "logprob_start_len"), ({"input_ids": [1], "text": "hi"}, "text"),
+    ({"input_ids": [1], "sampling_params": [{}]}, "one JSON object"),
+    ({"input_ids": [1], "sampling_params": {"logit_bias": {"3": -100}}}, "logit_bias"),
+    ({"input_ids": [1], "image_data": "data:image/png;base64,AAAA"}, "image_data"),
+    ({"input_ids": [1], "sampling_params": {"temperature": -1}}, "temperature"),
+])
+def test_loopback_refuses_requests_it_cannot_honor(local_engine, body, message):
+    with pytest.raises(ValueError, match=message):
+        request_from_json(body, local_engine)
+
+
+def test_loopback_finish_reason_and_response_shape(local_engine):
+    request = GenerationRequest([1, 2], sampling=SamplingParams(stop=("</response>",), stop_token_ids=(9,)))
+    tok = tokenizer()
+    by_id = GenerationResult([5, 9], [-1.0, -2.0], StopKind.STOP, prompt_tokens=2)
+    by_text = GenerationResult(tok.encode("<response>1</response>"), [-1.0] * len(tok.encode("<response>1</response>")),
+                               StopKind.STOP, prompt_tokens=2)
+    by_length = GenerationResult([5, 6, 7], [-1.0] * 3, StopKind.LENGTH, prompt_tokens=2)
+    assert finish_reason(by_id, request, local_engine) == {"type": "stop", "matched": 9}
+    assert finish_reason(by_text, request, local_engine) == {"type": "stop", "matched": "</response>"}
+    assert finish_reason(by_length, request, local_engine) == {"type": "length", "length": 3}
+    body = response_json(by_id, request, {"return_logprob": True, "return_text_in_logprobs": True}, local_engine, "r1")
+    assert body["meta_info"]["output_token_logprobs"] == [[-1.0, 5, tok.decode([5])], [-2.0, 9, tok.decode([9])]]
+    assert "output_token_logprobs" not in response_json(by_id, request, {}, local_engine, "r1")["meta_info"]
