@@ -1,35 +1,116 @@
-"""``python -m osvl.synth run|stats --world DIR --out DIR``: curate the mini-world, then report."""
+"""``python -m osvl.synth run|stats``: curate a world (or a converted Wikipedia graph), then report.
+
+``run`` takes a TOML config (``--config``, reference in ``osvl/synth/README.md``) and flags for
+the common cases; a flag overrides the file's key. Exit status 3: a back-end stopped the run
+(outage, spent budget); everything decided is on disk and the same command resumes.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from contextlib import ExitStack
+from typing import Any
 
+from osvl.synth.backends import open_backends
 from osvl.synth.pipeline import CurationConfig, curate
+from osvl.synth.run_config import build_run_config, read_toml, set_key
 from osvl.synth.stats import curation_stats, format_stats
 from osvl.world.build import load_world
+
+STOPPED = 3
+LLM_STAGE_KEYS = {"rewrite": ("stages.rewrite",), "uniqueness": ("stages.uniqueness",),
+                  "filter": ("stages.closed_book", "stages.image_search"), "expert": ("stages.expert",)}
+# flag destination -> config key
+FLAG_KEYS = {"world": "source.world", "graph": "source.graph", "images": "source.images", "corpus": "source.corpus",
+             "seed": "curation.seed", "rollouts": "curation.rollouts_per_item", "per_domain": "curation.per_domain",
+             "expert_tools": "tools.mode", "tool_workers": "tools.workers", "text_search": "tools.text_search",
+             "filter_image_search": "stages.image_search", "llm_url": "llm.url", "llm_model": "llm.model",
+             "llm_api_key_env": "llm.api_key_env", "max_llm_calls": "budget.max_llm_calls",
+             "llm_cache_dir": "budget.cache_dir"}
+
+
+def _run_parser(sub: Any) -> None:
+    run = sub.add_parser("run", help="run (or resume) every curation stage")
+    run.add_argument("--config", help="TOML run config (flags override its keys)")
+    run.add_argument("--out", required=True)
+    run.add_argument("--world", help="a world directory (python -m osvl.world build)")
+    run.add_argument("--graph", help="a graph JSONL (osvl.world.wikipedia converter output) instead of --world")
+    run.add_argument("--images", help="with --graph: the directory its image files are relative to")
+    run.add_argument("--corpus", help="with --graph: corpus.jsonl (default: beside the graph)")
+    run.add_argument("--seed", type=int)
+    run.add_argument("--rollouts", type=int, help="expert rollouts per SFT item")
+    run.add_argument("--per-domain", type=int, help="seeds per domain")
+    run.add_argument("--expert-tools", choices=("exact", "environment"),
+                     help="the expert's tools: exact in-process stand-ins, or the real tool pool")
+    run.add_argument("--tool-workers", type=int)
+    run.add_argument("--text-search", choices=("offline", "online"), help="the tool pool's TextSearch back-end")
+    run.add_argument("--image-search-url", help="an online reverse-image API for the tool pool's ImageSearch")
+    run.add_argument("--filter-image-search", choices=("exact", "tools", "llm"),
+                     help="filter stage 2: exact solver, one real ImageSearch call, or the LLM given that call's result")
+    run.add_argument("--llm-url", help="OpenAI-compatible base URL ending in /v1")
+    run.add_argument("--llm-model")
+    run.add_argument("--llm-api-key-env", help="name of the environment variable holding the API key")
+    run.add_argument("--llm-stages", help=f"comma-separated stages that use the LLM: {', '.join(LLM_STAGE_KEYS)}")
+    run.add_argument("--max-llm-calls", type=int, help="LLM call budget of this run (0: unlimited)")
+    run.add_argument("--llm-cache-dir", help="reply cache of the deterministic LLM stages")
+
+
+def raw_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The config file's tree with the flags written in."""
+    raw = read_toml(args.config) if args.config else {}
+    if args.graph and "source" in raw:
+        raw["source"].pop("world", None)  # --graph replaces the file's source
+    if args.world and "source" in raw:
+        for key in ("graph", "images", "corpus"):
+            raw["source"].pop(key, None)
+    for dest, key in FLAG_KEYS.items():
+        value = getattr(args, dest)
+        if value is not None:
+            set_key(raw, key, value)
+    if args.image_search_url is not None:
+        set_key(raw, "tools.image_search", "online")
+        set_key(raw, "tools.image_search_url", args.image_search_url)
+    if args.llm_stages is not None:
+        for name in filter(None, (s.strip() for s in args.llm_stages.split(","))):
+            if name not in LLM_STAGE_KEYS:
+                raise ValueError(f"--llm-stages: unknown stage {name!r}; known: {', '.join(LLM_STAGE_KEYS)}")
+            for key in LLM_STAGE_KEYS[name]:
+                set_key(raw, key, "llm")
+    return raw
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    with ExitStack() as stack:
+        try:  # configuration errors stop here, before any stage runs
+            config = build_run_config(raw_config(args))
+            backends = stack.enter_context(open_backends(config, args.out))
+        except ValueError as error:
+            parser.error(str(error))
+        counts = curate(backends.world, args.out, config.curation, **backends.curate_kwargs)
+    print(json.dumps(counts, indent=2, sort_keys=True))
+    if "stopped" in counts:
+        print(f"stopped in stage {counts['stopped']['stage']}: {counts['stopped']['error']}; "
+              f"rerun the same command to resume", file=sys.stderr)
+        return STOPPED
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m osvl.synth")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("run", "run (or resume) every curation stage"),
-                            ("stats", "statistics of a curated set, checked against the world")):
-        command = sub.add_parser(name, help=help_text)
-        command.add_argument("--world", required=True)
-        command.add_argument("--out", required=True)
-        command.add_argument("--seed", type=int, default=0)
-    sub.choices["run"].add_argument(
-        "--expert-tools", choices=("exact", "environment"), default="exact",
-        help="the scripted expert's tools: exact in-process stand-ins, or the real tool pool over the world")
+    _run_parser(sub)
+    stats = sub.add_parser("stats", help="statistics of a curated set, checked against the world")
+    stats.add_argument("--world", required=True)
+    stats.add_argument("--out", required=True)
+    stats.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    world = load_world(args.world)
-    config = CurationConfig(seed=args.seed, expert_tools=getattr(args, "expert_tools", "exact"))
-    if args.command == "run":
-        print(json.dumps(curate(world, args.out, config), indent=2, sort_keys=True))
-    else:
-        print(format_stats(curation_stats(world, args.out, config.fame_in_degree)))
-    return 0
+    if args.command == "stats":
+        world = load_world(args.world)
+        print(format_stats(curation_stats(world, args.out, CurationConfig(seed=args.seed).fame_in_degree)))
+        return 0
+    return run(args, parser)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from osvl.rl.actions import parse_action
 from osvl.rl.fatal import FatalConfig, find_fatal_step
 from osvl.rl.judges import ChatCompletionsClient
 from osvl.rl.trajectory import FinishReason, Step, ToolResult, ToolStatus
-from osvl.rl.actions import parse_action
 from osvl.synth.expert import ToolExecutor
 from osvl.synth.records import QAItem
 from osvl.tools.errors import CallParseError

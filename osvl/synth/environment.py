@@ -62,9 +62,10 @@ class EnvironmentTools:
 
 @contextmanager
 def world_environment(world: World, pool: PoolConfig | None = None, index_path: str | Path | None = None,
-                      limits: ToolLimits | None = None) -> Iterator[EnvironmentTools]:
-    """Spawn a tool pool over the world for the duration of the block (start-up takes seconds:
-    share one across many episodes)."""
-    config = world_tools_config(world, index_path, limits)
+                      limits: ToolLimits | None = None, config: ToolsConfig | None = None
+                      ) -> Iterator[EnvironmentTools]:
+    """Spawn a tool pool over the world (or over ``config``'s backends, e.g. online search) for the
+    duration of the block (start-up takes seconds: share one across many episodes)."""
+    config = config or world_tools_config(world, index_path, limits)
     with ToolPool(config, pool or PoolConfig(num_workers=2)) as tool_pool:
         yield EnvironmentTools(ToolEnvironment(default_registry(config.limits), tool_pool))

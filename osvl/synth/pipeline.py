@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from osvl.synth.expert import (
     synthesize,
 )
 from osvl.synth.filtering import (
+    BudgetExhausted,
     CachedSolver,
     ClosedBookSolver,
     ImageSearchSolver,
@@ -39,11 +41,14 @@ from osvl.synth.filtering import (
     images_by_page,
 )
 from osvl.synth.grounding import AnchorGrounder, Degrader, MetadataScorer
+from osvl.synth.llm_access import LLMUnavailable, LLMUsage
 from osvl.synth.question import render_question
 from osvl.synth.records import Drop, QAItem, read_items, run_stage, write_prompts
 from osvl.synth.rewrite import (
+    DescriptorProposer,
     ExactGraphEvaluator,
     GraphDescriptorProposer,
+    UniquenessEvaluator,
     canonical_question,
     rewrite,
 )
@@ -54,9 +59,12 @@ from osvl.synth.sampling import (
     sample_with_retries,
     stratified_seeds,
 )
+from osvl.synth.tool_solvers import SolverUnavailable
 from osvl.tools import PoolConfig
 from osvl.world.build import World
 from osvl.world.render import stable_seed
+
+ProposerFactory = Callable[[random.Random], DescriptorProposer]  # one proposer per seed, on its rng
 
 
 @dataclass(frozen=True)
@@ -98,11 +106,15 @@ def world_sampling(world: World) -> SamplingConfig:
                           min_image_side=world.sampling.min_image_side)
 
 
-def sample_items(world: World, out: Path, config: CurationConfig, sampling: SamplingConfig) -> dict[str, Any]:
-    """Stage 1: seeds -> rewritten QA items (path sampling with retries + fuzzy rewriting)."""
+def sample_items(world: World, out: Path, config: CurationConfig, sampling: SamplingConfig,
+                 proposer: ProposerFactory | None = None, evaluator: UniquenessEvaluator | None = None
+                 ) -> dict[str, Any]:
+    """Stage 1: seeds -> rewritten QA items (path sampling with retries + fuzzy rewriting); the
+    graph proposer and the exact evaluator unless others are given."""
     graph = world.graph
     seeds = stratified_seeds(graph, sampling, config.per_domain, random.Random(config.seed))
-    evaluator = ExactGraphEvaluator(graph)
+    evaluator = evaluator or ExactGraphEvaluator(graph)
+    proposer = proposer or (lambda rng: GraphDescriptorProposer(graph, rng))
     attempts_path = out / "candidates.attempts.json"  # failed attempts per seed, kept across resumes
     failures: dict[str, dict[str, int]] = (json.loads(attempts_path.read_text(encoding="utf-8"))
                                            if attempts_path.exists() else {})
@@ -111,7 +123,7 @@ def sample_items(world: World, out: Path, config: CurationConfig, sampling: Samp
         rng = random.Random(stable_seed(config.seed, "sample", seed))  # per seed: resumable + order-free
 
         def accept(path: SampledPath) -> QAItem | Rejection:
-            result = rewrite(graph, path, GraphDescriptorProposer(graph, rng), evaluator, rng, config.obfuscate_prob)
+            result = rewrite(graph, path, proposer(rng), evaluator, rng, config.obfuscate_prob)
             if result.question is None:
                 return Rejection("no_unique_descriptor")
             return QAItem(seed, list(path.nodes), list(path.relations), path.attribute, result.answer,
@@ -147,20 +159,47 @@ def question_image(world: World, out: Path, item: QAItem) -> np.ndarray:
     return load_rgb(world.root / item.image)
 
 
+STAGE_NAMES = ("sample", "ground", "no_tools", "single_image_search", "image_plus_text_search", "degrade",
+               "synthesize")
+
+
+STOPS = (LLMUnavailable, SolverUnavailable, BudgetExhausted)  # a backend cannot decide now: stop, resume later
+
+
 def curate(world: World, out: str | Path, config: CurationConfig = CurationConfig(), *,
            closed_book: Solver | None = None, image_search: Solver | None = None,
-           expert: Expert | None = None) -> dict[str, Any]:
+           expert: Expert | None = None, proposer: ProposerFactory | None = None,
+           evaluator: UniquenessEvaluator | None = None, llm_usage: LLMUsage | None = None) -> dict[str, Any]:
     """Run (or resume) every stage; returns and writes ``curation.json`` with all counts.
 
-    ``closed_book`` / ``image_search`` replace the exact stage-1 / stage-2 solvers (e.g. a chat
-    model, the real ImageSearch tool) and ``expert`` the scripted expert (e.g. a chat model);
-    each still goes through the stage's cache and budget."""
+    ``proposer`` / ``evaluator`` replace the graph rewriter and the exact uniqueness evaluator
+    (e.g. an LLM), ``closed_book`` / ``image_search`` the exact stage-1 / stage-2 solvers (e.g. a
+    chat model, the real ImageSearch tool) and ``expert`` the scripted expert (e.g. a chat model);
+    each still goes through the stage's cache and budget. When a backend cannot decide an item
+    (an outage, a spent budget) the run stops there: ``counts["stopped"]`` names the stage and the
+    error, everything decided so far is on disk, and the next run resumes."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    counts: dict[str, Any] = {}
+    try:
+        _run_stages(world, out, config, counts, closed_book, image_search, expert, proposer, evaluator)
+    except STOPS as error:
+        stage = next(s for s in STAGE_NAMES if s not in counts
+                     and (config.text_search_filter or s != "image_plus_text_search"))
+        counts["stopped"] = {"stage": stage, "error": f"{type(error).__name__}: {error}"}
+    if llm_usage is not None:
+        counts["llm"] = llm_usage.to_dict()
+    (out / "curation.json").write_text(json.dumps(counts, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return counts
+
+
+def _run_stages(world: World, out: Path, config: CurationConfig, counts: dict[str, Any],
+                closed_book: Solver | None, image_search: Solver | None, expert: Expert | None,
+                proposer: ProposerFactory | None, evaluator: UniquenessEvaluator | None) -> None:
     graph = world.graph
     sampling = world_sampling(world)
     by_page = images_by_page(world.images())
-    counts: dict[str, Any] = {"sample": sample_items(world, out, config, sampling)}
+    counts["sample"] = sample_items(world, out, config, sampling, proposer, evaluator)
     grounder = AnchorGrounder(graph, by_page, world.root, MetadataScorer(), config.min_grounding_score,
                               sampling.min_image_side)
     counts["ground"] = run_stage("ground", read_items(out / "candidates.jsonl"), out / "grounded.jsonl", grounder)
@@ -184,18 +223,14 @@ def curate(world: World, out: str | Path, config: CurationConfig = CurationConfi
     degrader = Degrader(world.root, out, load_rgb, config.degrade_fraction, config.seed)
     counts["degrade"] = run_stage("degrade", read_items(kept_from), out / "items.jsonl", degrader)
     counts["synthesize"] = _split_and_synthesize(world, out, config, expert)
-    (out / "curation.json").write_text(json.dumps(counts, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return counts
 
 
 def _split_and_synthesize(world: World, out: Path, config: CurationConfig, expert: Expert | None) -> dict[str, Any]:
-    """RL prompts for the RL share; expert trajectories (judged) for the rest. Idempotent: a
-    finished split is not redone."""
+    """RL prompts for the RL share; expert trajectories (judged) for the rest. Resumable per item
+    (``synthesis.progress.jsonl`` while under way); a finished split is not redone."""
     marker = out / "synthesis.json"
     if marker.exists():
         return json.loads(marker.read_text(encoding="utf-8"))
-    for stale in (out / "sft" / "trajectories.jsonl", out / "rl" / "prompts.jsonl"):
-        stale.unlink(missing_ok=True)
     real_tools = expert is None and config.expert_tools == "environment"
     environment = (world_environment(world, PoolConfig(num_workers=config.tool_workers),
                                      index_path=out / "cache" / "corpus.fts5.sqlite") if real_tools
@@ -205,27 +240,61 @@ def _split_and_synthesize(world: World, out: Path, config: CurationConfig, exper
             expert = ScriptedExpert(world.graph, tools or WorldTools(world), config.expert)
         result = _synthesize_all(world, out, config, expert)
     marker.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out / SYNTHESIS_PROGRESS).unlink()
     return result
 
 
+SYNTHESIS_PROGRESS = "synthesis.progress.jsonl"
+_SPLIT_FILES = (("sft/trajectories.jsonl", lambda row: row["prompt"]["id"]), ("rl/prompts.jsonl", lambda row: row["id"]))
+
+
+def _resume_synthesis(out: Path) -> dict[str, dict[str, Any]]:
+    """Items already synthesized (id -> progress row); lines of undecided items are removed
+    from the split files, so an interrupted item is redone without duplicates."""
+    progress = out / SYNTHESIS_PROGRESS
+    done: dict[str, dict[str, Any]] = {}
+    if progress.exists():
+        with open(progress, encoding="utf-8") as handle:
+            done = {row["id"]: row for row in map(json.loads, filter(str.strip, handle))}
+    for name, item_id in _SPLIT_FILES:
+        path = out / name
+        if not path.exists():
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and item_id(json.loads(line)) in done]
+        if len(kept) != len(lines):
+            path.write_text("".join(kept), encoding="utf-8")
+    progress.touch()
+    return done
+
+
 def _synthesize_all(world: World, out: Path, config: CurationConfig, expert: Expert) -> dict[str, Any]:
-    report = SynthesisReport()
-    sft_items = rl_items = 0
+    done = _resume_synthesis(out)
+    totals = Counter({"sft_items": 0, "rl_items": 0, **asdict(SynthesisReport())})
+    for row in done.values():
+        totals.update(row["counts"])
     for group, item in enumerate(read_items(out / "items.jsonl")):
+        if item.id in done:
+            continue
         image = question_image(world, out, item)
         if is_rl(item.id, config):
             write_prompts(out / "rl" / "prompts.jsonl",
                           [Prompt(id=item.id, question=item.text, images=[image], answer=item.answer,
                                   aliases=item.aliases)])
-            rl_items += 1
-            continue
-        sft_items += 1
-        rng = random.Random(stable_seed(config.seed, "expert", item.id))
-        trajectories = synthesize(item, image, expert, config.rollouts_per_item, rng, ExactMatchAccuracyJudge(),
-                                  HeuristicQueryJudge(), config.min_process_score, report, group)
-        append_jsonl(out / "sft" / "trajectories.jsonl", trajectories)
+            item_counts = {"rl_items": 1}
+        else:
+            report = SynthesisReport()
+            rng = random.Random(stable_seed(config.seed, "expert", item.id))
+            trajectories = synthesize(item, image, expert, config.rollouts_per_item, rng, ExactMatchAccuracyJudge(),
+                                      HeuristicQueryJudge(), config.min_process_score, report, group)
+            append_jsonl(out / "sft" / "trajectories.jsonl", trajectories)
+            item_counts = {"sft_items": 1, **asdict(report)}
+        totals.update(item_counts)
+        with open(out / SYNTHESIS_PROGRESS, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"id": item.id, "counts": item_counts}) + "\n")
     (out / "sft").mkdir(parents=True, exist_ok=True)
     (out / "sft" / "trajectories.jsonl").touch()
     (out / "rl").mkdir(parents=True, exist_ok=True)
     (out / "rl" / "prompts.jsonl").touch()
-    return {"sft_items": sft_items, "rl_items": rl_items, **asdict(report)}
+    return {"sft_items": totals["sft_items"], "rl_items": totals["rl_items"],
+            **{name: totals[name] for name in asdict(SynthesisReport())}}

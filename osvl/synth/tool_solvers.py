@@ -34,6 +34,13 @@ Question: {question}
 Reply with JSON only: {{"answer": "a short answer"}}, or {{"answer": null}} if you do not know."""
 
 
+ONE_IMAGE_SEARCH_PROMPT_V1 = """You may not search further. One reverse image search of the question image returned:
+{observation}
+Question: {question}
+Answer from this result and your own knowledge.
+Reply with JSON only: {{"answer": "a short answer"}}, or {{"answer": null}} if you do not know."""
+
+
 class SolverUnavailable(RuntimeError):
     """The solver's backend failed (tool infrastructure, model endpoint): no verdict was reached."""
 
@@ -104,11 +111,41 @@ class ChatClosedBookSolver:
     def solve(self, item: QAItem) -> SolverAnswer:
         text = CLOSED_BOOK_PROMPT_V1.format(question=item.text)
         content = text if self.image is None else [{"type": "text", "text": text}, image_content_part(self.image(item))]
-        outcome = self.client.complete([{"role": "user", "content": content}])
-        if outcome.text is None:
-            raise SolverUnavailable(f"closed-book model failed for item {item.id}: {outcome.error}")
-        reply = last_json_object(outcome.text)
-        answer = reply.get("answer") if reply else None
-        if not isinstance(answer, str) or normalize_answer(answer) in _NO_ANSWER:
-            return SolverAnswer(None, 0)  # no committed answer: the item is not easy for it
-        return SolverAnswer(answer.strip(), 0)
+        return ask_for_answer(self.client, content, item, tool_calls=0)
+
+
+def ask_for_answer(client: ChatCompletionsClient, content: str | list, item: QAItem, tool_calls: int) -> SolverAnswer:
+    """The model's committed answer to one user turn; an unreachable model raises."""
+    outcome = client.complete([{"role": "user", "content": content}])
+    if outcome.text is None:
+        raise SolverUnavailable(f"solver model failed for item {item.id}: {outcome.error}")
+    reply = last_json_object(outcome.text)
+    answer = reply.get("answer") if reply else None
+    if not isinstance(answer, str) or normalize_answer(answer) in _NO_ANSWER:
+        return SolverAnswer(None, tool_calls)  # no committed answer: the item is not easy for it
+    return SolverAnswer(answer.strip(), tool_calls)
+
+
+@dataclass
+class ChatImageSearchSolver:
+    """Stage 2 as the paper runs it in open worlds: a chat model that gets one real ImageSearch
+    result for the question image, then must answer (no exact resolution: free-text questions)."""
+
+    client: ChatCompletionsClient
+    tools: ToolExecutor
+    image: Callable[[QAItem], np.ndarray]
+    top_k: int = 3
+    name: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"ChatImageSearchSolver.top_k must be >= 1, got {self.top_k}")
+        self.name = f"chat_image_search:{self.client.config.model}:top{self.top_k}:v1"
+
+    def solve(self, item: QAItem) -> SolverAnswer:
+        result = self.tools(ToolCall("image_search", {"image": 0, "top_k": self.top_k}), [self.image(item)])
+        if result.status is ToolStatus.INFRA_ERROR:
+            raise SolverUnavailable(f"image_search failed for item {item.id}: {result.error}")
+        observation = result.text if result.ok else f"Error ({result.status.value}): {result.error}"
+        return ask_for_answer(self.client, ONE_IMAGE_SEARCH_PROMPT_V1.format(observation=observation,
+                                                                             question=item.text), item, tool_calls=1)

@@ -5,6 +5,7 @@ from osvl.world.build import (
            SamplingDefaults,
            World,
            build_world,
+           graph_world,
            load_world,
 )
 from osvl.world.generate import WorldConfig
@@ -19,4 +20,4 @@ from osvl.world.graph import (
 )
 
 __all__ = ["DOMAINS", "Graph", "ImageRecord", "ImageRef", "Link", "Page", "SamplingDefaults", "World",
-           "WorldConfig", "build_world", "iter_pages", "load_world", "write_pages"]
+           "WorldConfig", "build_world", "graph_world", "iter_pages", "load_world", "write_pages"]

@@ -163,3 +163,28 @@ def load_world(path: str | os.PathLike[str]) -> World:
     return World(root=root, graph=Graph.load(root / files["graph"]),
                  sampling=SamplingDefaults(**manifest.get("sampling", {})),
                  corpus_path=root / files["corpus"], images_path=root / files["images"])
+
+
+def graph_world(graph_path: str | os.PathLike[str], images_dir: str | os.PathLike[str],
+                collection_path: str | os.PathLike[str], corpus_path: str | os.PathLike[str] | None = None,
+                sampling: SamplingDefaults | None = None) -> World:
+    """A world over a converted graph (e.g. ``osvl.world.wikipedia`` output) rather than a built
+    directory: image files are relative to ``images_dir``; the image collection is derived from
+    the pages' image references and written to ``collection_path`` (absolute image paths, so
+    the ImageSearch index can sit anywhere); the corpus defaults to ``corpus.jsonl`` beside the
+    graph. The sampling thresholds default to the paper's (all of Wikipedia)."""
+    graph_path, images_dir = Path(graph_path), Path(images_dir)
+    corpus = Path(corpus_path) if corpus_path is not None else graph_path.parent / "corpus.jsonl"
+    for path, what in ((graph_path, "graph file"), (corpus, "corpus file")):
+        if not path.is_file():
+            raise ValueError(f"{what} {path} does not exist")
+    if not images_dir.is_dir():
+        raise ValueError(f"images directory {images_dir} does not exist")
+    graph = Graph.load(graph_path)
+    collection = [{"image": str(images_dir.resolve() / ref.file), "title": page.title, "caption": ref.caption,
+                   "page_id": page.id, "width": ref.width, "height": ref.height, "facts": ref.facts}
+                  for page in graph.pages.values() for ref in page.images]
+    Path(collection_path).parent.mkdir(parents=True, exist_ok=True)
+    _jsonl(Path(collection_path), collection)
+    return World(root=images_dir.resolve(), graph=graph, sampling=sampling or SamplingDefaults(10_000, 50, 512),
+                 corpus_path=corpus, images_path=Path(collection_path))

@@ -10,7 +10,12 @@ import shutil
 import numpy as np
 import pytest
 
-from osvl.rl.judges import ChatCompletionsClient, ChatJudgeConfig, ExactMatchAccuracyJudge, HeuristicQueryJudge
+from osvl.rl.judges import (
+    ChatCompletionsClient,
+    ChatJudgeConfig,
+    ExactMatchAccuracyJudge,
+    HeuristicQueryJudge,
+)
 from osvl.rl.trajectory import FinishReason, ToolStatus, append_jsonl, read_jsonl
 from osvl.synth.chat_expert import ChatExpert, ChatExpertConfig
 from osvl.synth.expert import SynthesisReport, WorldTools, synthesize

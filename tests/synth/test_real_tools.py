@@ -12,11 +12,22 @@ import pytest
 from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.trajectory import ToolCall, ToolResult, ToolStatus, read_jsonl
 from osvl.synth.environment import EnvironmentTools, world_tools_config
-from osvl.synth.expert import ExpertConfig, ScriptedExpert, SynthesisReport, read_passages, synthesize, top_match_page
+from osvl.synth.expert import (
+    ExpertConfig,
+    ScriptedExpert,
+    SynthesisReport,
+    read_passages,
+    synthesize,
+    top_match_page,
+)
 from osvl.synth.filtering import ImageSearchSolver, SolverAnswer, images_by_page, solved
 from osvl.synth.pipeline import CurationConfig, curate, load_rgb, question_image
 from osvl.synth.records import read_items
-from osvl.synth.tool_solvers import SolverUnavailable, ToolImageSearchSolver, caption_facts
+from osvl.synth.tool_solvers import (
+    SolverUnavailable,
+    ToolImageSearchSolver,
+    caption_facts,
+)
 from osvl.tools import ToolEnvironment, default_registry
 
 
