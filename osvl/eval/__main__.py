@@ -4,10 +4,17 @@
         --images-root infoseek=oven_images/ --mode agentic --world world/ --out runs/eval \\
         [--concurrency 8] [--judge-url https://api.openai.com/v1 --judge-model gpt-4o]
 
+    # a released checkpoint against the live web, with the tool schema and system prompt it was trained on
+    SERPER_API_KEY=... JINA_API_KEY=... python -m osvl.eval --checkpoint OpenSearch-VL-8B/ \\
+        --bench fvqa=fvqa_test.parquet --mode agentic --tools online.toml --tool-profile release \\
+        --system-prompt my_prompt.txt --out runs/fvqa
+
 ``--bench NAME=FILE`` reads FILE with the loader called NAME (see ``osvl.eval.benchmarks``);
 ``LABEL:NAME=FILE`` runs it under another label. Re-running with the same ``--out`` resumes:
 judged items are skipped, unjudged ones are re-judged, failed generations are redone.
-Writes ``records.jsonl``, ``summary.json`` and ``table.md`` to ``--out``.
+Writes ``records.jsonl``, ``summary.json`` and ``table.md`` to ``--out``. Tool back-ends: see
+``osvl.eval.tools`` (API keys only through environment variables named by ``*-key-env`` flags or
+``*_key_env`` fields); checkpoint directories: see ``osvl.eval.model_dir``.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -22,11 +30,39 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from osvl.eval.benchmarks import FORMATS, BenchmarkFormat, LoadReport, get_format, load_benchmark
-from osvl.eval.judge import DEFAULT_PROMPT, AnswerJudge, EquivalenceJudge, NormalizedMatchJudge
-from osvl.eval.modes import MODES, AgenticAnswerer, Answerer, DirectAnswerer, RagAnswerer, system_prompt
+from osvl.eval.benchmarks import (
+    FORMATS,
+    BenchmarkFormat,
+    LoadReport,
+    get_format,
+    load_benchmark,
+)
+from osvl.eval.judge import (
+    DEFAULT_PROMPT,
+    AnswerJudge,
+    EquivalenceJudge,
+    NormalizedMatchJudge,
+)
+from osvl.eval.model_dir import ModelDir, load_model_dir
+from osvl.eval.modes import (
+    MODES,
+    AgenticAnswerer,
+    Answerer,
+    DirectAnswerer,
+    RagAnswerer,
+    system_prompt,
+)
 from osvl.eval.runner import RECORDS, Evaluator, RunConfig, read_records
 from osvl.eval.summary import cost_table, pass_table, summarize_benchmark, summary_dict
+from osvl.eval.tools import (
+    FLAG_FIELDS,
+    ProfiledEnvironment,
+    check_offline_paths,
+    resolve_sections,
+    tool_sections,
+)
+from osvl.tools.config import ToolsConfig
+from osvl.tools.profiles import PROFILES
 
 
 def parse_bench(spec: str) -> tuple[str, str, Path]:
@@ -53,6 +89,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=MODES, required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--world", help="world dir for the offline tool backends (rag and agentic modes)")
+    tools = p.add_argument_group("tools (rag and agentic modes)")
+    tools.add_argument("--tools", metavar="FILE.toml", help="tool back-end config (see osvl.eval.tools); flags "
+                                                            "below override it")
+    tools.add_argument("--tool-profile", choices=PROFILES, default="paper",
+                       help="tool schema the model sees: osvl's (paper) or the OpenSearch-VL release's names")
+    tools.add_argument("--python-interpreter", action="store_true", help="offer the sandboxed python_interpreter")
+    tools.add_argument("--text-search-backend", choices=("offline", "online"))
+    tools.add_argument("--serper-url")
+    tools.add_argument("--serper-key-env", metavar="VAR", help="environment variable holding the Serper key")
+    tools.add_argument("--jina-url")
+    tools.add_argument("--jina-key-env", metavar="VAR", help="environment variable holding the Jina Reader key")
+    tools.add_argument("--summarizer-url", help="OpenAI-compatible base URL of the page summarizer")
+    tools.add_argument("--summarizer-model")
+    tools.add_argument("--summarizer-key-env", metavar="VAR")
+    tools.add_argument("--image-search-backend", choices=("offline", "online"))
+    tools.add_argument("--image-search-url", help="reverse-image search API URL")
+    tools.add_argument("--image-search-key-env", metavar="VAR")
+    tools.add_argument("--image-upload-url", help="image host for reverse-image search by URL")
+    p.add_argument("--system-prompt", metavar="FILE", help="system prompt text replacing the mode's shipped prompt "
+                                                           "(a released checkpoint's own prompt)")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--judge-url", help="OpenAI-compatible base URL; default: the offline normalized-match judge")
     p.add_argument("--judge-model", default="gpt-4o")
@@ -71,33 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _tokenizer_and_images(path: Path):
-    from osvl.data.image import ImageConfig
-    from osvl.data.tokenizer import load_tokenizer
-
-    directory = path if path.is_dir() else path.parent
-    config_file = directory / "preprocessor_config.json"
-    if not config_file.is_file():
-        raise ValueError(f"no preprocessor_config.json in {directory}")
-    return load_tokenizer(path), ImageConfig.from_preprocessor_config(json.loads(config_file.read_text()))
-
-
-def build_engine(args: argparse.Namespace):
+def build_engine(args: argparse.Namespace) -> tuple[object, ModelDir]:
     if args.checkpoint:
         import torch
 
         from osvl.model import from_pretrained
         from osvl.rollout.local_engine import LocalEngine
 
-        tokenizer, image_config = _tokenizer_and_images(Path(args.checkpoint))
+        model_dir = load_model_dir(args.checkpoint)
         model = from_pretrained(args.checkpoint, dtype=getattr(torch, args.dtype))
-        return LocalEngine(model, tokenizer, image_config, max_batch=args.concurrency), tokenizer, image_config
+        return LocalEngine(model, model_dir.tokenizer, model_dir.image_config, max_batch=args.concurrency), model_dir
     from osvl.rollout.sglang import SGLangConfig, SGLangEngine
 
     if not args.tokenizer:
         raise ValueError("--engine needs --tokenizer (the renderer tokenizes prompts on this side)")
-    tokenizer, image_config = _tokenizer_and_images(Path(args.tokenizer))
-    return SGLangEngine(SGLangConfig(urls=tuple(args.engine))), tokenizer, image_config
+    return SGLangEngine(SGLangConfig(urls=tuple(args.engine))), load_model_dir(args.tokenizer, require_config=False)
 
 
 def build_judge(args: argparse.Namespace) -> AnswerJudge:
@@ -111,40 +155,57 @@ def build_judge(args: argparse.Namespace) -> AnswerJudge:
     return EquivalenceJudge(ChatCompletionsClient(config), args.judge_prompt)
 
 
+def tools_config(args: argparse.Namespace) -> ToolsConfig:
+    """The validated tool back-ends of the run: ``--tools`` file, flags on top, ``--world`` defaults."""
+    config = resolve_sections(tool_sections(args.tools, {dest: getattr(args, dest) for dest in FLAG_FIELDS},
+                                            args.world))
+    check_offline_paths(config)
+    return config
+
+
 @contextlib.contextmanager
-def tool_environment(world: str | None, mode: str) -> Iterator[object | None]:
-    if mode == "direct":
+def tool_environment(args: argparse.Namespace) -> Iterator[ProfiledEnvironment | None]:
+    """Worker pool over the configured back-ends, seen through the ``--tool-profile`` schema."""
+    if args.mode == "direct":
         yield None
         return
-    if not world:
-        raise ValueError(f"--mode {mode} needs --world DIR for the offline tool backends")
-    from osvl.tools import ImageSearchConfig, PoolConfig, TextSearchConfig, ToolEnvironment, ToolPool, ToolsConfig
-    from osvl.tools import default_registry
+    from osvl.tools import PoolConfig, ToolEnvironment, ToolPool, tool_profile
 
-    root = Path(world)
-    for name in ("corpus.jsonl", "images.jsonl"):
-        if not (root / name).is_file():
-            raise ValueError(f"--world {root} has no {name}")
-    config = ToolsConfig(text_search=TextSearchConfig(corpus_path=str(root / "corpus.jsonl")),
-                         image_search=ImageSearchConfig(collection_path=str(root / "images.jsonl")))
+    config = tools_config(args)
+    profile = tool_profile(args.tool_profile, config.limits, python_interpreter=args.python_interpreter)
     with ToolPool(config, PoolConfig(num_workers=2)) as pool:
-        yield ToolEnvironment(default_registry(config.limits), pool)
+        yield ProfiledEnvironment(ToolEnvironment(profile.registry, pool), profile)
 
 
-def build_answerer(args: argparse.Namespace, engine, tokenizer, image_config, env) -> Answerer:
+def read_system_prompt(path: str | None, default: str) -> str:
+    """The user's prompt file (a released checkpoint's own wording), else the shipped prompt."""
+    if path is None:
+        return system_prompt(default)
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--system-prompt file not found: {file}")
+    text = file.read_text(encoding="utf-8").strip()
+    if not text:
+        raise ValueError(f"--system-prompt file {file} is empty")
+    return text
+
+
+def build_answerer(args: argparse.Namespace, engine, model_dir: ModelDir, env: ProfiledEnvironment | None) -> Answerer:
     from osvl.data.chat import ChatRenderer
     from osvl.rollout.agent import AgentConfig
     from osvl.rollout.engine import SamplingParams
 
-    sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    tokenizer, image_config = model_dir.tokenizer, model_dir.image_config
+    sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                              stop_token_ids=model_dir.stop_token_ids)
     if args.mode == "agentic":
-        renderer = ChatRenderer(tokenizer, image_config, env.registry.tool_schemas(),
-                                system_prompt("agent_system.v1.txt"))
+        renderer = ChatRenderer(tokenizer, image_config, env.tool_schemas(),
+                                read_system_prompt(args.system_prompt, "agent_system.v1.txt"))
         config = AgentConfig(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens, sampling=sampling)
         return AgenticAnswerer(engine, renderer, env, config)
-    renderer = ChatRenderer(tokenizer, image_config, (), system_prompt("direct_system.v1.txt"))
+    renderer = ChatRenderer(tokenizer, image_config, (), read_system_prompt(args.system_prompt, "direct_system.v1.txt"))
     if args.mode == "rag":
-        return RagAnswerer(engine, renderer, sampling, env)
+        return RagAnswerer(engine, renderer, sampling, env.env)
     return DirectAnswerer(engine, renderer, sampling)
 
 
@@ -186,7 +247,10 @@ def write_summary(out: Path, reports: Sequence[tuple[LoadReport, BenchmarkFormat
     table = "\n\n".join([f"# Pass@1 (%) — {args.mode}", pass_table(summaries, args.mode, label),
                          "## Counts and cost", cost_table(summaries)])
     (out / "table.md").write_text(table + "\n", encoding="utf-8")
+    prompt_file = Path(args.system_prompt).read_bytes() if args.system_prompt else None
     summary = summary_dict(summaries, mode=args.mode, source=source, judge=judge.name, git_commit=git_commit(),
+                           tool_profile=args.tool_profile if args.mode != "direct" else None,
+                           system_prompt_sha256=hashlib.sha256(prompt_file).hexdigest() if prompt_file else None,
                            run={"generated": stats.generated, "rejudged": stats.rejudged, "skipped": stats.skipped,
                                 "wall_s": stats.wall_s, "max_in_flight": stats.max_in_flight,
                                 "corrupt_record_lines": stats.corrupt_lines},
@@ -201,10 +265,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         RunConfig(args.concurrency, args.judge_concurrency, args.seed)
         reports = load_all(args)
         judge = build_judge(args)
-        engine, tokenizer, image_config = build_engine(args)
+        if args.mode != "direct":
+            tools_config(args)  # a bad tool config fails before the model is loaded
+        read_system_prompt(args.system_prompt, "direct_system.v1.txt")
+        engine, model_dir = build_engine(args)
         out = Path(args.out)
-        with tool_environment(args.world, args.mode) as env:
-            answerer = build_answerer(args, engine, tokenizer, image_config, env)
+        with tool_environment(args) as env:
+            answerer = build_answerer(args, engine, model_dir, env)
             evaluator = Evaluator(answerer, judge, out, RunConfig(args.concurrency, args.judge_concurrency, args.seed))
             stats = asyncio.run(evaluator.run([item for r, _ in reports for item in r.items]))
     except ValueError as error:

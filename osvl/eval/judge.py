@@ -14,7 +14,12 @@ from importlib import resources
 from typing import Protocol
 
 from osvl.eval.items import EvalItem
-from osvl.rl.judges import ChatCompletionsClient, Verdict, normalize_answer, parse_accuracy_verdict
+from osvl.rl.judges import (
+    ChatCompletionsClient,
+    Verdict,
+    normalize_answer,
+    parse_accuracy_verdict,
+)
 
 DEFAULT_PROMPT = "equivalence_judge.v1.txt"
 

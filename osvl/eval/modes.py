@@ -16,13 +16,19 @@ from osvl.data.chat import ChatRenderer
 from osvl.eval.judge import load_prompt
 from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory
 from osvl.rollout.agent import AgentConfig, parse_action, run_trajectory
-from osvl.rollout.engine import Engine, EngineError, GenerationRequest, SamplingParams, StopKind
+from osvl.rollout.engine import (
+    Engine,
+    EngineError,
+    GenerationRequest,
+    SamplingParams,
+    StopKind,
+)
 from osvl.tools.environment import ToolEnvironment
 from osvl.tools.visual_context import VisualContext
 
 Mode = Literal["direct", "rag", "agentic"]
 MODES: tuple[Mode, ...] = ("direct", "rag", "agentic")
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 
 
 @dataclass

@@ -129,8 +129,8 @@ def pass_table(summaries: Sequence[BenchmarkSummary], mode: str, label: str) -> 
                 avg, mark = average([row["scores"].get(c) for c in matched]), "†"
             lines.append(f"| paper: {row['model']} | {' | '.join(_fmt(v) for v in cells)} | {_fmt(avg, mark)} |")
         section = SECTION_TITLES.get(mode, mode)
-        lines += ["", f"Rows marked `paper:` are the paper's reported numbers ({table['source']}, "
-                      f"{section} section; {table['metric']}), not results of this run."]
+        lines += ["", (f"Rows marked `paper:` are the paper's reported numbers ({table['source']}, "
+                       f"{section} section; {table['metric']}), not results of this run.")]
         if not full:
             lines.append("† mean of the paper's scores on the matching columns shown, not its reported average.")
     else:

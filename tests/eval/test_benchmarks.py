@@ -62,7 +62,7 @@ def test_bad_lines_are_counted_rejections_and_good_lines_survive(tmp_path):
         {"id": "no-img", "question": "Q?", "answer": "A"},
         {"id": "good", "question": "Q again?", "answer": "B", "image": "ok.png"},
     ]
-    report = load_benchmark(write_jsonl(tmp_path / "b.jsonl", rows), "browsecomp_vl")
+    report = load_benchmark(write_jsonl(tmp_path / "b.jsonl", rows), "vdr")
     assert [i.id for i in report.items] == ["good"]
     assert dict(report.rejected) == {"invalid_json": 1, "not_an_object": 1, "missing_id": 1, "missing_question": 1,
                                      "missing_answer": 1, "answer_not_text": 1, "image_not_found": 1,
@@ -130,3 +130,91 @@ def test_infoseek_numeric_aliases_and_jsonl_opening_with_an_array_line(tmp_path)
     bad = write_jsonl(tmp_path / "j.jsonl", [{"data_id": "x", "image_id": "oven_1", "question": "Q?",
                                               "answer": ["a"], "answer_eval": [{"range": [1, 2]}]}])
     assert dict(load_benchmark(bad, "infoseek").rejected) == {"alias_not_text": 1}
+
+
+def _write_parquet(path, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_fvqa_release_parquet_in_verl_layout(tmp_path):
+    """lmms-lab/FVQA fvqa_test.parquet: chat ``prompt``, ``images`` structs, ``reward_model`` answers."""
+    from tests.eval.helpers import png_bytes
+
+    image = rgb(seed=7)
+    rows = [{"data_id": "fvqa_test_0", "category": "object", "data_source": "fvqa",
+             "prompt": [{"role": "system", "content": "Answer briefly."},
+                        {"role": "user", "content": "<image>\nWhat is this tool used for?"}],
+             "images": [{"bytes": png_bytes(image), "path": None}],
+             "reward_model": {"ground_truth": "cutting", "candidate_answers": ["cutting", "to cut wood"]}},
+            {"data_id": "fvqa_test_1", "category": "object", "data_source": "fvqa",
+             "prompt": [{"role": "user", "content": "<image>"}],
+             "images": [{"bytes": png_bytes(image), "path": None}],
+             "reward_model": {"ground_truth": "x", "candidate_answers": []}}]
+    report = load_benchmark(_write_parquet(tmp_path / "fvqa_test.parquet", rows), "fvqa")
+    [item] = report.items
+    assert item.id == "fvqa_test_0" and item.question == "What is this tool used for?"
+    assert item.answers == ("cutting", "to cut wood")
+    assert item.meta == {"category": "object", "data_source": "fvqa"}
+    assert np.array_equal(read_image_ref(item.images[0]), image)
+    assert dict(report.rejected) == {"missing_question": 1} and report.examples[0].startswith("line 2:")
+    # the same record exported to JSONL with the struct as JSON text (pandas / datasets exports)
+    exported = {**rows[0], "images": [{"bytes": b64(image), "path": None}],
+                "reward_model": json.dumps(rows[0]["reward_model"])}
+    [again] = load_benchmark(write_jsonl(tmp_path / "fvqa.jsonl", [exported]), "fvqa").items
+    assert again.answers == item.answers and again.question == item.question
+
+
+def test_vdr_bench_parquet_with_image_bytes(tmp_path):
+    from tests.eval.helpers import png_bytes
+
+    image = rgb(seed=8)
+    path = _write_parquet(tmp_path / "vdr_testmini.parquet",
+                          [{"id": "vdr_12", "question": "Which museum holds it?", "answer": "Louvre",
+                            "image": png_bytes(image)},
+                           {"id": "vdr_13", "question": "Q?", "answer": "A", "image": b""}])
+    report = load_benchmark(path, "vdr")
+    [item] = report.items
+    assert (item.id, item.answers) == ("vdr_12", ("Louvre",))
+    assert np.array_equal(read_image_ref(item.images[0]), image)
+    assert dict(report.rejected) == {"missing_image": 1}
+
+
+def test_browsecomp_vl_release_lines_without_ids(tmp_path):
+    """WebWatcher's bc_vl_level1.jsonl: ``question``, ``answers`` list, relative ``image_path``, no id."""
+    image = rgb(seed=9)
+    write_png(tmp_path / "images" / "level1" / "bc_0.jpg", image)
+    rows = [{"question": "Which team owns the stadium?", "answers": ["Hearts", "Heart of Midlothian"],
+             "image_path": "images/bc_0.jpg", "domain": "sports"},
+            {"question": "Q2?", "answers": ["B"], "image_path": "level1/bc_0.jpg"},
+            {"question": "Q3?", "answers": ["C"], "image_path": "images/missing.jpg"}]
+    path = write_jsonl(tmp_path / "bc_vl_level1.jsonl", rows)
+    report = load_benchmark(path, "browsecomp_vl", tmp_path / "images" / "level1", name="bc_vl_level1")
+    assert [i.id for i in report.items] == ["1", "2"]
+    first = report.items[0]
+    assert first.answers == ("Hearts", "Heart of Midlothian") and first.meta == {"domain": "sports"}
+    assert np.array_equal(read_image_ref(first.images[0]), image)
+    assert dict(report.rejected) == {"image_not_found": 1} and report.examples[0].startswith("line 3:")
+
+
+def test_unreadable_parquet_is_a_clear_error(tmp_path):
+    path = tmp_path / "broken.parquet"
+    path.write_bytes(b"PAR1 not really parquet")
+    with pytest.raises(ValueError, match="cannot read parquet file"):
+        load_benchmark(path, "fvqa")
+
+
+def test_simplevqa_parquet_with_hf_image_structs(tmp_path):
+    from tests.eval.helpers import png_bytes
+
+    image = rgb(seed=10)
+    path = _write_parquet(tmp_path / "simplevqa_test.parquet",
+                          [{"data_id": 0, "image": {"bytes": png_bytes(image), "path": "0.png"},
+                            "question": "Who painted this?", "answer": "Vermeer", "language": "EN",
+                            "vqa_category": "art", "atomic_question": "Who painted it?"}])
+    [item] = load_benchmark(path, "simplevqa").items
+    assert (item.id, item.answers, item.meta) == ("0", ("Vermeer",), {"language": "EN", "vqa_category": "art"})
+    assert np.array_equal(read_image_ref(item.images[0]), image)

@@ -14,12 +14,19 @@ from osvl.eval.benchmarks import load_benchmark
 from osvl.eval.judge import NormalizedMatchJudge
 from osvl.eval.modes import AgenticAnswerer, system_prompt
 from osvl.eval.runner import Evaluator, RunConfig, read_records
-from osvl.rl.trajectory import trajectory_from_dict, ImageStore
+from osvl.rl.trajectory import ImageStore, trajectory_from_dict
 from osvl.rollout.agent import AgentConfig
 from osvl.rollout.engine import GenerationRequest, SamplingParams
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
-from osvl.tools import ImageSearchConfig, PoolConfig, TextSearchConfig, ToolEnvironment, ToolPool, ToolsConfig
-from osvl.tools import default_registry
+from osvl.tools import (
+    ImageSearchConfig,
+    PoolConfig,
+    TextSearchConfig,
+    ToolEnvironment,
+    ToolPool,
+    ToolsConfig,
+    default_registry,
+)
 from tests.eval.conftest import IMAGE_CONFIG
 
 N = 4
@@ -58,6 +65,7 @@ def test_cli_runs_a_tiny_checkpoint_on_held_out_questions_and_resumes(checkpoint
     summary = json.loads((out / "summary.json").read_text())
     [bench] = summary["benchmarks"]
     assert bench["benchmark"] == "world" and bench["judged"] == N and summary["run"]["generated"] == N
+    assert summary["tool_profile"] == (None if mode == "direct" else "paper") and summary["system_prompt_sha256"] is None
     assert bench["pass_at_1"] == pytest.approx(100.0 * bench["correct"] / N)
     table = (out / "table.md").read_text()
     assert "| world | Avg |" in table and "no paper numbers shown" in table and "paper:" not in table
@@ -74,15 +82,16 @@ def test_cli_errors_are_clear(checkpoint, held_out, tmp_path, capsys):
     assert main(base + ["--bench", f"vqa={held_out}", "--mode", "direct"]) == 2
     assert "unknown benchmark format 'vqa'" in capsys.readouterr().err
     assert main(base + ["--bench", f"osvl={held_out}", "--mode", "agentic"]) == 2
-    assert "needs --world" in capsys.readouterr().err
+    assert "text_search is offline but has no corpus_path (corpus.jsonl): pass --world DIR" in capsys.readouterr().err
     assert main(base + ["--bench", f"osvl={held_out}", "--bench", f"osvl={held_out}", "--mode", "direct"]) == 2
     assert "given twice" in capsys.readouterr().err
 
 
 def test_scripted_agent_through_the_real_loop_scores_exactly(checkpoint, held_out, world_dir, tokenizer, tmp_path):
     """Half the items answered right after one text_search: Pass@1 must be exactly 50%."""
-    from osvl.model import from_pretrained
     import torch
+
+    from osvl.model import from_pretrained
 
     items = load_benchmark(held_out, "osvl", name="world").items[:N]
     right = {item.question: item.answers[0] for item in items[::2]}
