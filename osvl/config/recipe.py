@@ -7,7 +7,7 @@ prefixes the section path (``grpo.eps_high: ...``). Cross-component checks are i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from osvl.parallel.parallelize import ParallelConfig
 
@@ -15,6 +15,12 @@ Stage = Literal["sft", "grpo"]
 FatalMode = Literal["vanilla", "hard_mask", "fatal_mask", "fatal_clamp"]
 Estimator = Literal["grpo", "rloo", "drgrpo"]
 LossAgg = Literal["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm"]
+DataFormat = Literal["auto", "osvl", "sharegpt", "verl_parquet"]
+ToolProfileName = Literal["paper", "release"]
+
+DATA_FORMATS: tuple[str, ...] = get_args(DataFormat)
+TOOL_PROFILES: tuple[str, ...] = get_args(ToolProfileName)
+STAGE_FORMATS = {"sft": ("auto", "osvl", "sharegpt"), "grpo": ("auto", "osvl", "verl_parquet")}
 
 PAPER_PRESETS = ("qwen3_vl_8b", "qwen3_vl_30b_a3b", "qwen3_vl_32b")
 TINY_PRESETS = ("tiny", "tiny_moe")
@@ -62,6 +68,12 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     train_path: str = ""  # SFT: trajectories JSONL (osvl.rl); GRPO: prompts JSONL
+    # osvl: osvl JSONL; sharegpt: LLaMA-Factory ShareGPT JSON/JSONL (SearchVL-SFT-36k);
+    # verl_parquet: verl RL parquet (SearchVL-RL-8k); auto: .parquet -> verl_parquet, a JSON record
+    # with "conversations" -> sharegpt, anything else -> osvl
+    format: DataFormat = "auto"
+    image_root: str = ""  # sharegpt: directory the image paths are relative to; "" = the data file's directory
+    system_prompt: str = ""  # a text file with the system prompt the policy sees; "" = none (a ShareGPT record's own wins)
     tokenizer: str = ""  # tokenizer.json (or a directory holding one); "" = the pretrained checkpoint's
     max_tokens: int = 32768  # packed tokens per micro-batch (image tokens included)
     max_patches: int = 0  # vision patches per micro-batch; 0 = unbounded
@@ -70,6 +82,10 @@ class DataConfig:
     shuffle: bool = True
 
     def __post_init__(self) -> None:
+        if self.format not in DATA_FORMATS:
+            raise ValueError(f"format must be one of {list(DATA_FORMATS)}, got {self.format!r}")
+        if self.image_root and self.format not in ("auto", "sharegpt"):
+            raise ValueError(f"image_root applies to the sharegpt format only, got format={self.format!r}")
         _positive(self, "max_tokens", "min_pixels", "max_pixels")
         _non_negative(self, "max_patches")
         if self.min_pixels > self.max_pixels:
@@ -169,13 +185,16 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class ToolsConfig:
     backend: Literal["offline", "online"] = "offline"
-    profile: Literal["paper", "release"] = "paper"
+    profile: ToolProfileName = "paper"  # paper: osvl's tool schema; release: the released checkpoints' names/arguments
+    python_interpreter: bool = False  # register the sandboxed python_interpreter tool (off by default)
     world_dir: str = ""  # the embedded mini-world for the offline backend
     workers: int = 4
     call_deadline_s: float = 60.0
     fault_rate: float = 0.0  # injected tool faults (demo / tests)
 
     def __post_init__(self) -> None:
+        if self.profile not in TOOL_PROFILES:
+            raise ValueError(f"profile must be one of {list(TOOL_PROFILES)}, got {self.profile!r}")
         _positive(self, "workers", "call_deadline_s")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must lie in [0, 1], got {self.fault_rate}")
@@ -216,10 +235,11 @@ class MetricsConfig:
     log_every: int = 1
     tensorboard: bool = True
     console: bool = True
-    peak_tflops: float = 989.0  # dense bf16 per GPU for MFU (H100/H200 989, H20 148)
+    peak_tflops: float = 0.0  # dense bf16 per GPU for MFU (H100/H200 989, H20 148); 0 = detect, unknown = no MFU
 
     def __post_init__(self) -> None:
-        _positive(self, "log_every", "peak_tflops")
+        _positive(self, "log_every")
+        _non_negative(self, "peak_tflops")
 
 
 @dataclass(frozen=True)
@@ -256,6 +276,9 @@ class Recipe:
                     f"tp({self.parallel.tp}) != job.world_size({w})")
             if w % self.parallel.ep:
                 raise ValueError(f"parallel.ep: {self.parallel.ep} must divide job.world_size {w}")
+        if self.data.format not in STAGE_FORMATS[self.job.stage]:
+            raise ValueError(f"data.format: the {self.job.stage} stage reads {list(STAGE_FORMATS[self.job.stage])}, "
+                             f"got {self.data.format!r}")
         if self.job.stage == "sft" and w and self.sft.global_batch % self.data_parallel_size(w):
             raise ValueError(f"sft.global_batch {self.sft.global_batch} must be a multiple of the "
                              f"data-parallel size {self.data_parallel_size(w)}")

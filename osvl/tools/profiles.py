@@ -17,13 +17,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from osvl.rl.trajectory import ToolCall, ToolResult, ToolStatus
+from osvl.tools.cache import ToolCache
 from osvl.tools.catalog import builtin_specs
+from osvl.tools.environment import RawCall, ToolEnvironment, ToolRunner
 from osvl.tools.errors import CallParseError, ToolError
 from osvl.tools.limits import ToolLimits
+from osvl.tools.pool import Job
 from osvl.tools.python_interpreter import python_interpreter_spec
 from osvl.tools.registry import ToolRegistry, ToolSpec, parse_tool_call
 from osvl.tools.schema import check_arguments
 from osvl.tools.visit import visit_spec
+from osvl.tools.visual_context import VisualContext
 
 PROFILES = ("paper", "release")
 _IMAGE_REF = re.compile(r"img_([1-9][0-9]*)")
@@ -222,3 +226,24 @@ _INDEX_NOTE = re.compile(r"New images? at index ([0-9]+(?:, [0-9]+)*)\.")
 
 def tool_profile(name: str, limits: ToolLimits | None = None, python_interpreter: bool = False) -> ToolProfile:
     return ToolProfile(name, limits, python_interpreter)
+
+
+class ProfiledEnvironment(ToolEnvironment):
+    """A :class:`ToolEnvironment` that speaks a tool profile: calls are translated before osvl
+    validates them, and observations name new images the profile's way."""
+
+    def __init__(self, profile: ToolProfile, pool: ToolRunner, cache: ToolCache | None = None) -> None:
+        super().__init__(profile.registry, pool, cache)
+        self.profile = profile
+
+    def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> Job | ToolResult:
+        call = self.profile.prepare(raw)
+        if isinstance(call, ToolResult):
+            return call
+        return super().prepare(call, context, deadline_s)
+
+    async def execute(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> ToolResult:
+        return self.profile.present(await super().execute(raw, context, deadline_s))
+
+    def execute_sync(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> ToolResult:
+        return self.profile.present(super().execute_sync(raw, context, deadline_s))

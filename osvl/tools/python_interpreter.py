@@ -7,7 +7,13 @@ Off by default (a profile registers it only when asked). Two layers keep the cod
   an empty environment, a wall-clock deadline and a cap on the output read back;
 * an audit hook installed before the code runs (PEP 578) that ends the process on any socket,
   process creation, signal, rlimit change, interpreter introspection (frames, gc, ctypes), or file
-  access outside the working directory (reads are also allowed in the standard library).
+  access outside the working directory (reads are also allowed in the standard library and in the
+  allow-listed packages, :data:`SANDBOX_PACKAGES`).
+
+Importing a refused module (``ctypes`` ...) raises ``ImportError`` instead of ending the process:
+numpy imports ctypes optionally and works without it, while code that needs ctypes still fails.
+Allowed packages reach the child through a directory of symbolic links, so the rest of
+site-packages is neither importable nor readable.
 
 A violation exits with a reserved status; every failure, the policy's code or its escape
 attempts, ends as ``tool_error`` with a message the model can read. This is a guard against
@@ -17,6 +23,7 @@ namespaces or seccomp, which need privileges the tool worker may not have).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import signal
@@ -36,13 +43,14 @@ from osvl.tools.registry import ToolOutput, ToolSpec
 
 VIOLATION_EXIT = 97  # the audit hook's exit status; nothing else in the child uses it
 
-# Runs in the child before the model's code; receives the code on stdin and the readable roots
-# as arguments. Everything lives in one function so the model's globals cannot reach the hook.
+# Runs in the child before the model's code; receives the code on stdin, then as arguments the
+# limits, the import path and (after "--") further readable roots. Everything lives in one function so the model's globals cannot reach the hook.
 _BOOTSTRAP = r'''
 def _install():
     import posix, resource, sys
     cpu_s, memory, file_bytes = (int(v) for v in sys.argv[1:4])
-    roots = sys.argv[4:]
+    split = sys.argv.index("--")
+    roots, extra_roots = sys.argv[4:split], sys.argv[split + 1:]
     for kind, value in ((resource.RLIMIT_CPU, (cpu_s, cpu_s + 1)), (resource.RLIMIT_AS, (memory, memory)),
                         (resource.RLIMIT_FSIZE, (file_bytes, file_bytes)), (resource.RLIMIT_NPROC, (0, 0)),
                         (resource.RLIMIT_CORE, (0, 0))):
@@ -82,7 +90,7 @@ def _install():
         return "/" + "/".join(out)
 
     root = resolve(getcwd())
-    readable = tuple(resolve(p) for p in roots) + (root,)
+    readable = tuple(resolve(p) for p in roots + extra_roots) + (root,)
     sys.path[:] = list(roots)
     write_flags = posix.O_WRONLY | posix.O_RDWR | posix.O_CREAT | posix.O_APPEND | posix.O_TRUNC
     refused = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
@@ -118,7 +126,7 @@ def _install():
         if event.startswith("socket.") or event in refused:
             stop(event + " is not allowed")
         if event == "import" and args[0].split(".")[0] in blocked_modules:
-            stop("importing " + args[0] + " is not allowed")
+            raise ImportError("importing " + args[0] + " is not allowed in the sandbox")
         if event == "object.__setattr__" and args[1] in function_internals:
             stop("replacing " + args[1] + " is not allowed")
         if event == "open":
@@ -173,10 +181,33 @@ class SandboxRun:
     error: str | None
 
 
-def _readable_roots() -> list[str]:
-    """The standard library only: third-party packages (numpy) load ctypes, which is refused."""
+SANDBOX_PACKAGES = ("numpy",)  # third-party packages the code may import (numerics without I/O)
+
+
+def _stdlib_roots() -> list[str]:
     stdlib = os.path.dirname(os.__file__)
     return [stdlib, os.path.join(stdlib, "lib-dynload")]
+
+
+def _package_dirs(names: tuple[str, ...]) -> list[str]:
+    """Each package's directory, plus the ``NAME.libs`` folder where its wheel bundles shared libraries."""
+    dirs = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"sandbox package {name!r} is not installed as a package")
+        package = os.path.realpath(next(iter(spec.submodule_search_locations)))
+        dirs.append(package)
+        bundled = os.path.join(os.path.dirname(package), f"{name}.libs")
+        if os.path.isdir(bundled):
+            dirs.append(os.path.realpath(bundled))
+    return dirs
+
+
+def _link_packages(site: str, package_dirs: list[str]) -> None:
+    """A private site directory: links to the allowed packages only, so nothing else imports."""
+    for target in package_dirs:
+        os.symlink(target, os.path.join(site, os.path.basename(target)))
 
 
 def _drain(stream, cap: int, sink: list[bytes], overflow: threading.Event, on_overflow) -> None:
@@ -196,12 +227,15 @@ def run_sandboxed(code: str, limits: SandboxLimits = SandboxLimits()) -> Sandbox
         raise ValueError(f"code must be a str, got {type(code).__name__}")  # noqa: TRY004 (bad input is a ValueError throughout osvl)
     if len(code) > limits.max_code_chars:
         return SandboxRun("", "", None, f"the code is {len(code)} characters; the limit is {limits.max_code_chars}")
-    with tempfile.TemporaryDirectory(prefix="osvl-py-") as workdir:
+    packages = _package_dirs(SANDBOX_PACKAGES)
+    with tempfile.TemporaryDirectory(prefix="osvl-py-") as workdir, \
+            tempfile.TemporaryDirectory(prefix="osvl-py-site-") as site:
+        _link_packages(site, packages)
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LC_ALL": "C.UTF-8",
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         child = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, str(limits.cpu_s), str(limits.memory_bytes),
-             str(limits.file_bytes), *_readable_roots()],
+             str(limits.file_bytes), *_stdlib_roots(), site, "--", *packages],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, env=env,
             start_new_session=True, close_fds=True,
         )
@@ -278,7 +312,7 @@ def python_interpreter_spec(limits: SandboxLimits = SandboxLimits()) -> ToolSpec
     return ToolSpec(
         name="python_interpreter",
         description="Run Python 3 code in an isolated process without network or file system access "
-        "beyond a scratch directory; only the standard library is available. Only what the code "
+        "beyond a scratch directory; the standard library and numpy are available. Only what the code "
         "prints is returned.",
         parameters={
             "type": "object",

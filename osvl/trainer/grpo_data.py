@@ -3,6 +3,9 @@
 Every rank rolls out its own slice of the step's prompts (whole groups, so a group never spans
 ranks), then all ranks exchange the scored trajectories: advantages and batch statistics are
 computed over the whole step, and every rank plans the same token-balanced packing.
+
+Prompts come from osvl's prompts JSONL or a released verl-style parquet (``data.format``); rows
+the parquet reader rejects are counted and logged, never fatal.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from pathlib import Path
 
 import torch
 
+from osvl.config.recipe import DataConfig
 from osvl.data.chat import ChatRenderer
+from osvl.data.formats import FileStats, iter_rl_parquet
 from osvl.data.packing import (
     PackedBatch,
     PackingConfig,
@@ -26,16 +31,28 @@ from osvl.data.packing import (
 from osvl.rl.advantages import AdvantageBatch
 from osvl.rl.trajectory import Prompt, Trajectory
 from osvl.synth.records import read_prompts
-from osvl.trainer.sft_data import with_vision_filler
+from osvl.trainer.sft_data import (
+    as_data_config,
+    log_file_stats,
+    resolve_format,
+    with_vision_filler,
+)
 
 
-def load_prompts(path: str | Path) -> list[Prompt]:
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"data.train_path: {path} does not exist (the grpo stage reads RL prompts JSONL)")
-    prompts = list(read_prompts(path))
+def load_prompts(source: str | Path | DataConfig, stats: FileStats | None = None) -> list[Prompt]:
+    """The RL prompts of ``data.train_path``; ``stats`` collects a parquet file's counts."""
+    data = as_data_config(source)
+    fmt = resolve_format(data, "grpo")
+    path = Path(data.train_path)
+    if fmt == "verl_parquet":
+        stats = stats if stats is not None else FileStats(str(path))
+        prompts = list(iter_rl_parquet(path, stats))
+        log_file_stats(stats)
+    else:
+        prompts = list(read_prompts(path))
     if not prompts:
-        raise ValueError(f"data.train_path: {path} holds no prompts")
+        rejected = f" ({dict(stats.rejected)} rejected: {stats.examples})" if stats and stats.rejected else ""
+        raise ValueError(f"data.train_path: {path} holds no prompts{rejected}")
     missing = [p.id for p in prompts if not p.accepted_answers]
     if missing:
         raise ValueError(f"data.train_path: prompts without a reference answer cannot be scored: {missing[:3]}")

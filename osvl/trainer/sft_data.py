@@ -3,21 +3,38 @@
 Synthesised SFT trajectories carry text, not engine ids: each step is tokenized once here
 (generation + ``<|im_end|>``, so the model learns to stop). Every rank renders the whole set and
 plans the same packing, so the global loss normaliser needs no collective.
+
+``data.format`` picks the reader: osvl JSONL, or the released LLaMA-Factory ShareGPT files, whose
+records are rendered with their own system prompt and tool schema (what the released checkpoints
+were trained on). Records a reader rejects are counted and logged, never fatal.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from osvl.config.recipe import STAGE_FORMATS, DataConfig
 from osvl.data.chat import ChatRenderer
+from osvl.data.formats import FileStats, SFTRecord, detect_format, iter_sharegpt
 from osvl.data.image import ImageConfig
 from osvl.data.mrope import mrope_position_ids
-from osvl.data.packing import PackedBatch, PackingConfig, TrainSequence, pack_rank, plan_packing, train_sequence
+from osvl.data.packing import (
+    PackedBatch,
+    PackingConfig,
+    TrainSequence,
+    pack_rank,
+    plan_packing,
+    train_sequence,
+)
 from osvl.data.tokenizer import SpecialTokens, Tokenizer
 from osvl.rl.trajectory import Trajectory, read_jsonl
 
@@ -35,14 +52,78 @@ def tokenize_steps(trajectory: Trajectory, tokenizer: Tokenizer) -> Trajectory:
     return dataclasses.replace(trajectory, steps=steps)
 
 
-def load_sft_sequences(path: str | Path, renderer: ChatRenderer) -> list[TrainSequence]:
-    path = Path(path)
+log = logging.getLogger(__name__)
+
+
+def as_data_config(source: str | Path | DataConfig) -> DataConfig:
+    """A bare path is ``data.train_path`` with every other data key at its default (format auto)."""
+    return source if isinstance(source, DataConfig) else DataConfig(train_path=str(source))
+
+
+def resolve_format(data: DataConfig, stage: str) -> str:
+    """The reader ``data.train_path`` needs: the recipe's choice, or the detected one for ``auto``."""
+    path = Path(data.train_path)
     if not path.is_file():
         raise ValueError(f"data.train_path: {path} does not exist")
-    sequences = [train_sequence(tokenize_steps(t, renderer.tokenizer), renderer, reward=0.0)
-                 for t in read_jsonl(path)]
+    fmt = detect_format(path) if data.format == "auto" else data.format
+    if fmt not in STAGE_FORMATS[stage]:
+        raise ValueError(f"data.train_path: {path} is {fmt} data, which the {stage} stage does not read "
+                         f"(it reads {[f for f in STAGE_FORMATS[stage] if f != 'auto']})")
+    return fmt
+
+
+def read_system_prompt(path: str) -> str:
+    """``data.system_prompt``: the file's text; ``""`` for no file."""
+    if not path:
+        return ""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"data.system_prompt: {file} does not exist")
+    text = file.read_text(encoding="utf-8").strip()
+    if not text:
+        raise ValueError(f"data.system_prompt: {file} is empty")
+    return text
+
+
+def log_file_stats(stats: FileStats) -> None:
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    log.info("read %s", json.dumps(stats.summary()))
+    if stats.rejected:
+        log.warning("%s: skipped %d record(s): %s", stats.path, sum(stats.rejected.values()),
+                    json.dumps(stats.examples))
+
+
+def _record_renderers(records: Iterator[SFTRecord], renderer: ChatRenderer,
+                      fallback_system: str) -> Iterator[tuple[Trajectory, ChatRenderer]]:
+    """Each record with a renderer for its own system prompt and tools (one per distinct pair)."""
+    renderers: dict[str, ChatRenderer] = {}
+    for record in records:
+        system = record.system or fallback_system
+        key = json.dumps([system, record.tools], sort_keys=True)
+        if key not in renderers:
+            renderers[key] = ChatRenderer(renderer.tokenizer, renderer.image_config, record.tools, system)
+        yield record.trajectory, renderers[key]
+
+
+def load_sft_sequences(source: str | Path | DataConfig, renderer: ChatRenderer,
+                       stats: FileStats | None = None) -> list[TrainSequence]:
+    """Every training sequence of ``data.train_path``; ``stats`` collects a ShareGPT file's counts."""
+    data = as_data_config(source)
+    fmt = resolve_format(data, "sft")
+    path = Path(data.train_path)
+    if fmt == "osvl":
+        pairs = ((t, renderer) for t in read_jsonl(path))
+    else:
+        stats = stats if stats is not None else FileStats(str(path))
+        records = iter_sharegpt(path, stats, image_root=data.image_root or None)
+        pairs = _record_renderers(records, renderer, read_system_prompt(data.system_prompt))
+    sequences = [train_sequence(tokenize_steps(t, r.tokenizer), r, reward=0.0) for t, r in pairs]
+    if stats is not None:
+        log_file_stats(stats)
     if not sequences:
-        raise ValueError(f"data.train_path: {path} holds no trajectories")
+        rejected = f" ({dict(stats.rejected)} rejected: {stats.examples})" if stats and stats.rejected else ""
+        raise ValueError(f"data.train_path: {path} holds no usable trajectories{rejected}")
     return sequences
 
 

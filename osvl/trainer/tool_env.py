@@ -1,5 +1,11 @@
-"""The GRPO stage's tool environment: the offline world backends in a spawned worker pool, with
-optional injected faults so the demo and tests exercise fatal masking and the one-sided clamp."""
+"""The stages' tool protocol: the offline world backends in a spawned worker pool, spoken in the
+recipe's tool profile, and the prompt that shows the policy that profile's schema.
+
+``tools.profile = "release"`` is what the released OpenSearch-VL checkpoints were trained with:
+their tool names and arguments in the system turn, their calls translated onto osvl's tools, and
+tool images named ``img_N`` in observations. Optional injected faults let the demo and tests
+exercise fatal masking and the one-sided clamp.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,11 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from osvl.config.recipe import Recipe
+from osvl.data.chat import ChatRenderer
+from osvl.data.formats import checkpoint_image_config
+from osvl.data.image import ImageConfig
+from osvl.data.tokenizer import Tokenizer
+from osvl.model import Qwen3VLConfig
 from osvl.rl.trajectory import ToolResult, ToolStatus
 from osvl.tools import (
     ImageSearchConfig,
@@ -18,9 +29,13 @@ from osvl.tools import (
     ToolEnvironment,
     ToolPool,
     ToolsConfig,
-    default_registry,
 )
+from osvl.tools.cache import ToolCache
 from osvl.tools.environment import ToolRunner
+from osvl.tools.limits import ToolLimits
+from osvl.tools.profiles import ProfiledEnvironment, ToolProfile, tool_profile
+from osvl.trainer.policy import image_config
+from osvl.trainer.sft_data import read_system_prompt
 
 INJECTED = "injected fault"
 
@@ -64,12 +79,49 @@ def world_tools_config(world_dir: str | Path) -> ToolsConfig:
                        image_search=ImageSearchConfig(collection_path=str(collection)))
 
 
+def recipe_profile(recipe: Recipe, limits: ToolLimits | None = None) -> ToolProfile:
+    return tool_profile(recipe.tools.profile, limits, python_interpreter=recipe.tools.python_interpreter)
+
+
+def stage_image_config(recipe: Recipe, arch: Qwen3VLConfig) -> ImageConfig:
+    """A checkpoint directory's ``preprocessor_config.json`` when the recipe names no tokenizer of
+    its own (the directory is the whole released model), else the recipe's pixel budget."""
+    fallback = image_config(arch, recipe)
+    if not recipe.model.pretrained or recipe.data.tokenizer:
+        return fallback
+    shipped = checkpoint_image_config(recipe.model.pretrained)
+    if shipped is None:
+        return fallback
+    v = arch.vision
+    expected = (v.patch_size, v.temporal_patch_size, v.spatial_merge_size)
+    found = (shipped.patch_size, shipped.temporal_patch_size, shipped.merge_size)
+    if found != expected:
+        raise ValueError(f"model.pretrained: preprocessor_config.json patches images as (patch, temporal, merge) "
+                         f"= {found} but the vision tower in config.json expects {expected}")
+    return shipped
+
+
+def stage_renderer(recipe: Recipe, tokenizer: Tokenizer, arch: Qwen3VLConfig) -> ChatRenderer:
+    """The prompt both stages render: ``data.system_prompt`` and, for the release profile, the
+    release tool schema. The paper profile shows no schema, as osvl's own SFT data has none."""
+    tools = recipe_profile(recipe).tool_schemas() if recipe.tools.profile == "release" else ()
+    return ChatRenderer(tokenizer, stage_image_config(recipe, arch), tools,
+                        read_system_prompt(recipe.data.system_prompt))
+
+
+def profile_environment(profile: ToolProfile, pool: ToolRunner, cache: ToolCache | None = None) -> ToolEnvironment:
+    """osvl's own protocol runs as is; another profile is translated on the way in and out."""
+    if profile.name == "paper":
+        return ToolEnvironment(profile.registry, pool, cache)
+    return ProfiledEnvironment(profile, pool, cache)
+
+
 EnvironmentFactory = Callable[[Recipe, int], AbstractContextManager[ToolEnvironment]]
 
 
 @contextmanager
 def world_environment(recipe: Recipe, rank: int) -> Iterator[ToolEnvironment]:
-    """This rank's tool pool over the recipe's world, faults injected at ``tools.fault_rate``."""
+    """This rank's tool pool over the recipe's world in ``tools.profile``, faults injected at ``tools.fault_rate``."""
     if recipe.tools.backend != "offline":
         raise ValueError("tools.backend: the grpo stage runs the offline world backends; online tools "
                          "are served by osvl.tools.server and not wired into the trainer yet")
@@ -77,7 +129,7 @@ def world_environment(recipe: Recipe, rank: int) -> Iterator[ToolEnvironment]:
         raise ValueError("tools.world_dir must name a world directory for the offline backends")
     config = world_tools_config(recipe.tools.world_dir)
     with ToolPool(config, PoolConfig(num_workers=recipe.tools.workers)) as pool:
-        yield with_faults(ToolEnvironment(default_registry(config.limits), pool), recipe, rank)
+        yield with_faults(profile_environment(recipe_profile(recipe, config.limits), pool), recipe, rank)
 
 
 def with_faults(env: ToolEnvironment, recipe: Recipe, rank: int) -> ToolEnvironment:
@@ -85,4 +137,6 @@ def with_faults(env: ToolEnvironment, recipe: Recipe, rank: int) -> ToolEnvironm
     if recipe.tools.fault_rate == 0.0:
         return env
     runner = FaultInjectingRunner(env.pool, recipe.tools.fault_rate, seed=recipe.job.seed * 1009 + rank)
+    if isinstance(env, ProfiledEnvironment):
+        return ProfiledEnvironment(env.profile, runner, env.cache)
     return ToolEnvironment(env.registry, runner, env.cache)

@@ -1,3 +1,4 @@
+import asyncio
 import json
 
 import numpy as np
@@ -8,10 +9,12 @@ from osvl.tools import ToolsConfig
 from osvl.tools.errors import CallParseError, ToolError
 from osvl.tools.profiles import (
     RELEASE_TOOLS,
+    ProfiledEnvironment,
     image_index,
     tool_profile,
     translate_release_call,
 )
+from osvl.tools.visual_context import VisualContext
 from osvl.tools.worker import run_job
 
 
@@ -123,3 +126,32 @@ def test_image_index_and_unknown_profile():
         tool_profile("llama")
     with pytest.raises(CallParseError):
         translate_release_call(RELEASE_TOOLS[0], {"image": "img_1"})
+
+
+class RecordingRunner:
+    """Stands in for the worker pool: records the job, answers with one new image."""
+
+    def __init__(self) -> None:
+        self.jobs: list = []
+
+    def call(self, job):
+        self.jobs.append(job)
+        return ToolResult(status=ToolStatus.OK, tool=job.tool, text="done", images=[np.zeros((4, 4, 3), np.uint8)])
+
+    async def acall(self, job):
+        return self.call(job)
+
+
+@pytest.mark.parametrize("run", ["sync", "async"])
+def test_profiled_environment_translates_in_and_presents_out(run):
+    runner = RecordingRunner()
+    env = ProfiledEnvironment(tool_profile("release"), runner)
+    context = VisualContext([np.zeros((8, 8, 3), np.uint8)], env.registry.limits)
+    call = {"name": "crop", "parameters": {"image": "img_1", "x": 1, "y": 2, "width": 3, "height": 4}}
+    result = env.execute_sync(call, context) if run == "sync" else asyncio.run(env.execute(call, context))
+    (job,) = runner.jobs
+    assert job.tool == "crop" and job.arguments["boxes"] == [[1, 2, 4, 6]] and len(job.images) == 1
+    assert result.ok and result.text == "done\nNew image ID: img_2." and len(context) == 2
+    refused = env.execute_sync({"name": "ocr", "arguments": {"image": 0}}, context)  # a paper name
+    assert refused.status is ToolStatus.PARSE_ERROR and "unknown tool 'ocr'" in refused.error
+    assert len(runner.jobs) == 1  # a refused call never reaches the pool

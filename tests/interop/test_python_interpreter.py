@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -23,6 +24,29 @@ def run_tool(code: str):
 def test_prints_come_back_ok():
     status, text, images, error = run_tool("import math\nprint(math.factorial(10))")
     assert (status, text.strip(), images, error) == (ToolStatus.OK, "3628800", [], None)
+
+
+def test_numpy_computation_returns_the_right_output():
+    code = ("import json\nimport numpy as np\nA = np.array([[4.0, 1.0], [2.0, 3.0]])\n"
+            "print(json.dumps({'x': np.linalg.solve(A, np.array([1.0, 2.0])).tolist(), "
+            "'prod': int(np.arange(1, 11).prod())}))")
+    status, text, _, error = run_tool(code)
+    assert status is ToolStatus.OK and error is None, error
+    out = json.loads(text)
+    assert out["x"] == pytest.approx([0.1, 0.6], abs=1e-12)  # 4x + y = 1, 2x + 3y = 2
+    assert out["prod"] == 3628800
+
+
+@pytest.mark.parametrize("code, fragment", [
+    (f"import numpy as np\nnp.save('{OUTSIDE}', np.zeros(3))", "outside the working directory"),
+    ("import numpy as np\nprint(np.fromfile('/etc/hostname', dtype=np.uint8))", "reading '/etc/hostname'"),
+    ("import numpy.ctypeslib\nimport ctypes", "ctypes is not allowed"),
+    ("import torch", "No module named 'torch'"),  # the rest of site-packages stays out of reach
+])
+def test_numpy_does_not_widen_the_sandbox(code, fragment):
+    run = run_sandboxed(code, SandboxLimits(cpu_s=2, wall_s=5.0))
+    assert run.error is not None and fragment in run.error, run
+    assert not OUTSIDE.exists() and not Path(f"{OUTSIDE}.npy").exists()
 
 
 def test_files_inside_the_scratch_directory_work_and_vanish():

@@ -1,5 +1,7 @@
 """Readers for outside datasets: the released SearchVL SFT (ShareGPT) and RL (parquet) files."""
 
+from osvl.data.formats.detect import detect_format
+from osvl.data.formats.processor import PREPROCESSOR_FILE, checkpoint_image_config
 from osvl.data.formats.records import (
     FileStats,
     Rejected,
@@ -16,6 +18,18 @@ from osvl.data.formats.sharegpt import (
 )
 
 __all__ = [
-    "FileStats", "Rejected", "SFTRecord", "ShareGPTColumns", "decode_image_bytes", "iter_rl_parquet",
-    "iter_sharegpt", "load_image_file", "rl_prompt", "sharegpt_record", "tokenize_steps",
+    "PREPROCESSOR_FILE",
+    "FileStats",
+    "Rejected",
+    "SFTRecord",
+    "ShareGPTColumns",
+    "checkpoint_image_config",
+    "decode_image_bytes",
+    "detect_format",
+    "iter_rl_parquet",
+    "iter_sharegpt",
+    "load_image_file",
+    "rl_prompt",
+    "sharegpt_record",
+    "tokenize_steps",
 ]
