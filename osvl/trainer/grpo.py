@@ -11,8 +11,8 @@ After the step's optimizer updates, the FSDP2 shards are gathered into every eng
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
-import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,22 +45,42 @@ from osvl.rollout import (
     RolloutMetrics,
     RolloutRecorder,
     SamplingParams,
+    derive_seed,
     stream_groups,
 )
 from osvl.rollout import RolloutConfig as WorkerConfig
-from osvl.trainer.checkpoint import finish_stage, latest_checkpoint, load_checkpoint, save_checkpoint
+from osvl.tools import ToolEnvironment
+from osvl.trainer.checkpoint import (
+    finish_stage,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from osvl.trainer.flops import (
+    device_name,
+    generation_flops,
+    mfu,
+    packed_batch_flops,
+    resolve_peak_tflops,
+    trajectory_turns,
+)
 from osvl.trainer.grpo_data import (
     load_prompts,
     rank_minibatch,
     rank_share,
     training_sequences,
 )
-from osvl.trainer.metrics import MetricsWriter
+from osvl.trainer.metrics import MetricsWriter, peak_memory_gib
 from osvl.trainer.optim import build_optimizer, build_scheduler
-from osvl.trainer.policy import build_policy, image_config, lm_head_weight, policy_arch
+from osvl.trainer.policy import build_policy, lm_head_weight, policy_arch
 from osvl.trainer.sft import StageResult
 from osvl.trainer.sft_data import SFTStream
-from osvl.trainer.tool_env import EnvironmentFactory, world_environment
+from osvl.trainer.tool_env import (
+    EnvironmentFactory,
+    FaultInjectingRunner,
+    stage_renderer,
+    world_environment,
+)
 
 EngineWrapper = Callable[[LocalEngine], Engine]  # tests script the policy through a ReplayEngine
 
@@ -123,16 +143,31 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def step_faults(env: ToolEnvironment, seed: int, step: int, rank: int) -> ToolEnvironment:
+    """Fault draws seeded by (job seed, step, rank) instead of one stream over the run, so a resumed
+    run injects the same faults without checkpointing the injector. Within a step the draws follow
+    tool-call completion order, which is reproducible only with one trajectory in flight."""
+    if not isinstance(env.pool, FaultInjectingRunner):
+        return env
+    stepped = copy.copy(env)  # keeps the environment's class (a tool profile translates calls)
+    stepped.pool = FaultInjectingRunner(env.pool.runner, env.pool.rate,
+                                        seed=derive_seed(step, f"tool-faults/{rank}", 0, seed))
+    return stepped
+
+
+def _rollout_flops(trajectories: list[Trajectory], renderer: ChatRenderer, arch) -> float:
+    """Engine FLOPs of this rank's rollouts (text decoder; the engine re-prefills every turn)."""
+    turns = []
+    for t in trajectories:
+        prompt_tokens = len(renderer.render_prompt(t.prompt).ids)
+        turns += trajectory_turns(prompt_tokens, [(len(s.token_ids), len(s.observation_token_ids)) for s in t.steps])
+    return generation_flops(arch.text, turns)
+
+
 def sync_weights(model, engine: LocalEngine, version: int) -> None:
     """Collective: gathers the full (unsharded) weights on every rank into its engine."""
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     engine.load_weights({k: v.detach() for k, v in full.items()}, version)
-
-
-def _peak_memory_gib() -> float:
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
 def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int | None = None, *,
@@ -145,8 +180,8 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
     run_dir = Path(recipe.job.run_dir)
     tokenizer = load_tokenizer(recipe.data.tokenizer or recipe.model.pretrained)
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
-    renderer = ChatRenderer(tokenizer, image_config(arch, recipe))  # as in SFT: the policy learned this prompt
-    prompts = load_prompts(recipe.data.train_path)
+    renderer = stage_renderer(recipe, tokenizer, arch)  # as in SFT: the policy learned this prompt
+    prompts = load_prompts(recipe.data)
     if g.batch_prompts > len(prompts):
         raise ValueError(f"grpo.batch_prompts {g.batch_prompts} exceeds the {len(prompts)} RL prompts")
     stream = SFTStream(len(prompts), g.batch_prompts, recipe.job.seed, recipe.data.shuffle)
@@ -176,6 +211,8 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
     judges = ExactMatchAccuracyJudge(), HeuristicQueryJudge()
     reward_config = RewardConfig(alpha=recipe.judges.alpha, fatal=FatalConfig(k=g.fatal_k))
     advantage_config = AdvantageConfig(mode=g.fatal_mode, estimator=g.estimator)
+    peak = resolve_peak_tflops(recipe.metrics.peak_tflops, device_name())
+    train_vision = not recipe.model.freeze_vision
 
     def save(at: int) -> None:
         save_checkpoint(ckpt_root, at, model, optimizer, {"scheduler": scheduler.state_dict(),
@@ -189,7 +226,8 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
             batch = stream.next_batch()
             mine = [(gid, prompts[i]) for gid, i in rank_share(batch, dp_size, dp_rank)]
             local.model.eval()
-            rolled, rollout_metrics = _rollout(mine, engine, env, renderer, recipe, step)
+            rolled, rollout_metrics = _rollout(mine, engine, step_faults(env, recipe.job.seed, step, rank), renderer,
+                                               recipe, step)
             t1 = time.perf_counter()
             scored = _gather(score_batch(rolled, *judges, reward_config))
             advantages = trajectory_advantages(scored, advantage_config)
@@ -199,7 +237,8 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
 
             model.train()
             totals = dict.fromkeys(("loss", "tokens", "valid", "valid_first", "clip", "entropy", "kl_old",
-                                    "lp_diff", "grad_norm"), 0.0)
+                                    "lp_diff", "grad_norm", "train_flops", "rollout_flops"), 0.0)
+            totals["rollout_flops"] = _rollout_flops(rolled, renderer, arch)
             padding = []
             for m in range(minis):
                 members = [s for s in sequences if s.group_id // g.mini_batch_prompts == m]
@@ -218,6 +257,7 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
                         max_response_len=g.max_response_tokens, chunk_size=g.loss_chunk,
                         backend="auto" if hidden.is_cuda else "torch")  # Triton on CPU is the test interpreter
                     out.loss.backward()
+                    totals["train_flops"] += packed_batch_flops(arch, b, train_vision)
                     n = out.metrics["num_valid_tokens"].double()
                     delta = (out.logprobs - b.old_logprobs)[out.logprobs != 0]  # approx. KL(behaviour || policy)
                     totals["loss"] += float(out.loss.detach())
@@ -260,8 +300,12 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
                 "turns_mean": rollout_metrics.summary()["turns_mean"],
                 "time_rollout_s": t1 - t0, "time_tools_s": tool_s, "time_scoring_s": t2 - t1,
                 "time_train_s": t3 - t2, "time_sync_s": t4 - t3, "step_time_s": t4 - t0,
-                "memory_peak_gib": _peak_memory_gib(),
+                "memory_peak_gib": peak_memory_gib(),
+                "model_tflops": summed["train_flops"] / 1e12, "rollout_tflops": summed["rollout_flops"] / 1e12,
             }
+            utilisation = mfu(summed["train_flops"] + summed["rollout_flops"], t4 - t0, world_size, peak)
+            if utilisation is not None:
+                record["mfu"] = utilisation
             final_loss = record["loss"]
             if step % recipe.metrics.log_every == 0 or step == end:
                 metrics.log(step, total, record)

@@ -7,9 +7,19 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import sys
 from pathlib import Path
 from typing import Any, TextIO
+
+import torch
+
+
+def peak_memory_gib() -> float:
+    """Peak CUDA allocation, or this process's peak resident set on CPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
 def progress_line(step: int, total: int, values: dict[str, float], width: int = 20) -> str:

@@ -12,15 +12,21 @@ from torchtitan.distributed.utils import clip_grad_norm_
 
 from osvl.config.loader import recipe_to_dict
 from osvl.config.recipe import Recipe
-from osvl.data.chat import ChatRenderer
 from osvl.data.packing import PackedBatch
 from osvl.data.tokenizer import load_tokenizer
-from osvl.trainer.checkpoint import finish_stage, latest_checkpoint, load_checkpoint, save_checkpoint
+from osvl.trainer.checkpoint import (
+    finish_stage,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from osvl.trainer.flops import device_name, mfu, packed_batch_flops, resolve_peak_tflops
 from osvl.trainer.loss import sft_loss
-from osvl.trainer.metrics import MetricsWriter
+from osvl.trainer.metrics import MetricsWriter, peak_memory_gib
 from osvl.trainer.optim import build_optimizer, build_scheduler
-from osvl.trainer.policy import build_policy, image_config, lm_head_weight, policy_arch
+from osvl.trainer.policy import build_policy, lm_head_weight, policy_arch
 from osvl.trainer.sft_data import SFTStream, load_sft_sequences, rank_microbatches
+from osvl.trainer.tool_env import stage_renderer
 
 
 @dataclass(frozen=True)
@@ -48,8 +54,8 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
     run_dir = Path(recipe.job.run_dir)
     tokenizer = load_tokenizer(recipe.data.tokenizer or recipe.model.pretrained)
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
-    renderer = ChatRenderer(tokenizer, image_config(arch, recipe))
-    sequences = load_sft_sequences(recipe.data.train_path, renderer)
+    renderer = stage_renderer(recipe, tokenizer, arch)
+    sequences = load_sft_sequences(recipe.data, renderer)
     stream = SFTStream(len(sequences), recipe.sft.global_batch, recipe.job.seed, recipe.data.shuffle)
     total = recipe.sft.max_steps or recipe.sft.epochs * stream.steps_per_epoch
     dp_size = recipe.data_parallel_size(world_size)
@@ -69,6 +75,8 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
         step = resumed = state["step"]
     metrics = MetricsWriter(run_dir, enabled=rank == 0, tensorboard=recipe.metrics.tensorboard,
                             console=recipe.metrics.console, header=recipe_to_dict(recipe))
+    peak = resolve_peak_tflops(recipe.metrics.peak_tflops, device_name())
+    train_vision = not recipe.model.freeze_vision
 
     def save(at: int) -> None:
         save_checkpoint(ckpt_root, at, model, optimizer,
@@ -81,26 +89,35 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
         start = time.perf_counter()
         batches, valid_tokens, padding = rank_microbatches(
             sequences, stream.next_batch(), recipe.data.max_tokens, dp_size, dp_rank, renderer)
+        t_data = time.perf_counter()
         model.train()
         loss = torch.zeros(())
         for batch in batches:
             micro = _forward_loss(model, batch, max(valid_tokens, 1), recipe.sft.loss_chunk)
             micro.backward()
             loss += micro.detach()
+        t_backward = time.perf_counter()
         grad_norm = clip_grad_norm_(params, recipe.optimizer.grad_clip or float("inf"))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        t_optimizer = time.perf_counter()
         step += 1
-        tokens = _all_sum(torch.tensor([sum(b.num_tokens for b in batches)], dtype=torch.float64))
+        flops = sum(packed_batch_flops(arch, b, train_vision) for b in batches)
+        tokens, flops = _all_sum(torch.tensor([sum(b.num_tokens for b in batches), flops], dtype=torch.float64)).tolist()
         loss_value = float(_all_sum(loss) / max(recipe.parallel.tp, 1))
         elapsed = time.perf_counter() - start
         if step % recipe.metrics.log_every == 0 or step == end:
-            metrics.log(step, total, {"loss": loss_value, "grad_norm": float(grad_norm), "lr": lr,
-                                      "tokens_per_s": float(tokens[0]) / elapsed, "padding_frac": padding,
-                                      "valid_tokens": valid_tokens, "step_time_s": elapsed,
-                                      "epoch": stream.cursor.epoch})
+            record = {"loss": loss_value, "grad_norm": float(grad_norm), "lr": lr, "tokens_per_s": tokens / elapsed,
+                      "padding_frac": padding, "valid_tokens": valid_tokens, "step_time_s": elapsed,
+                      "epoch": stream.cursor.epoch, "model_tflops": flops / 1e12, "time_data_s": t_data - start,
+                      "time_forward_backward_s": t_backward - t_data, "time_optimizer_s": t_optimizer - t_backward,
+                      "memory_peak_gib": peak_memory_gib()}
+            utilisation = mfu(flops, elapsed, world_size, peak)
+            if utilisation is not None:
+                record["mfu"] = utilisation
+            metrics.log(step, total, record)
         if recipe.checkpoint.every_steps and step % recipe.checkpoint.every_steps == 0:
             save(step)
     finish_stage(save, step, resumed, total, recipe, model, tokenizer, run_dir)

@@ -8,7 +8,15 @@ from pathlib import Path
 import numpy as np
 
 from osvl.data.tokenizer import train_bpe_tokenizer
-from osvl.rl.trajectory import FinishReason, Prompt, Step, ToolCall, ToolResult, Trajectory, append_jsonl
+from osvl.rl.trajectory import (
+    FinishReason,
+    Prompt,
+    Step,
+    ToolCall,
+    ToolResult,
+    Trajectory,
+    append_jsonl,
+)
 
 CITIES = ["Inverness", "Oslo", "Lyon", "Porto", "Graz", "Turku", "Gent", "Bergen"]
 YEARS = ["1982", "1875", "1931", "1904", "1967", "1899", "1950", "1923"]

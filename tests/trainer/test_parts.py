@@ -4,10 +4,10 @@ stream and its cursor, the vision filler, metrics files, and ``--dry-run`` of a 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,7 +18,13 @@ from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import load_tokenizer
 from osvl.train import dry_run, main
 from osvl.trainer import MetricsWriter, lr_factor, progress_line, read_metrics, sft_loss
-from osvl.trainer.sft_data import SFTStream, load_sft_sequences, rank_microbatches, tokenize_steps, with_vision_filler
+from osvl.trainer.sft_data import (
+    SFTStream,
+    load_sft_sequences,
+    rank_microbatches,
+    tokenize_steps,
+    with_vision_filler,
+)
 from tests.trainer.fixtures import trajectory, write_sft_data
 
 
@@ -72,7 +78,7 @@ def test_lr_schedule_warmup_then_cosine():
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
     assert factors[10] == pytest.approx(1.0)
     assert factors[55] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
-    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))
+    assert all(a >= b for a, b in itertools.pairwise(factors[10:]))
     assert lr_factor(0, 10, SchedulerConfig(kind="constant", warmup_ratio=0.0)) == 1.0
     with pytest.raises(ValueError, match="total_steps must be >= 1"):
         lr_factor(0, 0, config)
