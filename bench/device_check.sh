@@ -2,7 +2,7 @@
 # The one script a session with a lent GPU runs: environment, GPU correctness, kernel
 # benchmarks at issue 2's target shape, and the trainer's dry run of the paper's MoE recipe.
 #
-#   bash bench/device_check.sh            # on the GPU machine (about 9 minutes at most)
+#   bash bench/device_check.sh            # on the GPU machine (stage limits sum to 15 minutes)
 #   bash bench/device_check.sh --smoke    # tiny shapes, any machine (tests/bench runs this)
 #
 # Everything goes to $OUT if set, else bench/results/: the benchmark JSON, one log per stage
@@ -94,6 +94,14 @@ if [ "$SMOKE" -eq 1 ]; then
     --name device_check_smoke --out-dir "$OUT_DIR"
 else
   stage bench_grpo_loss 270 "$PY" bench/kernels/bench_grpo_loss.py --out-dir "$OUT_DIR"
+fi
+
+# --- 4b. fused-linear peak memory vs Liger at the real shape (max_memory_allocated) + dW error ---
+if [ "$SMOKE" -eq 1 ]; then
+  stage bench_linear_memory 120 "$PY" bench/kernels/bench_linear_memory.py --scale 128 --numerics-tokens 256 \
+    --name device_check_linear_memory_smoke --out-dir "$OUT_DIR"
+else
+  stage bench_linear_memory 120 "$PY" bench/kernels/bench_linear_memory.py --out-dir "$OUT_DIR"
 fi
 
 # --- 5. trainer ----------------------------------------------------------------------------

@@ -28,6 +28,7 @@ class CaseOptions:
     liger_compiled: bool = True  # LigerFusedLinearGRPOLoss(compiled=...) (its default)
     liger_chunk_size: int = 1  # LigerFusedLinearGRPOLoss(chunk_size=...): sequences per chunk (its default)
     compile_backend: str = "inductor"  # torch.compile(backend=...) of the torch_compile case
+    osvl_fp32_weight_grad: bool = False  # linear_grpo_loss(grad_weight_accum_dtype=torch.float32)
 
 
 @dataclass
@@ -97,7 +98,10 @@ def osvl_linear_grpo_loss(workload: Workload, options: CaseOptions) -> Case:
         raise Unavailable(f"osvl_kernels.linear_grpo_loss not importable ({error})") from error
     hidden = workload.hidden.clone().requires_grad_()
     weight = workload.weight.clone().requires_grad_()
-    extra = supported_kwargs(linear_grpo_loss, backend=options.osvl_backend, validate=False)
+    accum = torch.float32 if options.osvl_fp32_weight_grad else None
+    extra = supported_kwargs(
+        linear_grpo_loss, backend=options.osvl_backend, validate=False, grad_weight_accum_dtype=accum
+    )
 
     def step() -> torch.Tensor:
         out = linear_grpo_loss(

@@ -6,6 +6,10 @@ CPU: wall-clock around each step; peak = the process's resident-set high-water m
 during one step minus the resident set before it, measured in a fresh subprocess per case
 (`rss_probe.py`) with glibc's mmap threshold pinned so freed tensors go back to the OS
 instead of hiding in malloc arenas. tracemalloc does not see torch's allocations.
+CPU, allocator level (`cpu_allocated_peak_bytes`): torch's CPU allocator reports every
+allocation and free to the profiler while memory profiling is on; the running sum of those
+events over one step is the CPU analogue of max_memory_allocated - memory_allocated (frees of
+tensors allocated before the step are not reported, so the inputs stay the baseline).
 """
 
 from __future__ import annotations
@@ -68,6 +72,25 @@ def cuda_peak_extra_bytes(case: Case) -> int:
     case.step()
     torch.cuda.synchronize()
     return torch.cuda.max_memory_allocated() - base
+
+
+def cpu_allocated_peak_bytes(case: Case) -> int:
+    """Run one (already warmed-up) step; peak of torch CPU bytes allocated during it and still live."""
+    from torch.profiler import ProfilerActivity, profile
+
+    case.reset()
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        case.step()
+    cpu = torch._C._autograd.DeviceType.CPU
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() == cpu]
+    if not events:
+        raise RuntimeError("the profiler reported no CPU memory events (profile_memory unsupported?)")
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
 
 
 def _proc_status_bytes(field: str) -> int:

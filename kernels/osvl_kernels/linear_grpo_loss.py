@@ -6,9 +6,13 @@ grad_weight += dlogits_c.T @ hidden_c. All three GEMMs run in the forward call, 
 costs 6·T·H·V FLOPs and backward only scales the stored gradients: fused-linear losses that
 recompute the lm_head GEMM in backward pay 8·T·H·V.
 
-Peak extra memory: one [chunk, V_local] logits buffer (input dtype, <= LINEAR_CHUNK_BYTES by
-default), the token pass's own bounded temporaries, the [T, H] hidden gradient and the fp32
-[V_local, H] weight-gradient accumulator (cast to the weight dtype at the end).
+Peak extra memory is the two gradients every implementation must return plus one chunk:
+[T, H] grad_hidden + [V_local, H] grad_weight (both in the input dtype) + one [chunk, V_local]
+logits buffer, which the default chunk keeps <= 1/LOGITS_PER_WEIGHT of the weight's bytes
+(so <= 1/8 of grad_weight), plus the token pass's per-token vectors. Half-precision weights
+accumulate grad_weight in their own dtype: each chunk's GEMM sums in fp32 and rounds once into
+the accumulator, one rounding per chunk instead of one at the end (`grad_weight_accum_dtype=
+torch.float32` restores the fp32 accumulator at 2 extra bytes per weight element).
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ from osvl_kernels.inputs import LossHyper, _check_1d, plan_grpo_loss
 from osvl_kernels.token_pass import TokenPassResult, resolve_backend, token_pass
 from osvl_kernels.vocab_parallel import vocab_parallel_token_pass, vocab_shard
 
-# Default bound on one chunk of logits, in bytes of the input dtype (~880 tokens at V=151,936 bf16).
+# Absolute cap on one default chunk of logits, in bytes of the input dtype.
 LINEAR_CHUNK_BYTES = 256 * 2**20
+# Default chunks keep the logits buffer <= 1/LOGITS_PER_WEIGHT of the [V_local, H] weight's bytes,
+# i.e. H / LOGITS_PER_WEIGHT tokens whatever the vocab (512 at H=4096: 32 chunks for 16k tokens).
+LOGITS_PER_WEIGHT = 8
 # Default chunks are a multiple of this many tokens when the budget allows (GEMM-friendly M).
 _CHUNK_ALIGN = 128
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -50,14 +57,17 @@ def check_linear_inputs(hidden: torch.Tensor, weight: torch.Tensor, target_ids: 
     _check_1d("target_ids", target_ids, hidden.shape[0], "int", hidden.device)
 
 
-def lm_head_chunk_rows(vocab_local: int, dtype: torch.dtype, chunk_size: int | None = None) -> int:
-    """Tokens per chunk: `chunk_size` if given, else as many as keep [chunk, V_local] logits
-    within LINEAR_CHUNK_BYTES (rounded down to a multiple of 128 when that is >= 128)."""
+def lm_head_chunk_rows(
+    vocab_local: int, hidden_size: int, dtype: torch.dtype, chunk_size: int | None = None
+) -> int:
+    """Tokens per chunk: `chunk_size` if given, else the most that keep [chunk, V_local] logits
+    within 1/LOGITS_PER_WEIGHT of the weight's bytes and within LINEAR_CHUNK_BYTES (rounded down
+    to a multiple of 128 when that is >= 128, at least 1)."""
     if chunk_size is not None:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
             raise ValueError(f"chunk_size must be a positive int (or None for the default), got {chunk_size!r}")
         return chunk_size
-    rows = LINEAR_CHUNK_BYTES // (max(vocab_local, 1) * dtype.itemsize)
+    rows = min(hidden_size // LOGITS_PER_WEIGHT, LINEAR_CHUNK_BYTES // (max(vocab_local, 1) * dtype.itemsize))
     return rows // _CHUNK_ALIGN * _CHUNK_ALIGN if rows >= _CHUNK_ALIGN else max(rows, 1)
 
 
@@ -65,18 +75,40 @@ def token_chunks(num_tokens: int, chunk_rows: int) -> list[slice]:
     return [slice(start, min(start + chunk_rows, num_tokens)) for start in range(0, num_tokens, chunk_rows)]
 
 
-def add_matmul_fp32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b, accumulated in acc's dtype (fp32 for half inputs) with no [V, H] temporary."""
-    if a.dtype == acc.dtype:
+def add_matmul_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b with fp32 products and sums, rounded once into acc's dtype; no [V, H] temporary.
+
+    fp32/fp64 accumulators take the GEMM directly. A half accumulator takes, on CUDA, one
+    cuBLAS GEMM with beta=1 (fp32 compute and epilogue, one rounding of the sum); CPU GEMMs give
+    no such guarantee, so there the product is formed in fp32 a bounded block of rows at a time.
+    """
+    if acc.dtype == a.dtype and (acc.dtype in (torch.float32, torch.float64) or a.is_cuda):
         acc.addmm_(a, b)
-    elif a.is_cuda:
-        # Mixed-precision GEMM (half in, fp32 out), in row blocks so the temporary stays bounded.
-        block = max(1, LINEAR_CHUNK_BYTES // (4 * max(b.shape[1], 1)))
-        for start in range(0, a.shape[0], block):
-            acc[start : start + block] += torch.mm(a[start : start + block], b, out_dtype=acc.dtype)
+    elif acc.dtype in (torch.float32, torch.float64):
+        if a.is_cuda:  # half in, fp32 out, in row blocks so the temporary stays bounded
+            block = max(1, LINEAR_CHUNK_BYTES // (4 * max(b.shape[1], 1)))
+            for start in range(0, a.shape[0], block):
+                acc[start : start + block] += torch.mm(a[start : start + block], b, out_dtype=acc.dtype)
+        else:
+            acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
     else:
-        # CPU has no mixed-precision GEMM: upcast the (bounded) chunk operands.
-        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+        b32 = b.float()
+        # fp32 product blocks of <= 1/LOGITS_PER_WEIGHT of the accumulator's bytes.
+        block = max(1, acc.shape[0] * acc.element_size() // (4 * LOGITS_PER_WEIGHT))
+        for start in range(0, a.shape[0], block):
+            acc[start : start + block] += torch.mm(a[start : start + block].float(), b32)
+
+
+def grad_weight_accum_dtype_for(weight_dtype: torch.dtype, accum_dtype: torch.dtype | None) -> torch.dtype:
+    """The dW accumulator's dtype: the weight's by default, or fp32 (fp64 for fp64 weights)."""
+    allowed = (weight_dtype, torch.float64 if weight_dtype == torch.float64 else torch.float32)
+    dtype = weight_dtype if accum_dtype is None else accum_dtype
+    if dtype not in allowed:
+        raise ValueError(
+            f"grad_weight_accum_dtype must be None, {allowed[0]} or {allowed[1]} for a {weight_dtype} weight, "
+            f"got {accum_dtype}"
+        )
+    return dtype
 
 
 def concat_results(parts: list[TokenPassResult]) -> TokenPassResult:
@@ -116,6 +148,7 @@ def linear_grpo_loss(
     tp_group: dist.ProcessGroup | None = None,
     vocab_start: int | None = None,
     chunk_size: int | None = None,
+    grad_weight_accum_dtype: torch.dtype | None = None,
 ) -> GRPOLossOutput:
     """`grpo_loss` on logits = hidden @ weight.T, computed a chunk of tokens at a time.
 
@@ -129,10 +162,13 @@ def linear_grpo_loss(
     gradient is all-reduced (SUM) over the group, so it equals the unsharded gradient: do not
     all-reduce it again in a column-parallel lm_head's backward. The weight gradient is this
     shard's. Loss, log-probs and metrics equal the unsharded computation on every rank.
-    `chunk_size` is tokens per chunk; None bounds the logits chunk by LINEAR_CHUNK_BYTES.
+    `chunk_size` is tokens per chunk; None sizes it from the problem (see `lm_head_chunk_rows`).
+    `grad_weight_accum_dtype`: None accumulates dW in the weight's dtype (fp32 inside each
+    chunk's GEMM, one rounding per chunk); torch.float32 keeps an fp32 accumulator instead.
     """
     check_linear_inputs(hidden, weight, target_ids)
-    chunk_rows = lm_head_chunk_rows(weight.shape[0], hidden.dtype, chunk_size)
+    chunk_rows = lm_head_chunk_rows(weight.shape[0], weight.shape[1], hidden.dtype, chunk_size)
+    accum_dtype = grad_weight_accum_dtype_for(weight.dtype, grad_weight_accum_dtype)
     resolve_backend(backend, hidden.device)
     hyper = LossHyper(eps_low, eps_high, dual_clip, kl_coef, entropy_coef, temperature)
     shard = vocab_shard(weight.shape[0], tp_group, hidden.device, vocab_start, validate)
@@ -165,13 +201,13 @@ def linear_grpo_loss(
     old = None if old_logprobs is None else old_logprobs.detach()
     ref = None if ref_logprobs is None else ref_logprobs.detach()
     want_hidden, want_weight = hidden.requires_grad, weight.requires_grad
-    acc_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     grad_hidden = torch.empty_like(hidden, memory_format=torch.contiguous_format) if want_hidden else None
-    grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if want_weight else None
+    grad_weight = torch.zeros(weight.shape, dtype=accum_dtype, device=weight.device) if want_weight else None
     parts = []
     with torch.no_grad():
         h, w = hidden.detach(), weight.detach()
         buffer = torch.empty(min(chunk_rows, T), w.shape[0], dtype=w.dtype, device=w.device)
+        logits = grad = None
         for rows in token_chunks(T, chunk_rows):
             logits = torch.mm(h[rows], w.t(), out=buffer[: rows.stop - rows.start])
             grad = logits if (want_hidden or want_weight) else None
@@ -191,7 +227,8 @@ def linear_grpo_loss(
             if want_hidden:
                 torch.mm(logits, w, out=grad_hidden[rows])
             if want_weight:
-                add_matmul_fp32_(grad_weight, logits.t(), h[rows])
+                add_matmul_(grad_weight, logits.t(), h[rows])
+        del buffer, logits, grad  # the chunk (and its views) is dead: keep it out of the dW cast's peak
         result = concat_results(parts)
         loss_value = (plan.weight * result.loss).sum()
         if want_hidden and tp_group is not None:

@@ -82,7 +82,7 @@ def linear_token_logprobs(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs` of logits = hidden @ weight.T, one bounded chunk of tokens at a time."""
     check_linear_inputs(hidden, weight, target_ids)
-    chunk_rows = lm_head_chunk_rows(weight.shape[0], hidden.dtype, chunk_size)
+    chunk_rows = lm_head_chunk_rows(weight.shape[0], weight.shape[1], hidden.dtype, chunk_size)
     _check_options(temperature, backend, hidden.device)
     shard = vocab_shard(weight.shape[0], tp_group, hidden.device, vocab_start, validate)
     if validate:

@@ -61,9 +61,11 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return "torch"
 
 
-def chunk_rows(vocab_size: int, budget_bytes: int = TORCH_CHUNK_BYTES) -> int:
-    """Rows per chunk so that four fp32 [rows, V] temporaries stay within the budget."""
-    return max(1, budget_bytes // (4 * 4 * max(vocab_size, 1)))
+def chunk_rows(vocab_size: int, budget_bytes: int | None = None) -> int:
+    """Rows per chunk so that four fp32 [rows, V] temporaries stay within the budget
+    (TORCH_CHUNK_BYTES, read at call time so a benchmark can scale it with its problem)."""
+    budget = TORCH_CHUNK_BYTES if budget_bytes is None else budget_bytes
+    return max(1, budget // (4 * 4 * max(vocab_size, 1)))
 
 
 def finish_stats(stats: RowStats) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -12,8 +12,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from osvl_kernels import grpo_loss, linear_grpo_loss
 from osvl_kernels.linear_grpo_loss import (
     LINEAR_CHUNK_BYTES,
-    add_matmul_fp32_,
+    LOGITS_PER_WEIGHT,
+    add_matmul_,
     check_linear_inputs,
+    grad_weight_accum_dtype_for,
     lm_head_chunk_rows,
     token_chunks,
 )
@@ -249,14 +251,19 @@ def test_no_logits_sized_tensor_is_ever_created():
 # --- helpers -------------------------------------------------------------------------------
 
 
-def test_lm_head_chunk_rows_bounds_the_logits_chunk():
-    V = 151_936
-    rows = lm_head_chunk_rows(V, torch.bfloat16)
-    assert rows % 128 == 0 and rows > 0
-    assert rows * V * 2 <= LINEAR_CHUNK_BYTES < (rows + 128) * V * 2
-    assert lm_head_chunk_rows(V, torch.float32) * V * 4 <= LINEAR_CHUNK_BYTES
-    assert lm_head_chunk_rows(10**9, torch.float32) == 1  # a huge vocab still gets one row
-    assert lm_head_chunk_rows(V, torch.float32, chunk_size=17) == 17
+def test_lm_head_chunk_rows_keeps_the_logits_chunk_a_fraction_of_the_weight():
+    V, H = 151_936, 4096
+    rows = lm_head_chunk_rows(V, H, torch.bfloat16)
+    assert rows == 512  # H / 8 tokens: 32 chunks for 16k tokens
+    assert rows * V * 2 <= V * H * 2 // LOGITS_PER_WEIGHT
+    assert lm_head_chunk_rows(V // 8, H // 8, torch.bfloat16) * 8 == rows  # scale-free in V
+    # The absolute byte cap still binds for wide models.
+    wide = lm_head_chunk_rows(V, 16384, torch.float32)
+    assert wide % 128 == 0 and wide * V * 4 <= LINEAR_CHUNK_BYTES < (wide + 128) * V * 4
+    assert lm_head_chunk_rows(10**9, H, torch.float32) == 1  # a huge vocab still gets one row
+    assert lm_head_chunk_rows(V, 4, torch.float32) == 1  # so does a tiny hidden size
+    assert lm_head_chunk_rows(V, 8 * 100, torch.float32) == 100  # below 128: not rounded
+    assert lm_head_chunk_rows(V, H, torch.float32, chunk_size=17) == 17
 
 
 def test_token_chunks_cover_every_token_once():
@@ -265,20 +272,91 @@ def test_token_chunks_cover_every_token_once():
     assert token_chunks(0, 4) == []
 
 
-def test_add_matmul_fp32_accumulates_half_inputs_in_fp32():
+def test_add_matmul_accumulates_half_inputs_in_fp32():
     g = torch.Generator().manual_seed(0)
     a = torch.randn(33, 300, generator=g).bfloat16()
     b = torch.randn(300, 7, generator=g).bfloat16()
     acc = torch.full((33, 7), 1000.0)
-    add_matmul_fp32_(acc, a, b)
+    add_matmul_(acc, a, b)
     exact = 1000.0 + a.double() @ b.double()
     assert acc.dtype == torch.float32
     torch.testing.assert_close(acc.double(), exact, rtol=1e-6, atol=1e-3)
     # bf16 accumulation would lose the sum entirely at this magnitude (spacing 8 near 1000).
     assert (acc.double() - exact).abs().max() < 1e-2
     acc64 = torch.zeros(33, 7, dtype=torch.float64)
-    add_matmul_fp32_(acc64, a.double(), b.double())
+    add_matmul_(acc64, a.double(), b.double())
     torch.testing.assert_close(acc64, a.double() @ b.double())
+
+
+def test_add_matmul_into_half_rounds_once_per_call():
+    """A bf16 accumulator gets the fp32 sum of the whole K-long product, rounded once: exactly
+    what rounding (acc + exact product) to bf16 gives, not K roundings of partial sums."""
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(40, 512, generator=g).bfloat16()
+    b = torch.randn(512, 9, generator=g).bfloat16()
+    start = torch.randn(40, 9, generator=g).bfloat16()
+    acc = start.clone()
+    add_matmul_(acc, a, b)
+    assert acc.dtype == torch.bfloat16
+    once = (start.double() + a.double() @ b.double()).bfloat16()
+    # fp32 vs fp64 partial sums may flip a rounding at a tie-boundary: at most one bf16 ulp.
+    ulp = once.double().abs() * 2**-7
+    assert ((acc.double() - once.double()).abs() <= ulp + 1e-30).all()
+    assert (acc.double() == once.double()).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("accum, dtype", [(None, torch.bfloat16), (torch.float32, torch.bfloat16), (None, torch.float32)])
+def test_grad_weight_accumulator_never_holds_a_wider_vh_buffer_than_asked(accum, dtype):
+    """The default keeps dW in the weight's dtype: no fp32 [V, H] tensor is ever created."""
+    batch = random_packed_batch(seed=37, vocab=64, num_seqs=6)
+    V, H = batch["weight"].shape
+    seen: set[torch.dtype] = set()
+
+    class VHDtypes(TorchDispatchMode):
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for x in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() >= V * H:
+                    seen.add(x.dtype)
+            return out
+
+    hidden = batch["hidden"].to(dtype).clone().requires_grad_()
+    weight = batch["weight"].to(dtype).clone().requires_grad_()
+    with VHDtypes():
+        out = linear_grpo_loss(
+            hidden, weight, **loss_inputs(batch), backend="torch", chunk_size=5, grad_weight_accum_dtype=accum
+        )
+        out.loss.backward()
+    wide = accum if accum is not None else dtype
+    assert seen == {dtype, wide}
+    assert weight.grad.dtype == dtype
+
+
+def test_half_accumulation_error_is_bounded_by_one_rounding_per_chunk():
+    """bf16 dW accumulation vs the fp32 accumulator, both against float64: the default pays at
+    most ~sqrt(chunks) bf16 roundings, and never changes hidden's gradient or the loss."""
+    batch = random_packed_batch(seed=41, vocab=64, num_seqs=10, max_len=16)
+    _, _, _, ref_h, ref_w = run_reference(batch, dtype=torch.bfloat16)
+    errors = {}
+    for accum in (None, torch.float32):
+        _, grad_h, grad_w = run_linear(batch, "torch", dtype=torch.bfloat16, chunk_size=4, grad_weight_accum_dtype=accum)
+        errors[accum] = ((grad_w.double() - ref_w).norm() / ref_w.norm()).item()
+        assert ((grad_h.double() - ref_h).norm() / ref_h.norm()).item() < 2e-2
+    chunks = len(token_chunks(batch["hidden"].shape[0], 4))
+    assert chunks >= 8
+    assert errors[torch.float32] < 2e-2
+    assert errors[None] < errors[torch.float32] + 2**-8 * chunks**0.5
+
+
+def test_grad_weight_accum_dtype_choices():
+    assert grad_weight_accum_dtype_for(torch.bfloat16, None) == torch.bfloat16
+    assert grad_weight_accum_dtype_for(torch.bfloat16, torch.float32) == torch.float32
+    assert grad_weight_accum_dtype_for(torch.float32, None) == torch.float32
+    assert grad_weight_accum_dtype_for(torch.float64, torch.float64) == torch.float64
+    for weight_dtype, bad in ((torch.bfloat16, torch.float16), (torch.float32, torch.bfloat16), (torch.float16, torch.float64)):
+        with pytest.raises(ValueError, match="grad_weight_accum_dtype must be"):
+            grad_weight_accum_dtype_for(weight_dtype, bad)
 
 
 @pytest.mark.parametrize(
@@ -295,6 +373,7 @@ def test_add_matmul_fp32_accumulates_half_inputs_in_fp32():
         (lambda a: a["target_ids"].__setitem__(a["loss_mask"].nonzero()[0, 0], 61), "target_ids of loss tokens"),
         (lambda a: a.update(chunk_size=0), "chunk_size must be a positive int"),
         (lambda a: a.update(chunk_size=2.0), "chunk_size must be a positive int"),
+        (lambda a: a.update(grad_weight_accum_dtype=torch.bfloat16), "grad_weight_accum_dtype must be"),
         (lambda a: a.update(backend="cuda"), "unknown backend"),
         (lambda a: a.update(loss_agg="mean"), "unknown loss_agg"),
         (lambda a: a.update(token_step=None), "fatal_step needs token_step"),
