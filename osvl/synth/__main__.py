@@ -1,4 +1,5 @@
-"""``python -m osvl.synth run|stats``: curate a world (or a converted Wikipedia graph), then report.
+"""``python -m osvl.synth run|stats|drills``: curate a world (or a converted Wikipedia graph), report,
+and write lookup drills (``osvl.synth.drills``) for a policy trained from scratch.
 
 ``run`` takes a TOML config (``--config``, reference in ``osvl/synth/README.md``) and flags for
 the common cases; a flag overrides the file's key. Exit status 3: a back-end stopped the run
@@ -11,10 +12,14 @@ import argparse
 import json
 import sys
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
+from osvl.rl.trajectory import append_jsonl
 from osvl.synth.backends import open_backends
-from osvl.synth.pipeline import CurationConfig, curate
+from osvl.synth.drills import lookup_drills
+from osvl.synth.pipeline import CurationConfig, curate, is_rl
+from osvl.synth.records import read_items
 from osvl.synth.run_config import build_run_config, read_toml, set_key
 from osvl.synth.stats import curation_stats, format_stats
 from osvl.world.build import load_world
@@ -42,6 +47,7 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--seed", type=int)
     run.add_argument("--rollouts", type=int, help="expert rollouts per SFT item")
     run.add_argument("--per-domain", type=int, help="seeds per domain")
+    run.add_argument("--expert-search-top-k", type=int, help="passages the scripted expert asks each text_search for")
     run.add_argument("--expert-tools", choices=("exact", "environment"),
                      help="the expert's tools: exact in-process stand-ins, or the real tool pool")
     run.add_argument("--tool-workers", type=int)
@@ -69,6 +75,9 @@ def raw_config(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, dest)
         if value is not None:
             set_key(raw, key, value)
+    if args.expert_search_top_k is not None:
+        curation = raw.setdefault("curation", {})
+        curation.setdefault("expert", {})["search_top_k"] = args.expert_search_top_k
     if args.image_search_url is not None:
         set_key(raw, "tools.image_search", "online")
         set_key(raw, "tools.image_search_url", args.image_search_url)
@@ -97,6 +106,23 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    data = Path(args.data)
+    if not (data / "items.jsonl").is_file():
+        parser.error(f"--data {data} has no items.jsonl: run `python -m osvl.synth run` first")
+    config = CurationConfig(seed=args.seed)
+    rl_nodes = {node for item in read_items(data / "items.jsonl") if is_rl(item.id, config) for node in item.path}
+    try:
+        drills = lookup_drills(load_world(args.world), args.count, args.seed, rl_nodes, args.search_top_k)
+    except ValueError as error:
+        parser.error(str(error))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).unlink(missing_ok=True)
+    append_jsonl(args.out, drills)
+    print(json.dumps({"drills": len(drills), "excluded_rl_entities": len(rl_nodes), "out": args.out}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m osvl.synth")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -105,7 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     stats.add_argument("--world", required=True)
     stats.add_argument("--out", required=True)
     stats.add_argument("--seed", type=int, default=0)
+    drills = sub.add_parser("drills", help="text-only lookup chains for a policy trained from scratch (the demo)")
+    drills.add_argument("--world", required=True)
+    drills.add_argument("--data", required=True, help="a curated set: the entities of its RL items are left out")
+    drills.add_argument("--count", type=int, required=True)
+    drills.add_argument("--out", required=True, help="JSONL of SFT trajectory records")
+    drills.add_argument("--seed", type=int, default=0)
+    drills.add_argument("--search-top-k", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.command == "drills":
+        return write_drills(args, parser)
     if args.command == "stats":
         world = load_world(args.world)
         print(format_stats(curation_stats(world, args.out, CurationConfig(seed=args.seed).fame_in_degree)))

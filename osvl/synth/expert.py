@@ -138,14 +138,20 @@ class WorldTools:
 class ExpertConfig:
     slip_prob: float = 0.25  # guess among ambiguous candidates instead of checking qualifiers
     repeat_prob: float = 0.15  # repeat the previous query once (a wasted call)
+    # passages the expert asks each text_search for (0 = the tool's default). The demo asks for 1:
+    # half the tokens per trajectory, and one candidate per observation for a tiny policy to copy
+    search_top_k: int = 0
 
     def __post_init__(self) -> None:
         for name in ("slip_prob", "repeat_prob"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"ExpertConfig.{name} must lie in [0, 1]")
+        if self.search_top_k < 0:
+            raise ValueError(f"ExpertConfig.search_top_k must be >= 0, got {self.search_top_k}")
 
 
-def _step(think: str, call: ToolCall | None, result: ToolResult | None, response: str | None = None) -> Step:
+def expert_step(think: str, call: ToolCall | None, result: ToolResult | None, response: str | None = None) -> Step:
+    """A step written the way the policy emits it, with the tool result as its observation."""
     if call is not None:
         body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
         text = f"<think>{think}</think>\n<tool_call>{body}</tool_call>"
@@ -193,10 +199,12 @@ class ScriptedExpert:
         images = [image]
 
         def call(think: str, name: str, **arguments) -> ToolResult:
+            if name == "text_search" and self.config.search_top_k:
+                arguments["top_k"] = self.config.search_top_k
             tool_call = ToolCall(name, arguments)
             result = self.tools(tool_call, images)
             images.extend(result.images)
-            steps.append(_step(think, tool_call, result))
+            steps.append(expert_step(think, tool_call, result))
             return result
 
         if item.degradation is not None:
@@ -228,7 +236,7 @@ class ScriptedExpert:
                                           f"Look up the {item.attribute} of {self.graph[current].title}.")
             stated = value.get(item.attribute)
             answer = (obfuscate(stated, item.question.obfuscation) if stated else None) or "unknown"
-        steps.append(_step("I have followed the chain to the answer.", None, None, response=answer))
+        steps.append(expert_step("I have followed the chain to the answer.", None, None, response=answer))
         return steps
 
     def _choose(self, candidates: list[str], item: QAItem, index: int, rng: random.Random, call) -> str | None:

@@ -1,7 +1,9 @@
 """``make demo`` helpers: the demo tokenizer, the before/after summary, and the RL ablation table.
 
 ``python -m osvl.trainer.demo tokenizer --data DIR``   byte-level BPE over the curated set
-``python -m osvl.trainer.demo summary --sft DIR --grpo DIR``
+``python -m osvl.trainer.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE``
+    greedy Pass@1 on the RL prompts, rendered and tool-served exactly as in GRPO, no faults
+``python -m osvl.trainer.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE``
 ``python -m osvl.trainer.demo ablation RUN_DIR ...``  one row per fatal mode (paper Table 3b)
 
 The ablation's four variants are ``tiny_grpo`` with one switch each, after ``make demo``::
@@ -16,11 +18,16 @@ The ablation's four variants are ``tiny_grpo`` with one switch each, after ``mak
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from osvl.config.recipe import Recipe
 from osvl.trainer.metrics import read_metrics
 
 SUMMARY_KEYS = ("reward", "accuracy", "fatal_rate", "clamped_frac")
@@ -47,6 +54,75 @@ def demo_tokenizer(data_dir: str | Path, vocab_size: int = 2048) -> Path:
     return out
 
 
+def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
+                    engine_wrapper: Callable | None = None) -> dict[str, float | int | str]:
+    """Greedy Pass@1 of a policy on ``data.train_path``'s prompts under the GRPO stage's prompt,
+    tools and turn budget (faults off), so before/after numbers differ only by the weights.
+
+    ``checkpoint`` is an HF directory, or ``init`` for the recipe's seeded initialization (what
+    the SFT stage starts from).
+    """
+    import torch
+
+    from osvl.data.tokenizer import load_tokenizer
+    from osvl.model import build_model
+    from osvl.rl.fatal import FatalConfig
+    from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
+    from osvl.rl.rewards import RewardConfig, score_batch
+    from osvl.rollout import (
+        AgentConfig,
+        LocalEngine,
+        RolloutConfig,
+        SamplingParams,
+        stream_groups,
+    )
+    from osvl.trainer.grpo_data import load_prompts
+    from osvl.trainer.policy import build_policy, policy_arch
+    from osvl.trainer.tool_env import stage_renderer, world_environment
+
+    pretrained = "" if checkpoint == "init" else checkpoint
+    recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, pretrained=pretrained),
+                                 tools=dataclasses.replace(recipe.tools, fault_rate=0.0))
+    tokenizer = load_tokenizer(recipe.data.tokenizer or pretrained)
+    arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
+    renderer = stage_renderer(recipe, tokenizer, arch)
+    prompts = load_prompts(recipe.data)
+    prompts = prompts[:limit] if limit else prompts
+    engine_model = build_model(arch, init=False)
+    with torch.no_grad():
+        engine_model.load_state_dict(build_policy(recipe, arch, world_size=1).state_dict())
+    engine = LocalEngine(engine_model, tokenizer, renderer.image_config, max_batch=recipe.rollout.max_in_flight)
+    engine = engine_wrapper(engine) if engine_wrapper else engine  # tests script the policy
+    g, r = recipe.grpo, recipe.rollout
+    agent = AgentConfig(max_turns=r.max_turns, max_total_tokens=g.max_prompt_tokens + g.max_response_tokens,
+                        sampling=SamplingParams(temperature=0.0, max_new_tokens=g.max_response_tokens),
+                        fatal=FatalConfig(k=g.fatal_k))
+    workers = RolloutConfig(group_size=1, max_in_flight=r.max_in_flight, trajectory_deadline_s=r.trajectory_deadline_s,
+                            max_retries=0, base_seed=recipe.job.seed)
+
+    async def collect(env) -> list:
+        out = []
+        async for group in stream_groups(prompts, engine, env, renderer, agent, workers):
+            out += group.trajectories
+        return out
+
+    started = time.perf_counter()
+    with world_environment(recipe, 0) as env:
+        trajectories = asyncio.run(collect(env))
+    scored = score_batch(trajectories, ExactMatchAccuracyJudge(), HeuristicQueryJudge(),
+                         RewardConfig(alpha=recipe.judges.alpha, fatal=FatalConfig(k=g.fatal_k)))
+    rewards = [t.reward for t in scored if t.reward is not None and t.reward.scored]
+    statuses = Counter(s.tool_result.status.value for t in scored for s in t.steps if s.tool_result is not None)
+    n = max(len(rewards), 1)
+    return {"checkpoint": checkpoint, "prompts": len(prompts), "scored": len(rewards),
+            "accuracy": sum(p.acc for p in rewards) / n, "reward": sum(p.total for p in rewards) / n,
+            "reward_fmt": sum(p.fmt for p in rewards) / n,
+            "answered": sum(t.final_answer is not None for t in scored) / max(len(scored), 1),
+            "fatal_rate": sum(t.fatal_step >= 0 for t in scored) / max(len(scored), 1),
+            "turns_mean": sum(len(t.steps) for t in scored) / max(len(scored), 1),
+            "tool_statuses": dict(statuses), "wall_s": time.perf_counter() - started}
+
+
 def _window_mean(records: list[dict], key: str, first: bool, width: int) -> float:
     chosen = records[:width] if first else records[-width:]
     values = [r[key] for r in chosen if key in r]
@@ -55,10 +131,25 @@ def _window_mean(records: list[dict], key: str, first: bool, width: int) -> floa
     return sum(values) / len(values)
 
 
-def summary_lines(sft_dir: str | Path, grpo_dir: str | Path, width: int = 1) -> list[str]:
-    """Before (first ``width`` GRPO steps) vs after (last ``width``): measured on the rollouts."""
+def summary_lines(sft_dir: str | Path, grpo_dir: str | Path, width: int = 1,
+                  evals: Sequence[tuple[str, str | Path]] = ()) -> list[str]:
+    """Held-out greedy evaluations (``evals``: label, JSON from ``evaluate``) at each stage, then
+    GRPO's rollout metrics: first ``width`` steps vs last ``width``."""
     sft, grpo = read_metrics(sft_dir), read_metrics(grpo_dir)
-    lines = [f"SFT : {len(sft)} steps, loss {sft[0]['loss']:.3f} -> {sft[-1]['loss']:.3f}  ({sft_dir})"]
+    lines = []
+    if evals:
+        lines.append("greedy Pass@1 on the RL prompts (same prompt, tools and turn budget as GRPO; no faults):")
+        results = [(label, json.loads(Path(path).read_text())) for label, path in evals]
+        for label, result in results:
+            lines.append(f"  {label:<5} accuracy {result['accuracy']:.3f}  reward {result['reward']:.3f}  "
+                         f"format {result['reward_fmt']:.3f}  answered {result['answered']:.3f}  "
+                         f"fatal {result['fatal_rate']:.3f}  turns {result['turns_mean']:.1f}  "
+                         f"(n={result['scored']})")
+        first, last = results[0], results[-1]
+        verdict = "higher" if last[1]["accuracy"] > first[1]["accuracy"] else "NOT higher"
+        lines.append(f"  accuracy after ({last[0]}) is {verdict} than before ({first[0]}): "
+                     f"{first[1]['accuracy']:.3f} -> {last[1]['accuracy']:.3f}")
+    lines.append(f"SFT : {len(sft)} steps, loss {sft[0]['loss']:.3f} -> {sft[-1]['loss']:.3f}  ({sft_dir})")
     lines.append(f"GRPO: {len(grpo)} steps  ({grpo_dir})")
     for key in SUMMARY_KEYS:
         before, after = _window_mean(grpo, key, True, width), _window_mean(grpo, key, False, width)
@@ -102,10 +193,17 @@ def main(argv: list[str] | None = None) -> int:
     tok = sub.add_parser("tokenizer")
     tok.add_argument("--data", required=True)
     tok.add_argument("--vocab-size", type=int, default=2048)
+    ev = sub.add_parser("evaluate")
+    ev.add_argument("--recipe", required=True)
+    ev.add_argument("--checkpoint", required=True, help="HF directory, or 'init' for the seeded initialization")
+    ev.add_argument("--out", required=True)
+    ev.add_argument("--limit", type=int, default=0)
+    ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     summ = sub.add_parser("summary")
     summ.add_argument("--sft", required=True)
     summ.add_argument("--grpo", required=True)
     summ.add_argument("--window", type=int, default=1)
+    summ.add_argument("--evals", nargs="*", default=[], metavar="LABEL=FILE")
     abl = sub.add_parser("ablation")
     abl.add_argument("runs", nargs="+")
     abl.add_argument("--window", type=int, default=2)
@@ -113,8 +211,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "tokenizer":
             print(demo_tokenizer(args.data, args.vocab_size))
+        elif args.command == "evaluate":
+            from osvl.config.loader import load_recipe
+
+            result = evaluate_policy(load_recipe(args.recipe, args.set), args.checkpoint, args.limit)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+            print(json.dumps(result))
         elif args.command == "summary":
-            print("\n".join(summary_lines(args.sft, args.grpo, args.window)))
+            evals = []
+            for spec in args.evals:
+                label, sep, path = spec.partition("=")
+                if not sep:
+                    raise ValueError(f"--evals takes LABEL=FILE, got {spec!r}")
+                evals.append((label, path))
+            print("\n".join(summary_lines(args.sft, args.grpo, args.window, evals)))
         else:
             print(ablation_table(ablation_rows(args.runs, args.window)))
     except ValueError as error:

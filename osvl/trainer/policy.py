@@ -12,15 +12,27 @@ from torch.distributed.fsdp import FSDPModule
 from osvl.config.recipe import Recipe
 from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import SpecialTokens
-from osvl.model import Qwen3VLConfig, Qwen3VLModel, TextConfig, VisionConfig, config_from_hf, from_pretrained
+from osvl.model import (
+    Qwen3VLConfig,
+    Qwen3VLModel,
+    TextConfig,
+    VisionConfig,
+    config_from_hf,
+    from_pretrained,
+)
 from osvl.model.presets import preset
 from osvl.parallel import parallelize, sharded_model_config
 
 
 def tiny_arch(vocab_size: int, special: SpecialTokens, moe: bool = False) -> Qwen3VLConfig:
-    """A CPU-sized Qwen3-VL whose vocabulary and vision ids follow the tokenizer."""
+    """A CPU-sized Qwen3-VL whose vocabulary and vision ids follow the tokenizer.
+
+    RoPE base 1e4, not Qwen3-VL's 5e6: with 16-dim heads only 8 frequencies exist, and at 5e6 all
+    but the first two barely turn over a few thousand tokens, leaving little to tell positions apart.
+    """
     text = TextConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, mrope_section=(4, 2, 2),
+                      rope_theta=10_000.0,
                       num_experts=4 if moe else 0, num_experts_per_tok=2 if moe else 0,
                       moe_intermediate_size=32 if moe else 0)
     vision = VisionConfig(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8,

@@ -7,6 +7,7 @@ An edge ``A --relation--> B`` reads "B is the <relation> of A" ("the architect o
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -30,6 +31,9 @@ _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augu
 VISUAL_DOMAINS = ("Person", "Building/Place", "Location", "Organism", "Artifact")
 
 
+_SCALED = ("cities", "persons", "buildings", "organisms", "artifacts")
+
+
 @dataclass(frozen=True)
 class WorldConfig:
     """Sizes and knobs of a generated world; the defaults give a few hundred entities."""
@@ -48,6 +52,13 @@ class WorldConfig:
     small_image_fraction: float = 0.15  # images below the 512x512 seed rule
     small_image_size: int = 384
     leaky_caption_fraction: float = 0.25  # captions that state one relation (one-hop leakage)
+
+    def scaled(self, factor: int) -> WorldConfig:
+        """The same world recipe with ``factor`` times the cities, persons, buildings, organisms and
+        artifacts (the country hubs stay few, so they stay hubs)."""
+        if factor < 1:
+            raise ValueError(f"world scale must be >= 1, got {factor}")
+        return dataclasses.replace(self, **{name: getattr(self, name) * factor for name in _SCALED})
 
     def __post_init__(self) -> None:
         for name in ("countries", "cities", "persons", "buildings", "organisms", "artifacts"):

@@ -93,3 +93,18 @@ def test_repair_stand_ins_take_the_real_tools_defaults(tools):
     assert up.ok and up.images[0].shape == (20, 24, 3)
     assert tools(ToolCall("super_resolution", {"image": 0, "scale": 4}), [image]).images[0].shape == (40, 48, 3)
     assert tools(ToolCall("sharpen", {"image": 0}), [image]).ok
+
+
+def test_search_top_k_asks_for_one_passage_and_still_answers(world, tools, curated):
+    out, _ = curated
+    items = list(read_items(out / "items.jsonl"))[:10]
+    narrow = ScriptedExpert(world.graph, tools, ExpertConfig(slip_prob=0.0, repeat_prob=0.0, search_top_k=1))
+    report = SynthesisReport()
+    for group, item in enumerate(items):
+        (kept,) = synthesize(item, question_image(world, out, item), narrow, 1, random.Random(group),
+                             ExactMatchAccuracyJudge(), HeuristicQueryJudge(), 0.97, report, group)
+        searches = [s for s in kept.steps if s.tool_call and s.tool_call.name == "text_search"]
+        assert searches and all(s.tool_call.arguments["top_k"] == 1 for s in searches)
+        assert all(s.observation_text.count("[Passage ") == 1 for s in searches)
+    with pytest.raises(ValueError, match="search_top_k"):
+        ExpertConfig(search_top_k=-1)

@@ -1,0 +1,112 @@
+"""Lookup drills: short text-only search chains over the world graph, for a policy that starts
+from random weights.
+
+The paper's SFT starts from a pretrained Qwen3-VL, which can already copy a name it has just
+read into its next query. A tiny policy trained from scratch on a few hundred expert chains
+memorizes frequent names instead ("Mask of Mask of ..."). Drills supply that skill with many
+cheap, diverse examples of the same moves the expert makes: a named entity, ``text_search`` for
+one relation at a time, copy the entity the passage states, read the asked attribute, answer.
+
+Every observation comes from the same exact tool stand-ins as the scripted expert, the question
+uses the canonical wording of curated items, and no entity on the path of any RL item appears in
+a drill, so the RL prompts stay unseen by SFT.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable
+
+from osvl.rl.trajectory import FinishReason, Prompt, ToolCall, Trajectory
+from osvl.synth.expert import WorldTools, expert_step, read_passages, top_match_page
+from osvl.world.build import World
+
+
+def _stated(observation: str, pattern: re.Pattern[str]) -> list[str]:
+    return list(dict.fromkeys(m for _, _, summary in read_passages(observation) for m in pattern.findall(summary)))
+
+
+def _drill(world: World, tools: WorldTools, anchor: str, hops: int, rng: random.Random,
+           excluded: set[str], search_top_k: int, group_id: int, visual: bool) -> Trajectory | None:
+    """One chain from ``anchor`` (named, or ``visual``: its image, identified by image_search), or
+    None when the tools would not make it unambiguous."""
+    graph = world.graph
+    if visual and not graph[anchor].images:
+        return None
+    path, relations = [anchor], []
+    for _ in range(hops):
+        links = [(link.relation, graph.resolve(link.target)) for link in graph[path[-1]].links]
+        links = [(r, t) for r, t in links if t is not None and t not in excluded and t not in path
+                 and graph[t].domain is not None and len(graph.edges(path[-1], r)) == 1]
+        if not links:
+            return None
+        relation, target = rng.choice(links)
+        path.append(target)
+        relations.append(relation)
+    attributes = sorted(graph[path[-1]].infobox.items())
+    if not attributes:
+        return None
+    attribute, answer = rng.choice(attributes)
+    question = f"What is the {attribute}"
+    for relation in reversed(relations):
+        question += f" of the {relation}"
+    question += f" of the {graph[anchor].kind or 'entity'} shown in the image?" if visual else f" of {graph[anchor].title}?"
+    images = [world.load_image(anchor)] if visual else []
+
+    steps = []
+
+    def search(think: str, query: str):
+        call = ToolCall("text_search", {"query": query, **({"top_k": search_top_k} if search_top_k else {})})
+        result = tools(call, [])
+        steps.append(expert_step(think, call, result))
+        return result.text
+
+    if visual:
+        call = ToolCall("image_search", {"image": 0, "top_k": 1})
+        result = tools(call, images)
+        steps.append(expert_step("Identify what the image shows with a reverse image search.", call, result))
+        if top_match_page(result.text) != anchor:
+            return None
+    for node, relation, target in zip(path[:-1], relations, path[1:], strict=True):
+        title = graph[node].title
+        observation = search(f"Find the {relation} of {title}.", f"{title} {relation}")
+        stated = _stated(observation, re.compile(rf"The {re.escape(relation)} of {re.escape(title)} is ([^.]+)\."))
+        if stated != [graph[target].title]:
+            return None  # the passage names no single next entity: not a clean drill
+    title = graph[path[-1]].title
+    observation = search(f"Look up the {attribute} of {title}.", f"{title} {attribute}")
+    if _stated(observation, re.compile(rf"Its {re.escape(attribute)} is ([^.]+)\.")) != [answer]:
+        return None
+    steps.append(expert_step("I have followed the chain to the answer.", None, None, response=answer))
+    kind = "image" if visual else "named"
+    prompt = Prompt(id=f"drill-{kind}-{anchor}-{'-'.join(relations)}-{attribute}", question=question, images=images,
+                    answer=answer)
+    return Trajectory(prompt=prompt, steps=steps, finish_reason=FinishReason.RESPONSE, group_id=group_id,
+                      sample_index=0)
+
+
+def lookup_drills(world: World, count: int, seed: int = 0, excluded: Iterable[str] = (),
+                  search_top_k: int = 1, max_hops: int = 2, visual_fraction: float = 0.5) -> list[Trajectory]:
+    """``count`` distinct drills of 1..``max_hops`` relation hops plus one attribute lookup; a
+    ``visual_fraction`` of them start from the anchor's image, as curated questions do."""
+    if count < 0 or max_hops < 1 or search_top_k < 0 or not 0.0 <= visual_fraction <= 1.0:
+        raise ValueError(f"lookup_drills needs count >= 0, max_hops >= 1, search_top_k >= 0; got "
+                         f"{count}, {max_hops}, {search_top_k} (and visual_fraction in [0, 1], got {visual_fraction})")
+    excluded = set(excluded)
+    anchors = sorted(p.id for p in world.graph.entities() if p.id not in excluded)
+    if count and not anchors:
+        raise ValueError("lookup_drills: every entity is excluded")
+    rng, tools = random.Random(seed), WorldTools(world)
+    drills: dict[str, Trajectory] = {}
+    attempts = 0
+    while len(drills) < count:
+        attempts += 1
+        if attempts > 50 * count + 100:
+            raise ValueError(f"lookup_drills: only {len(drills)} distinct drills of {count} after {attempts - 1} "
+                             "attempts; the world is too small or too excluded")
+        drill = _drill(world, tools, rng.choice(anchors), rng.randint(1, max_hops), rng, excluded, search_top_k,
+                       group_id=len(drills), visual=rng.random() < visual_fraction)
+        if drill is not None and drill.prompt.id not in drills:
+            drills[drill.prompt.id] = drill
+    return list(drills.values())

@@ -1,0 +1,86 @@
+"""``osvl.trainer.demo evaluate``: greedy Pass@1 under the GRPO stage's prompt and world tools."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from osvl.config import load_recipe
+from osvl.rl.trajectory import Prompt
+from osvl.rollout import ReplayEngine
+from osvl.synth.records import write_prompts
+from osvl.trainer.demo import evaluate_policy, main, summary_lines
+from osvl.world.__main__ import main as world_main
+from tests.trainer.fixtures import write_sft_data
+from tests.trainer.test_report import fake_run
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo_eval")
+    assert world_main(["build", "--out", str(root / "world"), "--seed", "0"]) == 0
+    tok, _ = write_sft_data(root / "data")
+    prompts = [Prompt(id=f"q{i}", question=f"Which city is number {i}?", answer=answer)
+               for i, answer in enumerate(["Wenmilun", "Fenulhal", "Ulpelsal", "Danarfen"])]
+    write_prompts(root / "prompts.jsonl", prompts)
+    overrides = [f"data.tokenizer={tok}", f"data.train_path={root / 'prompts.jsonl'}", "model.pretrained=",
+                 f"tools.world_dir={root / 'world'}", "tools.workers=1", "tools.fault_rate=0.5",
+                 "grpo.max_response_tokens=64", "rollout.max_turns=2"]
+    return load_recipe("tiny_grpo", overrides), prompts
+
+
+def answering(correct: set[str]):
+    """Answers the questions whose number is in ``correct`` right, the others wrong, after one search."""
+    def wrap(local):
+        tok = local.tokenizer
+
+        def script(request):
+            text = tok.decode(request.input_ids, skip_special_tokens=False)
+            number = text.split("number ")[1].split("?")[0]
+            if "</tool_call>" not in text:
+                out = '<think>look</think>\n<tool_call>{"name": "text_search", "arguments": {"query": "Wenmilun"}}</tool_call>'
+            else:
+                answer = ["Wenmilun", "Fenulhal", "Ulpelsal", "Danarfen"][int(number)] if number in correct else "no"
+                out = f"<think>done</think>\n<response>{answer}</response>"
+            return tok.encode(out) + [tok.special.im_end]
+        return ReplayEngine(local, script)
+    return wrap
+
+
+def test_accuracy_counts_right_answers_and_faults_are_off(setup):
+    recipe, prompts = setup
+    result = evaluate_policy(recipe, "init", engine_wrapper=answering({"0", "2", "3"}))
+    assert result["prompts"] == result["scored"] == len(prompts)
+    assert result["accuracy"] == pytest.approx(0.75) and result["answered"] == 1.0
+    assert result["turns_mean"] == 2.0 and result["fatal_rate"] == 0.0
+    assert result["tool_statuses"] == {"ok": 4}  # tools.fault_rate=0.5 in the recipe is switched off
+
+
+def test_random_init_policy_is_measured_not_assumed(setup, tmp_path):
+    recipe, _ = setup
+    out = tmp_path / "init.json"
+    args = ["evaluate", "--recipe", "tiny_grpo", "--checkpoint", "init", "--out", str(out), "--limit", "2"]
+    overrides = [f"{k}={v}" for k, v in (("data.tokenizer", recipe.data.tokenizer),
+                                          ("data.train_path", recipe.data.train_path), ("model.pretrained", ""),
+                                          ("tools.world_dir", recipe.tools.world_dir), ("tools.workers", 1),
+                                          ("grpo.max_response_tokens", 8), ("rollout.max_turns", 1))]
+    assert main(args + [x for o in overrides for x in ("--set", o)]) == 0
+    result = json.loads(out.read_text())
+    assert result["checkpoint"] == "init" and result["scored"] == 2 and result["accuracy"] == 0.0
+
+
+def test_summary_puts_the_stage_evaluations_first(tmp_path):
+    sft = fake_run(tmp_path / "sft", "fatal_clamp", [0.0, 0.0])
+    grpo = fake_run(tmp_path / "grpo", "fatal_clamp", [0.1, 0.3])
+    evals = []
+    for label, acc in (("init", 0.0), ("sft", 0.05), ("grpo", 0.1)):
+        path = tmp_path / f"{label}.json"
+        path.write_text(json.dumps({"accuracy": acc, "reward": acc, "reward_fmt": 1.0, "answered": 1.0,
+                                    "fatal_rate": 0.0, "turns_mean": 3.0, "scored": 20}))
+        evals.append((label, path))
+    lines = summary_lines(sft, grpo, 1, evals)
+    assert lines[1].startswith("  init  accuracy 0.000") and lines[3].startswith("  grpo  accuracy 0.100")
+    assert "after (grpo) is higher than before (init): 0.000 -> 0.100" in lines[4]
+    (tmp_path / "grpo.json").write_text(json.dumps({**json.loads((tmp_path / "init.json").read_text())}))
+    assert "is NOT higher" in summary_lines(sft, grpo, 1, evals)[4]
