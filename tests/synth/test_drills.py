@@ -56,8 +56,10 @@ def test_bad_requests_are_clear_errors(world):
         lookup_drills(world, 1, excluded={p.id for p in world.graph.entities()})
     with pytest.raises(ValueError, match="visual_fraction"):
         lookup_drills(world, 1, visual_fraction=1.5)
+    graph = world.graph
+    keep = sorted(p.id for p in graph.entities())[:2]  # two entities cannot make 50 distinct drills
     with pytest.raises(ValueError, match="distinct drills"):
-        lookup_drills(world, 10**6, max_hops=1)
+        lookup_drills(world, 50, excluded={p.id for p in graph.entities()} - set(keep))
 
 
 def test_cli_leaves_out_the_rl_items_entities(world, curated, tmp_path, capsys):
