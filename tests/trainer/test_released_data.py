@@ -292,7 +292,7 @@ def release_policy(local: LocalEngine) -> ReplayEngine:
         text = tok.decode(request.input_ids, skip_special_tokens=False)
         word = re.search(r"code word is (\w+)", text).group(1)
         seed = request.sampling.seed
-        if text.count("</tool_call>") == 0:
+        if text.count("<|im_start|>assistant") <= 1:  # the first turn (the release schema's prompt mentions </tool_call>)
             call = RELEASE_CALLS[seed % 3]
             out = f"<think>check</think>\n<tool_call>\n{call}\n</tool_call>"
         else:
@@ -321,7 +321,7 @@ def test_grpo_stage_runs_verl_parquet_with_release_tools(released, world_dir, tm
         f"data.tokenizer={tok}", f"data.train_path={parquet}", f"job.run_dir={run}", "model.pretrained=",
         f"tools.world_dir={world_dir}", "tools.profile=release", "tools.fault_rate=0.0", "tools.workers=1",
         "grpo.max_steps=1", "grpo.batch_prompts=2", "grpo.mini_batch_prompts=2", "grpo.group_size=4",
-        "grpo.max_response_tokens=96", "grpo.max_prompt_tokens=768", "rollout.max_turns=3", *QUIET])
+        "grpo.max_response_tokens=96", "grpo.max_prompt_tokens=4096", "rollout.max_turns=3", *QUIET])
     result = run_grpo(recipe, engine_wrapper=release_policy)
     assert result.steps == 1 and math.isfinite(result.final_loss)
 
