@@ -9,20 +9,20 @@ import torch
 
 class _ChunkedLinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, rows, chunk):
+    def forward(ctx, hidden, weight, targets, chunk):
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk):
             sl = slice(start, start + chunk)
             logits = hidden[sl].float() @ weight.float().t()
             nll = torch.logsumexp(logits, dim=-1) - logits.gather(1, targets[sl, None]).squeeze(1)
-            total += (nll * rows[sl]).sum()
-        ctx.save_for_backward(hidden, weight, targets, rows)
+            total += nll.sum()
+        ctx.save_for_backward(hidden, weight, targets)
         ctx.chunk = chunk
         return total
 
     @staticmethod
     def backward(ctx, grad_out):
-        hidden, weight, targets, rows = ctx.saved_tensors
+        hidden, weight, targets = ctx.saved_tensors
         w = weight.float()
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros_like(w)
@@ -31,10 +31,10 @@ class _ChunkedLinearCE(torch.autograd.Function):
             h = hidden[sl].float()
             g = torch.softmax(h @ w.t(), dim=-1)
             g.scatter_add_(1, targets[sl, None], -torch.ones_like(g[:, :1]))
-            g *= (rows[sl] * grad_out)[:, None]
+            g *= grad_out
             grad_hidden[sl] = (g @ w).to(hidden.dtype)
             grad_weight += g.t() @ h
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
+        return grad_hidden, grad_weight.to(weight.dtype), None, None
 
 
 def sft_loss(hidden: torch.Tensor, weight: torch.Tensor, target_ids: torch.Tensor, loss_mask: torch.Tensor,
@@ -50,6 +50,8 @@ def sft_loss(hidden: torch.Tensor, weight: torch.Tensor, target_ids: torch.Tenso
                          f"{tuple(target_ids.shape)} and {tuple(loss_mask.shape)}")
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    rows = loss_mask.to(torch.float32)
-    total = _ChunkedLinearCE.apply(hidden, weight, target_ids.long(), rows, chunk)
+    # Only loss rows reach the vocabulary GEMMs: tool observations and prompts (most of a
+    # multi-turn trajectory) would otherwise pay V x D FLOPs each for a zero weight.
+    keep = loss_mask.nonzero().squeeze(1)
+    total = _ChunkedLinearCE.apply(hidden.index_select(0, keep), weight, target_ids.long()[keep], chunk)
     return total / normalizer
