@@ -52,6 +52,30 @@ def loss_metrics(
     }
 
 
+def grpo_loss_output(
+    result: TokenPassResult,
+    plan: LossPlan,
+    old_logprobs: torch.Tensor | None,
+    inputs: list[torch.Tensor],
+    grads: list[torch.Tensor | None],
+) -> GRPOLossOutput:
+    """The loss every entry point returns: the plan-weighted sum of the per-token objective, whose
+    backward hands out the gradients the pass already wrote (grads[i] for inputs[i], None where
+    none was asked), plus the per-token log-probs and the metrics."""
+    with torch.no_grad():
+        loss_value = (plan.weight * result.loss).sum()
+    if any(g is not None for g in grads):
+        loss = loss_with_grads(loss_value, inputs, grads)
+    else:
+        loss = loss_value
+    return GRPOLossOutput(
+        loss=loss,
+        logprobs=result.logp,
+        advantages=plan.advantages,
+        metrics=loss_metrics(result, plan, old_logprobs),
+    )
+
+
 def grpo_loss(
     logits: torch.Tensor,
     target_ids: torch.Tensor,
@@ -131,11 +155,4 @@ def grpo_loss(
             grad,
             backend=backend,
         )
-        loss_value = (plan.weight * result.loss).sum()
-    loss = loss_with_grads(loss_value, [logits], [grad]) if grad is not None else loss_value
-    return GRPOLossOutput(
-        loss=loss,
-        logprobs=result.logp,
-        advantages=plan.advantages,
-        metrics=loss_metrics(result, plan, old_logprobs),
-    )
+    return grpo_loss_output(result, plan, old_logprobs, [logits], [grad])

@@ -20,6 +20,8 @@ from osvl_kernels.advantages import check_advantage_args, group_scores
 
 LOSS_AGGREGATIONS = ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm")
 BACKENDS = ("auto", "triton", "torch")
+# Dtypes the entry points accept for logits / hidden states (fp64 for reference-precision tests).
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 @dataclass(frozen=True)
@@ -78,14 +80,35 @@ def _check_1d(name: str, x: torch.Tensor | None, length: int, kinds: str, device
         raise ValueError(f"{name} is on {x.device}, expected {device}")
 
 
+def _check_2d(name: str, x: torch.Tensor, shape: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a 2-D {shape} tensor, got {got}")
+
+
 def check_logits_inputs(logits: torch.Tensor, target_ids: torch.Tensor) -> None:
     """Shape/dtype checks shared by the logits-level entry points."""
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"logits must be a 2-D [T, V] tensor, got {shape}")
-    if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+    _check_2d("logits", logits, "[T, V]")
+    if logits.dtype not in FLOAT_DTYPES:
         raise ValueError(f"logits must be fp32/bf16/fp16, got {logits.dtype}")
     _check_1d("target_ids", target_ids, logits.shape[0], "int", logits.device)
+
+
+def check_linear_inputs(hidden: torch.Tensor, weight: torch.Tensor, target_ids: torch.Tensor) -> None:
+    """Shape/dtype/device checks shared by the hidden-state (lm_head-fused) entry points."""
+    _check_2d("hidden", hidden, "[T, H]")
+    _check_2d("weight", weight, "[V, H]")
+    if hidden.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"hidden must be fp32/bf16/fp16, got {hidden.dtype}")
+    if weight.dtype != hidden.dtype:
+        raise ValueError(f"weight dtype {weight.dtype} must match hidden dtype {hidden.dtype}")
+    if weight.device != hidden.device:
+        raise ValueError(f"weight is on {weight.device}, hidden on {hidden.device}")
+    if weight.shape[1] != hidden.shape[1]:
+        raise ValueError(f"hidden size mismatch: hidden is [T, {hidden.shape[1]}], weight is [V, {weight.shape[1]}]")
+    if weight.shape[0] == 0:
+        raise ValueError("weight has no vocab rows")
+    _check_1d("target_ids", target_ids, hidden.shape[0], "int", hidden.device)
 
 
 def plan_grpo_loss(

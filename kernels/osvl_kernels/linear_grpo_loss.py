@@ -22,9 +22,8 @@ from dataclasses import fields
 import torch
 import torch.distributed as dist
 
-from osvl_kernels.autograd import loss_with_grads
-from osvl_kernels.grpo_loss import GRPOLossOutput, loss_metrics
-from osvl_kernels.inputs import LossHyper, _check_1d, plan_grpo_loss
+from osvl_kernels.grpo_loss import GRPOLossOutput, grpo_loss_output
+from osvl_kernels.inputs import LossHyper, check_linear_inputs, plan_grpo_loss
 from osvl_kernels.token_pass import TokenPassResult, resolve_backend, token_pass
 from osvl_kernels.vocab_parallel import vocab_parallel_token_pass, vocab_shard
 
@@ -35,26 +34,6 @@ LINEAR_CHUNK_BYTES = 256 * 2**20
 LOGITS_PER_WEIGHT = 8
 # Default chunks are a multiple of this many tokens when the budget allows (GEMM-friendly M).
 _CHUNK_ALIGN = 128
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def check_linear_inputs(hidden: torch.Tensor, weight: torch.Tensor, target_ids: torch.Tensor) -> None:
-    """Shape/dtype/device checks shared by the hidden-state entry points."""
-    for name, x, shape in (("hidden", hidden, "[T, H]"), ("weight", weight, "[V, H]")):
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name} must be a 2-D {shape} tensor, got {got}")
-    if hidden.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"hidden must be fp32/bf16/fp16, got {hidden.dtype}")
-    if weight.dtype != hidden.dtype:
-        raise ValueError(f"weight dtype {weight.dtype} must match hidden dtype {hidden.dtype}")
-    if weight.device != hidden.device:
-        raise ValueError(f"weight is on {weight.device}, hidden on {hidden.device}")
-    if weight.shape[1] != hidden.shape[1]:
-        raise ValueError(f"hidden size mismatch: hidden is [T, {hidden.shape[1]}], weight is [V, {weight.shape[1]}]")
-    if weight.shape[0] == 0:
-        raise ValueError("weight has no vocab rows")
-    _check_1d("target_ids", target_ids, hidden.shape[0], "int", hidden.device)
 
 
 def lm_head_chunk_rows(
@@ -229,19 +208,8 @@ def linear_grpo_loss(
             if want_weight:
                 add_matmul_(grad_weight, logits.t(), h[rows])
         del buffer, logits, grad  # the chunk (and its views) is dead: keep it out of the dW cast's peak
-        result = concat_results(parts)
-        loss_value = (plan.weight * result.loss).sum()
         if want_hidden and tp_group is not None:
             dist.all_reduce(grad_hidden, op=dist.ReduceOp.SUM, group=tp_group)
         if want_weight:
             grad_weight = grad_weight.to(weight.dtype)
-    if want_hidden or want_weight:
-        loss = loss_with_grads(loss_value, [hidden, weight], [grad_hidden, grad_weight])
-    else:
-        loss = loss_value
-    return GRPOLossOutput(
-        loss=loss,
-        logprobs=result.logp,
-        advantages=plan.advantages,
-        metrics=loss_metrics(result, plan, old_logprobs),
-    )
+    return grpo_loss_output(concat_results(parts), plan, old_logprobs, [hidden, weight], [grad_hidden, grad_weight])

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from osvl_kernels.inputs import check_logits_inputs
-from osvl_kernels.linear_grpo_loss import check_linear_inputs, lm_head_chunk_rows, token_chunks
+from osvl_kernels.inputs import check_linear_inputs, check_logits_inputs
+from osvl_kernels.linear_grpo_loss import lm_head_chunk_rows, token_chunks
 from osvl_kernels.token_pass import finish_stats, resolve_backend, row_stats
 from osvl_kernels.vocab_parallel import all_reduce_row_stats, vocab_shard
 

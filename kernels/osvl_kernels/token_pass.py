@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from osvl_kernels.inputs import LossHyper
-from osvl_kernels.objective import TokenTerms, token_terms
+from osvl_kernels.objective import TokenTerms
 
 # fp32 working set of one chunk of rows in the torch backend (bytes); bounds its peak memory.
 TORCH_CHUNK_BYTES = 64 * 2**20
@@ -110,16 +110,12 @@ def token_pass(
         return token_pass_triton(
             logits, target_ids, weight, advantage, old_logprobs, ref_logprobs, hyper, grad_out
         )
-    valid = weight > 0
-    stats = row_stats(logits, target_ids, valid, 0, hyper.temperature, backend="torch")
-    lse, logp, entropy = finish_stats(stats)
-    terms = token_terms(logp, advantage, old_logprobs, ref_logprobs, hyper)
-    if grad_out is not None:
-        grad_from_stats(
-            logits, target_ids, 0, lse, entropy, weight * terms.dloss_dlogp, weight * hyper.entropy_coef,
-            hyper.temperature, grad_out, backend="torch",
-        )
-    return result_from_terms(valid, logp, entropy, terms, hyper)
+    # The torch backend runs the split stages over one shard that is the whole vocabulary.
+    from osvl_kernels.vocab_parallel import vocab_parallel_token_pass
+
+    return vocab_parallel_token_pass(
+        logits, target_ids, 0, weight, advantage, old_logprobs, ref_logprobs, hyper, grad_out, None, backend="torch"
+    )
 
 
 def row_stats(

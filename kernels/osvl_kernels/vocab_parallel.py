@@ -113,17 +113,20 @@ def vocab_parallel_token_pass(
     ref_logprobs: torch.Tensor | None,
     hyper: LossHyper,
     grad_out: torch.Tensor | None,
-    group: dist.ProcessGroup,
+    group: dist.ProcessGroup | None,
     backend: str = "auto",
 ) -> TokenPassResult:
     """`token_pass` for a vocab shard [vocab_start, vocab_start + V_local) of each row.
 
     Returns the same per-token result on every rank; `grad_out` (may alias `logits`) receives
-    this shard's columns of weight_t * d(loss_t)/d(logits_t).
+    this shard's columns of weight_t * d(loss_t)/d(logits_t). `group=None` means the shard is
+    the whole vocabulary (no collective): the torch backend of `token_pass`.
     """
     valid = weight > 0
     stats = row_stats(logits, target_ids, valid, vocab_start, hyper.temperature, backend=backend)
-    lse, logp, entropy = finish_stats(all_reduce_row_stats(stats, group))
+    if group is not None:
+        stats = all_reduce_row_stats(stats, group)
+    lse, logp, entropy = finish_stats(stats)
     terms = token_terms(logp, advantage, old_logprobs, ref_logprobs, hyper)
     if grad_out is not None:
         grad_from_stats(

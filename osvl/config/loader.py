@@ -34,6 +34,17 @@ def resolve_recipe_path(name: str | Path) -> Path:
     return candidate
 
 
+def read_prompt_file(path: str | Path, key: str) -> str:
+    """The stripped text of a prompt file that config key or flag ``key`` names; errors name the key."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{key} file not found: {file}")
+    text = file.read_text(encoding="utf-8").strip()
+    if not text:
+        raise ValueError(f"{key} file {file} is empty")
+    return text
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -49,12 +60,17 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             raise ValueError(f"{path}: {value!r} is not one of {list(args)}")
         return value
     if origin in (typing.Union, types.UnionType):
-        for option in args:
+        options = [a for a in args if a is not type(None)]
+        if value is None and len(options) < len(args):
+            return None
+        for option in options:
             try:
                 return _coerce(value, option, path)
             except ValueError:
                 continue
-        raise ValueError(f"{path}: {value!r} matches none of {[_type_name(a) for a in args]}")
+        unset = " (or leave the key out)" if len(options) < len(args) else ""
+        raise ValueError(f"{path}: value of the wrong type: expected {' or '.join(map(_type_name, options))}"
+                         f"{unset}, got {value!r}")
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{path}: expected an array, got {value!r}")

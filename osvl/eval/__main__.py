@@ -30,6 +30,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from osvl.config.loader import read_prompt_file
 from osvl.eval.benchmarks import (
     FORMATS,
     BenchmarkFormat,
@@ -181,13 +182,7 @@ def read_system_prompt(path: str | None, default: str) -> str:
     """The user's prompt file (a released checkpoint's own wording), else the shipped prompt."""
     if path is None:
         return system_prompt(default)
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"--system-prompt file not found: {file}")
-    text = file.read_text(encoding="utf-8").strip()
-    if not text:
-        raise ValueError(f"--system-prompt file {file} is empty")
-    return text
+    return read_prompt_file(path, "--system-prompt")
 
 
 def build_answerer(args: argparse.Namespace, engine, model_dir: ModelDir, env: ProfiledEnvironment | None) -> Answerer:

@@ -22,7 +22,7 @@ from typing import Any
 
 import tomllib
 
-from osvl.rl.trajectory import ToolResult
+from osvl.tools import profiles
 from osvl.tools.config import (
     HttpConfig,
     ImageSearchConfig,
@@ -31,10 +31,9 @@ from osvl.tools.config import (
     TextSearchConfig,
     ToolsConfig,
 )
-from osvl.tools.environment import RawCall, ToolEnvironment
+from osvl.tools.environment import ToolEnvironment
 from osvl.tools.limits import ToolLimits
 from osvl.tools.profiles import ToolProfile
-from osvl.tools.visual_context import VisualContext
 
 SECTIONS: dict[str, type] = {"limits": ToolLimits, "http": HttpConfig, "super_resolution": SuperResolutionConfig,
                              "ocr": OcrConfig, "text_search": TextSearchConfig, "image_search": ImageSearchConfig}
@@ -111,21 +110,13 @@ def check_offline_paths(config: ToolsConfig) -> None:
                 raise ValueError(f"{section} {what.split()[0]} not found: {path}")
 
 
-class ProfiledEnvironment:
-    """The tool environment as a checkpoint trained on ``profile``'s schema sees it."""
+class ProfiledEnvironment(profiles.ProfiledEnvironment):
+    """The agentic modes' environment in ``profile``'s schema, keeping the osvl-protocol ``env`` it
+    runs on for RAG, which issues osvl's own ``text_search`` calls whatever the checkpoint's profile."""
 
     def __init__(self, env: ToolEnvironment, profile: ToolProfile) -> None:
-        self.env, self.profile = env, profile
-        self.registry = env.registry
-
-    def tool_schemas(self) -> list[dict[str, Any]]:
-        return self.profile.tool_schemas()
-
-    async def execute(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> ToolResult:
-        call = self.profile.prepare(raw)
-        if isinstance(call, ToolResult):
-            return call
-        return self.profile.present(await self.env.execute(call, context, deadline_s))
+        super().__init__(profile, env.pool, env.cache)
+        self.env = env
 
 
 # command-line flag (argparse dest) -> (section, field); a *_key_env flag names a variable, never a key

@@ -7,60 +7,54 @@ those model cards report (safetensors metadata: 8.77B, 31.1B, 33.4B).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from osvl.model.config import Qwen3VLConfig, TextConfig, VisionConfig
 
+# Every released size shares one vision tower; only its projection width follows the decoder's.
+_VISION = VisionConfig(
+    depth=27,
+    hidden_size=1152,
+    intermediate_size=4304,
+    num_heads=16,
+    patch_size=16,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    num_position_embeddings=2304,
+    deepstack_visual_indexes=(8, 16, 24),
+)
 
-def _vision(out_hidden_size: int) -> VisionConfig:
-    return VisionConfig(
-        depth=27,
-        hidden_size=1152,
-        intermediate_size=4304,
-        num_heads=16,
-        patch_size=16,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-        out_hidden_size=out_hidden_size,
-        num_position_embeddings=2304,
-        deepstack_visual_indexes=(8, 16, 24),
-    )
+# The larger sizes are written as their differences from the 8B decoder.
+_TEXT_8B = TextConfig(
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+)
+
+
+def _with_vision(text: TextConfig) -> Qwen3VLConfig:
+    return Qwen3VLConfig(text=text, vision=replace(_VISION, out_hidden_size=text.hidden_size))
 
 
 PRESETS: dict[str, Qwen3VLConfig] = {
-    "qwen3_vl_8b": Qwen3VLConfig(
-        text=TextConfig(
-            hidden_size=4096,
-            intermediate_size=12288,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-        ),
-        vision=_vision(4096),
-    ),
-    "qwen3_vl_30b_a3b": Qwen3VLConfig(
-        text=TextConfig(
+    "qwen3_vl_8b": _with_vision(_TEXT_8B),
+    "qwen3_vl_30b_a3b": _with_vision(
+        replace(
+            _TEXT_8B,
             hidden_size=2048,
             intermediate_size=6144,
             num_hidden_layers=48,
-            num_attention_heads=32,
             num_key_value_heads=4,
-            head_dim=128,
             num_experts=128,
             num_experts_per_tok=8,
             moe_intermediate_size=768,
-        ),
-        vision=_vision(2048),
+        )
     ),
-    "qwen3_vl_32b": Qwen3VLConfig(
-        text=TextConfig(
-            hidden_size=5120,
-            intermediate_size=25600,
-            num_hidden_layers=64,
-            num_attention_heads=64,
-            num_key_value_heads=8,
-            head_dim=128,
-        ),
-        vision=_vision(5120),
+    "qwen3_vl_32b": _with_vision(
+        replace(_TEXT_8B, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64)
     ),
 }
 

@@ -73,6 +73,29 @@ def start_context(method: str) -> Any:
     return context
 
 
+def spawn(context: Any, target: Callable[[Any, Any], None], factory: Any, name: str) -> tuple[Any, Any]:
+    """A daemon child running ``target(conn, factory)``, and the parent's end of its pipe."""
+    parent, child = context.Pipe(duplex=True)
+    process = context.Process(target=target, args=(child, factory), daemon=True, name=name)
+    process.start()
+    child.close()
+    return process, parent
+
+
+def await_ready(process: Any, conn: Any, timeout_s: float, what: str, error: type[Exception]) -> Any:
+    """The payload of the child's ``("ready", payload)`` hello; ``error`` if it stays silent, dies
+    or reports a failure, so a broken factory fails the caller instead of hanging it."""
+    try:
+        if not conn.poll(timeout_s):
+            raise error(f"{what} did not start within {timeout_s}s")
+        kind, payload = conn.recv()
+    except (EOFError, OSError):
+        kind, payload = "failed", f"died while starting (exit code {process.exitcode})"
+    if kind != "ready":
+        raise error(f"{what} failed to start: {payload}")
+    return payload
+
+
 @dataclass(frozen=True)
 class ProcessEngineConfig:
     startup_timeout_s: float = 120.0
@@ -167,27 +190,16 @@ class ProcessEngine:
         return self._process is not None and self._process.is_alive()
 
     def _start(self) -> None:
-        parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=_server_main, args=(child, self.factory), daemon=True,
-                                    name="osvl-engine-server")
-        process.start()
-        child.close()
+        process, parent = spawn(self._ctx, _server_main, self.factory, "osvl-engine-server")
         try:
-            if not parent.poll(self.config.startup_timeout_s):
-                raise EngineError(f"engine server did not start within {self.config.startup_timeout_s}s")
-            kind, payload = parent.recv()
-        except (EOFError, OSError):
-            kind, payload = "failed", f"died while starting (exit code {process.exitcode})"
+            version = await_ready(process, parent, self.config.startup_timeout_s, "engine server", EngineError)
         except EngineError:
             process.kill()
-            raise
-        if kind != "ready":
-            process.kill()
             process.join(5)
-            raise EngineError(f"engine server failed to start: {payload}")
+            raise
         with self._lock:
             self._process, self._conn, self._live_conn = process, parent, parent
-        self._version = payload
+        self._version = version
         threading.Thread(target=self._read, args=(parent, process), daemon=True, name="osvl-engine-reader").start()
         if self._weights is not None:
             self._call(("weights", *self._weights)).result()

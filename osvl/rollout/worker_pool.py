@@ -30,9 +30,11 @@ from osvl.rl.trajectory import FinishReason, Prompt, Trajectory
 from osvl.rollout.agent import AgentConfig
 from osvl.rollout.engine import Engine
 from osvl.rollout.engine_process import (
+    await_ready,
     load_weights_file,
     save_weights,
     shared_memory_dir,
+    spawn,
     start_context,
 )
 from osvl.rollout.workers import Group, RolloutConfig, RolloutMetrics, run_group
@@ -176,22 +178,10 @@ class RolloutWorkerPool:
     # -- lifecycle --------------------------------------------------------------------------
 
     def _launch(self) -> tuple[Any, Any]:
-        parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=_worker_main, args=(child, self.factory), daemon=True,
-                                    name="osvl-rollout-worker")
-        process.start()
-        child.close()
-        return process, parent
+        return spawn(self._ctx, _worker_main, self.factory, "osvl-rollout-worker")
 
     def _await_ready(self, process: Any, conn: Any) -> _Worker:
-        try:
-            if not conn.poll(self.config.startup_timeout_s):
-                raise RuntimeError(f"rollout worker did not start within {self.config.startup_timeout_s}s")
-            kind, payload = conn.recv()
-        except (EOFError, OSError):
-            kind, payload = "failed", f"died while starting (exit code {process.exitcode})"
-        if kind != "ready":
-            raise RuntimeError(f"rollout worker failed to start: {payload}")
+        payload = await_ready(process, conn, self.config.startup_timeout_s, "rollout worker", RuntimeError)
         worker = _Worker(process, conn, *payload)
         if self._weights is not None:
             conn.send(("weights", *self._weights))

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from osvl.jsonl import iter_jsonl, iter_records, write_jsonl
 from osvl.rl.trajectory import ImageStore, Prompt
 from osvl.synth.question import (
     Question,
@@ -73,23 +74,11 @@ class Drop:
 
 
 def read_items(path: str | os.PathLike[str]) -> Iterator[QAItem]:
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    yield QAItem.from_dict(json.loads(line))
-                except ValueError as bad:
-                    raise ValueError(f"{path}:{number}: {bad}") from None
+    return iter_records(path, QAItem.from_dict)
 
 
 def append_items(path: str | os.PathLike[str], items: Iterable[QAItem]) -> int:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    written = 0
-    with open(path, "a", encoding="utf-8", newline="\n") as handle:
-        for item in items:
-            handle.write(json.dumps(item.to_dict(), ensure_ascii=False, sort_keys=True) + "\n")
-            written += 1
-    return written
+    return write_jsonl(path, (item.to_dict() for item in items), append=True)
 
 
 def counts_path(output: str | os.PathLike[str]) -> Path:
@@ -127,11 +116,8 @@ def run_stage(name: str, source: Iterable[T], output: str | os.PathLike[str],
     kept = {item.id for item in read_items(out)}
     dropped: dict[str, str] = {}
     if drops.exists():
-        with open(drops, encoding="utf-8") as handle:
-            for line in handle:
-                if line.strip():
-                    row = json.loads(line)
-                    dropped[row["key"]] = row["reason"]
+        for _, row in iter_jsonl(drops):
+            dropped[row["key"]] = row["reason"]
     with open(out, "a", encoding="utf-8", newline="\n") as kept_file, \
             open(drops, "a", encoding="utf-8", newline="\n") as drop_file:
         for entry in source:
@@ -173,9 +159,6 @@ def write_prompts(path: str | os.PathLike[str], prompts: Iterable[Prompt],
 
 def read_prompts(path: str | os.PathLike[str], images_dir: str | os.PathLike[str] | None = None) -> Iterator[Prompt]:
     store = ImageStore(images_dir if images_dir is not None else Path(path).parent / "images")
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                data = json.loads(line)
-                yield Prompt(id=data["id"], question=data["question"], images=[store.get(s) for s in data["images"]],
-                             answer=data["answer"], aliases=list(data["aliases"]))
+    for _, data in iter_jsonl(path):
+        yield Prompt(id=data["id"], question=data["question"], images=[store.get(s) for s in data["images"]],
+                     answer=data["answer"], aliases=list(data["aliases"]))

@@ -178,11 +178,7 @@ def build_run_config(raw: Mapping[str, Any]) -> RunConfig:
         value = raw.get(name, {})
         if not isinstance(value, Mapping):
             raise ValueError(f"{name}: expected a table, got {value!r}")  # noqa: TRY004 - bad input is a ValueError
-        try:
-            sections[name] = build(cls, value, name)
-        except TypeError as error:  # the loader's optional fields (int | None) reject other types this way
-            key = str(error).split(":", 1)[0]
-            raise ValueError(f"{key}: value of the wrong type") from None
+        sections[name] = build(cls, value, name)
     sections["curation"] = dataclasses.replace(sections["curation"], expert_tools=sections["tools"].mode,
                                                tool_workers=sections["tools"].workers)
     return RunConfig(**sections)

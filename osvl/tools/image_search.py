@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from osvl.jsonl import iter_jsonl
 from osvl.tools.config import HttpConfig, ImageSearchConfig, ToolsConfig
 from osvl.tools.errors import BackendError, ToolError
 from osvl.tools.http_client import request_json
@@ -106,27 +106,20 @@ class NearDuplicateIndex:
         if not path.is_file():
             raise ValueError(f"image collection {path} does not exist")
         entries = []
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from None
-                if (
-                    not isinstance(record, dict)
-                    or not isinstance(record.get("image"), str)
-                    or not isinstance(record.get("title"), str)
-                ):
-                    raise ValueError(f"{path}:{number}: needs string fields 'image' and 'title'")
-                try:
-                    image = read_image(path.parent / record["image"], max_pixels)
-                except (OSError, ValueError) as err:
-                    raise ValueError(f"{path}:{number}: {err}") from None
-                entries.append(
-                    describe(image, record["title"], str(record.get("caption", "")), str(record.get("page_id", "")))
-                )
+        for number, record in iter_jsonl(path):
+            if (
+                not isinstance(record, dict)
+                or not isinstance(record.get("image"), str)
+                or not isinstance(record.get("title"), str)
+            ):
+                raise ValueError(f"{path}:{number}: needs string fields 'image' and 'title'")
+            try:
+                image = read_image(path.parent / record["image"], max_pixels)
+            except (OSError, ValueError) as err:
+                raise ValueError(f"{path}:{number}: {err}") from None
+            entries.append(
+                describe(image, record["title"], str(record.get("caption", "")), str(record.get("page_id", "")))
+            )
         return cls(entries)
 
     def search(self, image: np.ndarray, top_k: int) -> list[Match]:

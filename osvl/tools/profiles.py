@@ -236,6 +236,9 @@ class ProfiledEnvironment(ToolEnvironment):
         super().__init__(profile.registry, pool, cache)
         self.profile = profile
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return self.profile.tool_schemas()
+
     def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> Job | ToolResult:
         call = self.profile.prepare(raw)
         if isinstance(call, ToolResult):
@@ -247,3 +250,10 @@ class ProfiledEnvironment(ToolEnvironment):
 
     def execute_sync(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> ToolResult:
         return self.profile.present(super().execute_sync(raw, context, deadline_s))
+
+
+def profile_environment(profile: ToolProfile, pool: ToolRunner, cache: ToolCache | None = None) -> ToolEnvironment:
+    """osvl's own protocol runs as is; another profile is translated on the way in and out."""
+    if profile.name == "paper":
+        return ToolEnvironment(profile.registry, pool, cache)
+    return ProfiledEnvironment(profile, pool, cache)

@@ -8,7 +8,6 @@ chat model writes a 2-4 sentence query-focused summary of each page.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sqlite3
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from osvl.jsonl import iter_jsonl
 from osvl.tools.config import HttpConfig, TextSearchConfig, ToolsConfig
 from osvl.tools.errors import BackendError, ToolError
 from osvl.tools.http_client import request, request_json
@@ -53,20 +53,13 @@ def query_terms(query: str) -> list[str]:
 
 
 def _corpus_records(corpus_path: Path):
-    with open(corpus_path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{corpus_path}:{number}: not JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{corpus_path}:{number}: each line must be a JSON object")
-            missing = [k for k in ("id", "title", "text") if not isinstance(record.get(k), str)]
-            if missing:
-                raise ValueError(f"{corpus_path}:{number}: missing or non-string field(s) {missing}")
-            yield record["id"], record["title"], record["text"], str(record.get("url") or f"corpus://{record['id']}")
+    for number, record in iter_jsonl(corpus_path):
+        if not isinstance(record, dict):
+            raise ValueError(f"{corpus_path}:{number}: each line must be a JSON object")
+        missing = [k for k in ("id", "title", "text") if not isinstance(record.get(k), str)]
+        if missing:
+            raise ValueError(f"{corpus_path}:{number}: missing or non-string field(s) {missing}")
+        yield record["id"], record["title"], record["text"], str(record.get("url") or f"corpus://{record['id']}")
 
 
 def _fingerprint(corpus_path: Path) -> str:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
 
 from osvl.model import save_pretrained
 
@@ -85,6 +86,26 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     trainer = torch.load(state_file, weights_only=False)
     set_rng_state(trainer.pop("rng"))
     return trainer
+
+
+def stage_state(scheduler: Stateful, stream: Stateful, **extra: Any) -> dict[str, Any]:
+    """A stage's trainer state for ``save_checkpoint``: what ``resume_state`` restores, plus the
+    stage's own ``extra`` keys."""
+    return {"scheduler": scheduler.state_dict(), "cursor": stream.state_dict(), **extra}
+
+
+def resume_state(root: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Stateful,
+                 stream: Stateful, resume: bool = True) -> dict[str, Any]:
+    """Continues from the newest complete checkpoint under ``root`` (when ``resume``): restores the
+    model, optimizer, RNG, scheduler and data stream in place and returns the trainer state, whose
+    ``step`` and stage-specific keys the caller reads; ``{}`` means a fresh start."""
+    latest = latest_checkpoint(root) if resume else None
+    if latest is None:
+        return {}
+    state = load_checkpoint(latest, model, optimizer)
+    scheduler.load_state_dict(state["scheduler"])
+    stream.load_state_dict(state["cursor"])
+    return state
 
 
 def finish_stage(save: Callable[[int], None], step: int, resumed: int, total: int, recipe: Any,

@@ -69,14 +69,8 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
     from osvl.rl.fatal import FatalConfig
     from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
     from osvl.rl.rewards import RewardConfig, score_batch
-    from osvl.rollout import (
-        AgentConfig,
-        LocalEngine,
-        RolloutConfig,
-        SamplingParams,
-        stream_groups,
-    )
-    from osvl.trainer.grpo_data import load_prompts
+    from osvl.rollout import LocalEngine, stream_groups
+    from osvl.trainer.grpo_data import load_prompts, rollout_configs
     from osvl.trainer.policy import build_policy, policy_arch
     from osvl.trainer.tool_env import stage_renderer, world_environment
 
@@ -93,12 +87,7 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
         engine_model.load_state_dict(build_policy(recipe, arch, world_size=1).state_dict())
     engine = LocalEngine(engine_model, tokenizer, renderer.image_config, max_batch=recipe.rollout.max_in_flight)
     engine = engine_wrapper(engine) if engine_wrapper else engine  # tests script the policy
-    g, r = recipe.grpo, recipe.rollout
-    agent = AgentConfig(max_turns=r.max_turns, max_total_tokens=g.max_prompt_tokens + g.max_response_tokens,
-                        sampling=SamplingParams(temperature=0.0, max_new_tokens=g.max_response_tokens),
-                        fatal=FatalConfig(k=g.fatal_k))
-    workers = RolloutConfig(group_size=1, max_in_flight=r.max_in_flight, trajectory_deadline_s=r.trajectory_deadline_s,
-                            max_retries=0, base_seed=recipe.job.seed)
+    agent, workers = rollout_configs(recipe, greedy=True, group_size=1, max_retries=0)
 
     async def collect(env) -> list:
         out = []
@@ -110,7 +99,7 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
     with world_environment(recipe, 0) as env:
         trajectories = asyncio.run(collect(env))
     scored = score_batch(trajectories, ExactMatchAccuracyJudge(), HeuristicQueryJudge(),
-                         RewardConfig(alpha=recipe.judges.alpha, fatal=FatalConfig(k=g.fatal_k)))
+                         RewardConfig(alpha=recipe.judges.alpha, fatal=FatalConfig(k=recipe.grpo.fatal_k)))
     rewards = [t.reward for t in scored if t.reward is not None and t.reward.scored]
     statuses = Counter(s.tool_result.status.value for t in scored for s in t.steps if s.tool_result is not None)
     n = max(len(rewards), 1)

@@ -26,7 +26,6 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torchtitan.distributed.utils import clip_grad_norm_
 
-from osvl.config.loader import recipe_to_dict
 from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
 from osvl.data.distributed import global_normalizers
@@ -39,22 +38,19 @@ from osvl.rl.rewards import RewardConfig, score_batch
 from osvl.rl.stats import batch_stats
 from osvl.rl.trajectory import Trajectory
 from osvl.rollout import (
-    AgentConfig,
     Engine,
     LocalEngine,
     RolloutMetrics,
     RolloutRecorder,
-    SamplingParams,
     derive_seed,
     stream_groups,
 )
-from osvl.rollout import RolloutConfig as WorkerConfig
 from osvl.tools import ToolEnvironment
 from osvl.trainer.checkpoint import (
     finish_stage,
-    latest_checkpoint,
-    load_checkpoint,
+    resume_state,
     save_checkpoint,
+    stage_state,
 )
 from osvl.trainer.flops import (
     device_name,
@@ -68,9 +64,10 @@ from osvl.trainer.grpo_data import (
     load_prompts,
     rank_minibatch,
     rank_share,
+    rollout_configs,
     training_sequences,
 )
-from osvl.trainer.metrics import MetricsWriter, peak_memory_gib
+from osvl.trainer.metrics import peak_memory_gib, stage_metrics
 from osvl.trainer.optim import build_optimizer, build_scheduler
 from osvl.trainer.policy import build_policy, lm_head_weight, policy_arch
 from osvl.trainer.sft import StageResult
@@ -102,14 +99,7 @@ def check_grpo_recipe(recipe: Recipe, dp_size: int) -> None:
 
 def _rollout(prompts, engine: Engine, env, renderer: ChatRenderer, recipe: Recipe, step: int) -> tuple[list[Trajectory], RolloutMetrics]:
     """This rank's groups; group ids are the prompts' positions in the step's global batch."""
-    g, r = recipe.grpo, recipe.rollout
-    agent = AgentConfig(max_turns=r.max_turns, max_total_tokens=g.max_prompt_tokens + g.max_response_tokens,
-                        sampling=SamplingParams(temperature=g.temperature, top_p=g.top_p,
-                                                max_new_tokens=g.max_response_tokens),
-                        fatal=FatalConfig(k=g.fatal_k))
-    workers = WorkerConfig(group_size=g.group_size, max_in_flight=r.max_in_flight,
-                           trajectory_deadline_s=r.trajectory_deadline_s, max_retries=r.max_retries,
-                           base_seed=recipe.job.seed)
+    agent, workers = rollout_configs(recipe)
     metrics = RolloutMetrics()
     group_ids = [gid for gid, _ in prompts]
 
@@ -196,17 +186,11 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
                         max_batch=recipe.rollout.max_in_flight)
     engine = engine_wrapper(local) if engine_wrapper else local
     ckpt_root = run_dir / "checkpoints"
-    step = resumed = version = 0
-    latest = latest_checkpoint(ckpt_root) if recipe.checkpoint.resume else None
-    if latest is not None:
-        state = load_checkpoint(latest, model, optimizer)
-        scheduler.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["cursor"])
-        step = resumed = state["step"]
-        version = state["policy_version"]
+    state = resume_state(ckpt_root, model, optimizer, scheduler, stream, resume=recipe.checkpoint.resume)
+    step = resumed = state.get("step", 0)
+    version = state["policy_version"] if state else 0  # optimizer steps taken: the engines' weight version
     sync_weights(model, local, version)
-    metrics = MetricsWriter(run_dir, enabled=rank == 0, tensorboard=recipe.metrics.tensorboard,
-                            console=recipe.metrics.console, header=recipe_to_dict(recipe))
+    metrics = stage_metrics(recipe, rank)
     recorder = RolloutRecorder(run_dir / "rollouts")
     judges = ExactMatchAccuracyJudge(), HeuristicQueryJudge()
     reward_config = RewardConfig(alpha=recipe.judges.alpha, fatal=FatalConfig(k=g.fatal_k))
@@ -215,8 +199,8 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
     train_vision = not recipe.model.freeze_vision
 
     def save(at: int) -> None:
-        save_checkpoint(ckpt_root, at, model, optimizer, {"scheduler": scheduler.state_dict(),
-                        "cursor": stream.state_dict(), "policy_version": version}, keep_last=recipe.checkpoint.keep_last)
+        save_checkpoint(ckpt_root, at, model, optimizer, stage_state(scheduler, stream, policy_version=version),
+                        keep_last=recipe.checkpoint.keep_last)
 
     final_loss = float("nan")
     end = total if stop_after is None else min(total, step + stop_after)

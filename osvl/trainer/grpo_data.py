@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from osvl.config.recipe import DataConfig
+from osvl.config.recipe import DataConfig, Recipe
 from osvl.data.chat import ChatRenderer
 from osvl.data.formats import FileStats, iter_rl_parquet
 from osvl.data.packing import (
@@ -29,7 +29,9 @@ from osvl.data.packing import (
     train_sequence,
 )
 from osvl.rl.advantages import AdvantageBatch
+from osvl.rl.fatal import FatalConfig
 from osvl.rl.trajectory import Prompt, Trajectory
+from osvl.rollout import AgentConfig, RolloutConfig, SamplingParams
 from osvl.synth.records import read_prompts
 from osvl.trainer.sft_data import (
     as_data_config,
@@ -57,6 +59,23 @@ def load_prompts(source: str | Path | DataConfig, stats: FileStats | None = None
     if missing:
         raise ValueError(f"data.train_path: prompts without a reference answer cannot be scored: {missing[:3]}")
     return prompts
+
+
+def rollout_configs(recipe: Recipe, *, greedy: bool = False, group_size: int | None = None,
+                    max_retries: int | None = None) -> tuple[AgentConfig, RolloutConfig]:
+    """The agent loop and rollout workers of the recipe's GRPO stage. Evaluation reuses them with
+    ``greedy`` decoding (temperature 0, no top-p) and its own group size and retry budget, so its
+    prompts, tools and turn budget are the training ones."""
+    g, r = recipe.grpo, recipe.rollout
+    sampling = SamplingParams(temperature=0.0 if greedy else g.temperature, top_p=1.0 if greedy else g.top_p,
+                              max_new_tokens=g.max_response_tokens)
+    agent = AgentConfig(max_turns=r.max_turns, max_total_tokens=g.max_prompt_tokens + g.max_response_tokens,
+                        sampling=sampling, fatal=FatalConfig(k=g.fatal_k))
+    workers = RolloutConfig(group_size=g.group_size if group_size is None else group_size,
+                            max_in_flight=r.max_in_flight, trajectory_deadline_s=r.trajectory_deadline_s,
+                            max_retries=r.max_retries if max_retries is None else max_retries,
+                            base_seed=recipe.job.seed)
+    return agent, workers
 
 
 def rank_share(batch: Sequence[int], dp_size: int, dp_rank: int) -> list[tuple[int, int]]:

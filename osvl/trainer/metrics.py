@@ -14,6 +14,9 @@ from typing import Any, TextIO
 
 import torch
 
+from osvl.config.loader import recipe_to_dict
+from osvl.config.recipe import Recipe
+
 
 def peak_memory_gib() -> float:
     """Peak CUDA allocation, or this process's peak resident set on CPU."""
@@ -70,6 +73,12 @@ class MetricsWriter:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def stage_metrics(recipe: Recipe, rank: int) -> MetricsWriter:
+    """The stage's writer in ``job.run_dir``, headed by the full recipe; silent off rank 0."""
+    return MetricsWriter(recipe.job.run_dir, enabled=rank == 0, tensorboard=recipe.metrics.tensorboard,
+                         console=recipe.metrics.console, header=recipe_to_dict(recipe))
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:

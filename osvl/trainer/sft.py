@@ -10,19 +10,18 @@ import torch
 import torch.distributed as dist
 from torchtitan.distributed.utils import clip_grad_norm_
 
-from osvl.config.loader import recipe_to_dict
 from osvl.config.recipe import Recipe
 from osvl.data.packing import PackedBatch
 from osvl.data.tokenizer import load_tokenizer
 from osvl.trainer.checkpoint import (
     finish_stage,
-    latest_checkpoint,
-    load_checkpoint,
+    resume_state,
     save_checkpoint,
+    stage_state,
 )
 from osvl.trainer.flops import device_name, mfu, packed_batch_flops, resolve_peak_tflops
 from osvl.trainer.loss import sft_loss
-from osvl.trainer.metrics import MetricsWriter, peak_memory_gib
+from osvl.trainer.metrics import peak_memory_gib, stage_metrics
 from osvl.trainer.optim import build_optimizer, build_scheduler
 from osvl.trainer.policy import build_policy, lm_head_weight, policy_arch
 from osvl.trainer.sft_data import SFTStream, load_sft_sequences, rank_microbatches
@@ -66,21 +65,14 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
     optimizer = build_optimizer(params, recipe.optimizer)
     scheduler = build_scheduler(optimizer, total, recipe.scheduler)
     ckpt_root = run_dir / "checkpoints"
-    step = resumed = 0
-    latest = latest_checkpoint(ckpt_root) if recipe.checkpoint.resume else None
-    if latest is not None:
-        state = load_checkpoint(latest, model, optimizer)
-        scheduler.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["cursor"])
-        step = resumed = state["step"]
-    metrics = MetricsWriter(run_dir, enabled=rank == 0, tensorboard=recipe.metrics.tensorboard,
-                            console=recipe.metrics.console, header=recipe_to_dict(recipe))
+    state = resume_state(ckpt_root, model, optimizer, scheduler, stream, resume=recipe.checkpoint.resume)
+    step = resumed = state.get("step", 0)
+    metrics = stage_metrics(recipe, rank)
     peak = resolve_peak_tflops(recipe.metrics.peak_tflops, device_name())
     train_vision = not recipe.model.freeze_vision
 
     def save(at: int) -> None:
-        save_checkpoint(ckpt_root, at, model, optimizer,
-                        {"scheduler": scheduler.state_dict(), "cursor": stream.state_dict()},
+        save_checkpoint(ckpt_root, at, model, optimizer, stage_state(scheduler, stream),
                         keep_last=recipe.checkpoint.keep_last)
 
     loss_value = float("nan")

@@ -22,9 +22,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from osvl.config.loader import read_prompt_file
 from osvl.config.recipe import STAGE_FORMATS, DataConfig
 from osvl.data.chat import ChatRenderer
-from osvl.data.formats import FileStats, SFTRecord, detect_format, iter_sharegpt
+from osvl.data.formats import (
+    FileStats,
+    SFTRecord,
+    detect_format,
+    iter_sharegpt,
+    tokenize_steps,
+)
 from osvl.data.image import ImageConfig
 from osvl.data.mrope import mrope_position_ids
 from osvl.data.packing import (
@@ -35,22 +42,8 @@ from osvl.data.packing import (
     plan_packing,
     train_sequence,
 )
-from osvl.data.tokenizer import SpecialTokens, Tokenizer
+from osvl.data.tokenizer import SpecialTokens
 from osvl.rl.trajectory import Trajectory, read_jsonl
-
-
-def tokenize_steps(trajectory: Trajectory, tokenizer: Tokenizer) -> Trajectory:
-    """Fills empty ``token_ids`` from each step's text (engine-recorded ids are kept verbatim)."""
-    steps = []
-    for step in trajectory.steps:
-        if not step.token_ids:
-            if not step.text:
-                raise ValueError(f"trajectory {trajectory.prompt.id!r}: a step has neither token ids nor text")
-            ids = tokenizer.encode(step.text) + [tokenizer.special.im_end]
-            step = dataclasses.replace(step, token_ids=ids, logprobs=[0.0] * len(ids))
-        steps.append(step)
-    return dataclasses.replace(trajectory, steps=steps)
-
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +67,7 @@ def resolve_format(data: DataConfig, stage: str) -> str:
 
 def read_system_prompt(path: str) -> str:
     """``data.system_prompt``: the file's text; ``""`` for no file."""
-    if not path:
-        return ""
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"data.system_prompt: {file} does not exist")
-    text = file.read_text(encoding="utf-8").strip()
-    if not text:
-        raise ValueError(f"data.system_prompt: {file} is empty")
-    return text
+    return read_prompt_file(path, "data.system_prompt") if path else ""
 
 
 def log_file_stats(stats: FileStats) -> None:
@@ -118,7 +103,7 @@ def load_sft_sequences(source: str | Path | DataConfig, renderer: ChatRenderer,
         stats = stats if stats is not None else FileStats(str(path))
         records = iter_sharegpt(path, stats, image_root=data.image_root or None)
         pairs = _record_renderers(records, renderer, read_system_prompt(data.system_prompt))
-    sequences = [train_sequence(tokenize_steps(t, r.tokenizer), r, reward=0.0) for t, r in pairs]
+    sequences = [train_sequence(tokenize_steps(t, r.tokenizer, keep_token_ids=True), r, reward=0.0) for t, r in pairs]
     if stats is not None:
         log_file_stats(stats)
     if not sequences:

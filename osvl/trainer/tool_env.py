@@ -30,10 +30,14 @@ from osvl.tools import (
     ToolPool,
     ToolsConfig,
 )
-from osvl.tools.cache import ToolCache
 from osvl.tools.environment import ToolRunner
 from osvl.tools.limits import ToolLimits
-from osvl.tools.profiles import ProfiledEnvironment, ToolProfile, tool_profile
+from osvl.tools.profiles import (
+    ProfiledEnvironment,
+    ToolProfile,
+    profile_environment,
+    tool_profile,
+)
 from osvl.trainer.policy import image_config
 from osvl.trainer.sft_data import read_system_prompt
 
@@ -107,13 +111,6 @@ def stage_renderer(recipe: Recipe, tokenizer: Tokenizer, arch: Qwen3VLConfig) ->
     tools = recipe_profile(recipe).tool_schemas() if recipe.tools.profile == "release" else ()
     return ChatRenderer(tokenizer, stage_image_config(recipe, arch), tools,
                         read_system_prompt(recipe.data.system_prompt))
-
-
-def profile_environment(profile: ToolProfile, pool: ToolRunner, cache: ToolCache | None = None) -> ToolEnvironment:
-    """osvl's own protocol runs as is; another profile is translated on the way in and out."""
-    if profile.name == "paper":
-        return ToolEnvironment(profile.registry, pool, cache)
-    return ProfiledEnvironment(profile, pool, cache)
 
 
 EnvironmentFactory = Callable[[Recipe, int], AbstractContextManager[ToolEnvironment]]

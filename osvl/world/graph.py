@@ -21,12 +21,12 @@ graph fits in memory in proportion to pages + links. Fields of a line:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
+
+from osvl.jsonl import iter_records, write_jsonl
 
 DOMAINS = ("Person", "Building/Place", "Location", "Organism", "Artifact")
 NON_ARTICLE_NAMESPACES = ("Template", "Category", "File", "User", "Help", "Portal", "Wikipedia")
@@ -108,31 +108,12 @@ def page_id(title: str) -> str:
 
 def iter_pages(path: str | os.PathLike[str]) -> Iterator[Page]:
     """Stream pages from a ``graph.jsonl``; a malformed line names its line number."""
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except ValueError as bad:
-                raise ValueError(f"{path}:{number}: not JSON ({bad})") from None
-            if not isinstance(data, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object")  # noqa: TRY004 (bad input)
-            try:
-                yield Page.from_dict(data)
-            except ValueError as bad:
-                raise ValueError(f"{path}:{number}: {bad}") from None
+    return iter_records(path, Page.from_dict)
 
 
 def write_pages(path: str | os.PathLike[str], pages: Iterable[Page]) -> int:
     """Write pages as JSONL with sorted keys (byte-stable for a given page list)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    count = 0
-    with open(path, "w", encoding="utf-8", newline="\n") as handle:
-        for page in pages:
-            handle.write(json.dumps(page.to_dict(), ensure_ascii=False, sort_keys=True) + "\n")
-            count += 1
-    return count
+    return write_jsonl(path, (page.to_dict() for page in pages))
 
 
 def compute_in_degrees(pages: dict[str, Page]) -> dict[str, int]:

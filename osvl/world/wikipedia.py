@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import unquote
 
+from osvl.jsonl import iter_jsonl
 from osvl.world.graph import (
     Graph,
     ImageRef,
@@ -55,13 +56,10 @@ def _read_side(path: str | os.PathLike[str] | None) -> dict[str, dict]:
     side: dict[str, dict] = {}
     if path is None:
         return side
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                data = json.loads(line)
-                if "title" not in data:
-                    raise ValueError(f"{path}:{number}: side record lacks 'title'")
-                side[page_id(data["title"])] = data
+    for number, data in iter_jsonl(path):
+        if "title" not in data:
+            raise ValueError(f"{path}:{number}: side record lacks 'title'")
+        side[page_id(data["title"])] = data
     return side
 
 
@@ -75,28 +73,24 @@ def convert_wikiextractor(extracts: Iterable[str | os.PathLike[str]], out: str |
     pages: dict[str, Page] = {}
     with open(root / "corpus.jsonl", "w", encoding="utf-8", newline="\n") as corpus:
         for extract in extracts:
-            with open(extract, encoding="utf-8") as handle:
-                for number, line in enumerate(handle, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        doc = json.loads(line)
-                        title = doc["title"]
-                        raw = doc["text"]
-                    except (ValueError, KeyError, TypeError):
-                        raise ValueError(f"{extract}:{number}: not a WikiExtractor JSON article "
-                                         f"(needs 'title' and 'text')") from None
-                    text, links = parse_links(raw)
-                    pid = page_id(title)
-                    extra = side.get(pid, {})
-                    pages[pid] = Page(
-                        id=pid, title=title, namespace=namespace_of(title),
-                        disambiguation="(disambiguation)" in title, domain=extra.get("domain"),
-                        kind=extra.get("kind"), aliases=list(extra.get("aliases", [])),
-                        infobox={str(k): str(v) for k, v in extra.get("infobox", {}).items()},
-                        links=links, images=[ImageRef(**image) for image in extra.get("images", [])])
-                    corpus.write(json.dumps({"id": pid, "title": title, "text": text, "url": doc.get("url", ""),
-                                             "aliases": pages[pid].aliases}, ensure_ascii=False) + "\n")
+            for number, doc in iter_jsonl(extract):
+                try:
+                    title = doc["title"]
+                    raw = doc["text"]
+                except (KeyError, TypeError):
+                    raise ValueError(f"{extract}:{number}: not a WikiExtractor JSON article "
+                                     f"(needs 'title' and 'text')") from None
+                text, links = parse_links(raw)
+                pid = page_id(title)
+                extra = side.get(pid, {})
+                pages[pid] = Page(
+                    id=pid, title=title, namespace=namespace_of(title),
+                    disambiguation="(disambiguation)" in title, domain=extra.get("domain"),
+                    kind=extra.get("kind"), aliases=list(extra.get("aliases", [])),
+                    infobox={str(k): str(v) for k, v in extra.get("infobox", {}).items()},
+                    links=links, images=[ImageRef(**image) for image in extra.get("images", [])])
+                corpus.write(json.dumps({"id": pid, "title": title, "text": text, "url": doc.get("url", ""),
+                                         "aliases": pages[pid].aliases}, ensure_ascii=False) + "\n")
     redirects = 0
     if redirects_tsv is not None:
         with open(redirects_tsv, encoding="utf-8") as handle:

@@ -22,6 +22,7 @@ from osvl.eval.judge import NormalizedMatchJudge
 from osvl.eval.model_dir import load_model_dir
 from osvl.eval.runner import Evaluator, RunConfig, read_records
 from osvl.eval.tools import (
+    ProfiledEnvironment,
     check_offline_paths,
     read_tools_file,
     resolve_sections,
@@ -29,6 +30,7 @@ from osvl.eval.tools import (
 )
 from osvl.model import from_pretrained
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
+from osvl.tools import ToolEnvironment, profiles, tool_profile
 from tests.eval.helpers import rgb, write_jsonl, write_png
 from tests.tools.loopback import LoopbackServer, Reply
 
@@ -197,3 +199,12 @@ def test_cli_refuses_bad_tool_settings_before_loading_the_model(checkpoint, worl
     assert "needs api_url" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         build_parser().parse_args(base + ["--tool-profile", "llama"])
+
+
+def test_profiled_environment_is_the_tools_one_over_the_osvl_environment_rag_uses():
+    profile = tool_profile("release")
+    osvl_env = ToolEnvironment(profile.registry, pool=object())
+    env = ProfiledEnvironment(osvl_env, profile)
+    assert isinstance(env, profiles.ProfiledEnvironment) and env.profile is profile
+    assert env.env is osvl_env and env.pool is osvl_env.pool and env.registry is profile.registry
+    assert env.tool_schemas() == profile.tool_schemas() != profile.registry.tool_schemas()

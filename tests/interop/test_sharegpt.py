@@ -110,3 +110,24 @@ def test_json_array_streams_across_small_chunks(dataset):
     with open(dataset / "sft.json", encoding="utf-8") as handle:
         streamed = list(_json_objects(handle, chunk_chars=7))
     assert streamed == json.loads((dataset / "sft.json").read_text())
+
+
+def test_tokenize_steps_keeps_engine_steps_when_asked(dataset, tokenizer):
+    text_only = next(iter_sharegpt(dataset / "sft.json")).trajectory
+    recorded = tokenize_steps(text_only, tokenizer)
+    mixed = copy.deepcopy(text_only)
+    mixed.steps[0] = recorded.steps[0]  # an engine-recorded step next to text-only ones
+    kept = tokenize_steps(mixed, tokenizer, keep_token_ids=True)
+    assert kept.steps[0] is mixed.steps[0]
+    assert [s.token_ids for s in kept.steps] == [s.token_ids for s in recorded.steps]
+    assert all(s.logprobs == [0.0] * len(s.token_ids) for s in kept.steps)
+    with pytest.raises(ValueError, match=r"step 0 already has token ids"):
+        tokenize_steps(mixed, tokenizer)
+
+
+def test_tokenize_steps_refuses_a_step_without_ids_or_text(dataset, tokenizer):
+    traj = copy.deepcopy(next(iter_sharegpt(dataset / "sft.json")).trajectory)
+    traj.steps[-1].text = ""
+    for keep in (False, True):
+        with pytest.raises(ValueError, match=r"step \d+ has neither token ids nor text"):
+            tokenize_steps(traj, tokenizer, keep_token_ids=keep)

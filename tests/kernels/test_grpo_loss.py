@@ -6,7 +6,10 @@ import pytest
 import torch
 
 from osvl_kernels import grpo_loss
+from osvl_kernels.grpo_loss import grpo_loss_output
+from osvl_kernels.inputs import LossPlan
 from osvl_kernels.reference import reference_grpo_loss
+from osvl_kernels.token_pass import TokenPassResult
 from tests.kernels.packed import random_packed_batch
 
 BACKENDS = ["torch", "triton"]
@@ -214,3 +217,43 @@ def test_batch_without_tokens(backend):
     out.loss.backward()
     assert out.loss.item() == 0.0 and logits.grad.shape == (0, 11)
     assert out.metrics["num_valid_tokens"].item() == 0 and out.metrics["ratio_max"].item() == 0.0
+
+
+def _pass_and_plan(weight: list[float]):
+    w = torch.tensor(weight)
+    valid = w > 0
+    T = w.numel()
+    result = TokenPassResult(
+        logp=-torch.rand(T), entropy=torch.rand(T), loss=torch.randn(T), ratio=1 + 0.1 * torch.randn(T),
+        clipped=torch.zeros(T, dtype=torch.bool), dual_clipped=torch.zeros(T, dtype=torch.bool), kl=torch.zeros(T),
+    )
+    plan = LossPlan(
+        valid=valid, weight=w, token_advantage=torch.randn(T), advantages=torch.randn(2),
+        is_fatal=torch.tensor([True, False]), clamped=torch.tensor([True, False]),
+    )
+    return result, plan
+
+
+def test_grpo_loss_output_weights_the_objective_and_hands_out_the_stored_grads():
+    torch.manual_seed(0)
+    result, plan = _pass_and_plan([0.5, 0.25, 0.0, 0.25])
+    x, y = torch.randn(4, 3, requires_grad=True), torch.randn(2, 3)
+    g = torch.randn(4, 3)
+    out = grpo_loss_output(result, plan, None, [x, y], [g.clone(), None])
+    expected = (result.loss.double() * plan.weight.double()).sum()
+    torch.testing.assert_close(out.loss.double(), expected, rtol=1e-6, atol=1e-7)
+    (3.0 * out.loss).backward()
+    torch.testing.assert_close(x.grad, 3.0 * g)
+    assert y.grad is None
+    assert out.logprobs is result.logp and out.advantages is plan.advantages
+    assert int(out.metrics["num_valid_tokens"]) == 3 and int(out.metrics["num_clamped_seqs"]) == 1
+    assert float(out.metrics["logprob_abs_diff_mean"]) == 0.0
+
+
+def test_grpo_loss_output_without_grads_is_a_plain_value():
+    result, plan = _pass_and_plan([1.0, 0.0])
+    old = result.logp - 0.5
+    out = grpo_loss_output(result, plan, old, [torch.randn(2, 3)], [None])
+    assert not out.loss.requires_grad
+    torch.testing.assert_close(out.loss, result.loss[0])
+    torch.testing.assert_close(out.metrics["logprob_abs_diff_mean"], torch.tensor(0.5))

@@ -24,6 +24,7 @@ from osvl_kernels.triton_token_pass import (
     scale_triton_,
     token_pass_triton,
 )
+from osvl_kernels.vocab_parallel import vocab_parallel_token_pass
 
 NINF = float("-inf")
 EVERYTHING = LossHyper(
@@ -286,6 +287,21 @@ def test_grad_from_stats_over_vocab_shards_rebuilds_the_full_gradient(inplace):
         pieces.append(grad)
     torch.testing.assert_close(torch.cat(pieces, 1), full_grad, rtol=1e-5, atol=1e-6)
     assert (full_grad[~valid] == 0).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_vocab_parallel_token_pass_without_a_group_is_the_whole_vocab_pass(backend):
+    rows = make_rows(seed=9, T=8, V=37)
+    logp, entropy, loss, full_grad = float64_token_pass(rows, EVERYTHING, on_policy=False)
+    grad = torch.full_like(rows["logits"], float("nan"))
+    out = vocab_parallel_token_pass(
+        rows["logits"], rows["target_ids"], 0, rows["weight"], rows["advantage"], rows["old_logprobs"],
+        rows["ref_logprobs"], EVERYTHING, grad, None, backend=backend,
+    )
+    torch.testing.assert_close(out.logp.double(), logp, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.entropy.double(), entropy, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.loss.double(), loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad.double(), full_grad, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -1,15 +1,16 @@
-"""Tiny osvl-native configs for fast model tests."""
+"""Tiny osvl-native configs for fast model tests; the one place test-model sizes are spelled."""
 
 import torch
 
 from osvl.model import Qwen3VLConfig, TextConfig, VisionConfig
 
-IMAGE_TOKEN = 5
+VOCAB = 96
+IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 5, 6, 3, 4
 
 
 def tiny_config(moe: bool = False, tie: bool = False) -> Qwen3VLConfig:
     text = TextConfig(
-        vocab_size=96,
+        vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=48,
         num_hidden_layers=2,
@@ -31,7 +32,15 @@ def tiny_config(moe: bool = False, tie: bool = False) -> Qwen3VLConfig:
         num_position_embeddings=16,
         deepstack_visual_indexes=(0, 1),
     )
-    return Qwen3VLConfig(text=text, vision=vision, image_token_id=IMAGE_TOKEN, tie_word_embeddings=tie)
+    return Qwen3VLConfig(
+        text=text,
+        vision=vision,
+        image_token_id=IMAGE_TOKEN,
+        video_token_id=VIDEO_TOKEN,
+        vision_start_token_id=VISION_START,
+        vision_end_token_id=VISION_END,
+        tie_word_embeddings=tie,
+    )
 
 
 def image_batch(config, grids, n_text=4, seed=0):
@@ -40,8 +49,8 @@ def image_batch(config, grids, n_text=4, seed=0):
     ids, pos, lengths = [], [], []
     for t, h, w in grids:
         n_img = t * h * w // 4
-        ids += [torch.randint(10, 96, (n_text,), generator=gen), torch.full((n_img,), IMAGE_TOKEN),
-                torch.randint(10, 96, (n_text,), generator=gen)]
+        ids += [torch.randint(10, VOCAB, (n_text,), generator=gen), torch.full((n_img,), IMAGE_TOKEN),
+                torch.randint(10, VOCAB, (n_text,), generator=gen)]
         grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h // 2), torch.arange(w // 2), indexing="ij"))
         img_pos = grid.reshape(3, -1) + n_text
         after = torch.arange(n_text).expand(3, -1) + n_text + max(h, w) // 2

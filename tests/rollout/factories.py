@@ -19,11 +19,11 @@ from tests.rollout.inline_tools import inline_environment, renderer_for
 from tests.rollout.scripts import scripted
 
 
-class HangOnSeeds:
-    """Forwards to ``inner`` but never answers requests sampled with one of ``seeds``."""
+class ForwardingEngine:
+    """An engine that is ``inner`` except where a subclass intercepts ``generate``."""
 
-    def __init__(self, inner, seeds: Sequence[int]) -> None:
-        self.inner, self.seeds = inner, set(seeds)
+    def __init__(self, inner) -> None:
+        self.inner = inner
 
     @property
     def policy_version(self) -> int:
@@ -33,9 +33,20 @@ class HangOnSeeds:
         self.inner.load_weights(state_dict, version)
 
     async def generate(self, request):
+        return await self.inner.generate(request)
+
+
+class HangOnSeeds(ForwardingEngine):
+    """Forwards to ``inner`` but never answers requests sampled with one of ``seeds``."""
+
+    def __init__(self, inner, seeds: Sequence[int]) -> None:
+        super().__init__(inner)
+        self.seeds = set(seeds)
+
+    async def generate(self, request):
         if request.sampling.seed in self.seeds:
             await asyncio.sleep(3600)
-        return await self.inner.generate(request)
+        return await super().generate(request)
 
 
 def local_engine(max_batch: int = 8) -> LocalEngine:
@@ -50,20 +61,14 @@ def broken_engine():
     raise ValueError("no model here")
 
 
-class DieOnPrompt:
+class DieOnPrompt(ForwardingEngine):
     """Kills its whole process (``crash``) or freezes its event loop (``freeze``) the first time it
     sees ``marker`` in a prompt; a file records that it happened, so the retry in a new process
     goes through."""
 
     def __init__(self, inner, marker: str, flag: str, mode: str) -> None:
-        self.inner, self.marker, self.flag, self.mode = inner, marker, Path(flag), mode
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
-
-    def load_weights(self, state_dict, version: int) -> None:
-        self.inner.load_weights(state_dict, version)
+        super().__init__(inner)
+        self.marker, self.flag, self.mode = marker, Path(flag), mode
 
     async def generate(self, request):
         if self.marker in tokenizer().decode(request.input_ids) and not self.flag.exists():
@@ -71,7 +76,7 @@ class DieOnPrompt:
             if self.mode == "crash":
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(3600)  # noqa: ASYNC251 - blocks the loop: only the group deadline ends it
-        return await self.inner.generate(request)
+        return await super().generate(request)
 
 
 def rollout_setup(turns: Sequence[str], marker: str = "", flag: str = "", mode: str = "crash") -> RolloutSetup:

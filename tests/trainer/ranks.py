@@ -1,36 +1,10 @@
-"""Spawn N gloo ranks on a free loopback port; the body runs under an initialised process group."""
+"""Rank bodies for the trainer's 2-rank tests; ``run_ranks`` is the shared spawn harness."""
 
 from __future__ import annotations
 
-import os
-import socket
+from tests.parallel.harness import run_ranks
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank: int, world: int, port: int, fn, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    from osvl.parallel import teardown, use_host_device
-
-    use_host_device()
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        fn(rank, world, *args)
-    finally:
-        teardown()
-
-
-def run_ranks(fn, world: int, *args) -> None:
-    mp.start_processes(_entry, args=(world, _free_port(), fn, args), nprocs=world, join=True, start_method="spawn")
+__all__ = ["grpo_body", "run_ranks", "sft_resume_body"]
 
 
 def sft_resume_body(rank: int, world: int, overrides_a: list[str], overrides_b: list[str]) -> None:

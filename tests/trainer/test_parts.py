@@ -14,6 +14,7 @@ import torch
 from osvl.config import load_recipe
 from osvl.config.recipe import SchedulerConfig
 from osvl.data.chat import ChatRenderer
+from osvl.data.formats import tokenize_steps
 from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import load_tokenizer
 from osvl.train import dry_run, main
@@ -22,7 +23,6 @@ from osvl.trainer.sft_data import (
     SFTStream,
     load_sft_sequences,
     rank_microbatches,
-    tokenize_steps,
     with_vision_filler,
 )
 from tests.trainer.fixtures import trajectory, write_sft_data

@@ -113,10 +113,10 @@ def test_new_recipe_keys_validate_in_typed_configs():
 
 def test_system_prompt_file_is_read_or_refused(tmp_path):
     assert read_system_prompt("") == ""
-    with pytest.raises(ValueError, match="data.system_prompt: .* does not exist"):
+    with pytest.raises(ValueError, match="data.system_prompt file not found: .*none.txt"):
         read_system_prompt(str(tmp_path / "none.txt"))
     (tmp_path / "blank.txt").write_text("  \n")
-    with pytest.raises(ValueError, match="is empty"):
+    with pytest.raises(ValueError, match="data.system_prompt file .*blank.txt is empty"):
         read_system_prompt(str(tmp_path / "blank.txt"))
 
 

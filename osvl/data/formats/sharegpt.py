@@ -238,15 +238,23 @@ def iter_sharegpt(path: str | os.PathLike[str], stats: FileStats | None = None,
             yield record
 
 
-def tokenize_steps(trajectory: Trajectory, tokenizer: Tokenizer) -> Trajectory:
+def tokenize_steps(trajectory: Trajectory, tokenizer: Tokenizer, keep_token_ids: bool = False) -> Trajectory:
     """Give text-only steps token ids (text + ``<|im_end|>``, zero logprobs) for the renderer.
 
-    The closing ``<|im_end|>`` belongs to the step so SFT teaches the policy to end its turn.
+    The closing ``<|im_end|>`` belongs to the step so SFT teaches the policy to end its turn. A step
+    that already has ids was recorded from an engine: ``keep_token_ids`` keeps it verbatim (osvl
+    JSONL may mix both kinds); otherwise it is refused, as ShareGPT steps are text by construction.
     """
     steps = []
     for index, step in enumerate(trajectory.steps):
+        where = f"trajectory {trajectory.prompt.id!r} step {index}"
         if step.token_ids:
-            raise ValueError(f"step {index} already has token ids; tokenize_steps is for text-only (SFT) steps")
+            if not keep_token_ids:
+                raise ValueError(f"{where} already has token ids; tokenize_steps is for text-only (SFT) steps")
+            steps.append(step)
+            continue
+        if not step.text:
+            raise ValueError(f"{where} has neither token ids nor text")
         ids = tokenizer.encode(step.text) + [tokenizer.special.im_end]
         steps.append(replace(step, token_ids=ids, logprobs=[0.0] * len(ids)))
     return replace(trajectory, steps=steps)
