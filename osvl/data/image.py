@@ -80,6 +80,19 @@ class ImageConfig:
             image_std=tuple(config.get("image_std", cls.image_std)),
         )
 
+    def to_preprocessor_config(self) -> dict:
+        """The HF ``preprocessor_config.json`` dict an exported checkpoint ships, so transformers,
+        SGLang and :meth:`from_preprocessor_config` patch images exactly as training did."""
+        return {
+            "image_processor_type": "Qwen2VLImageProcessorFast",
+            "processor_class": "Qwen3VLProcessor",
+            "do_convert_rgb": True, "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255,
+            "do_normalize": True, "image_mean": list(self.image_mean), "image_std": list(self.image_std),
+            "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+            "merge_size": self.merge_size,
+            "size": {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+        }
+
 
 @dataclass(frozen=True)
 class ProcessedImage:

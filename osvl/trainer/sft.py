@@ -112,6 +112,6 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
             metrics.log(step, total, record)
         if recipe.checkpoint.every_steps and step % recipe.checkpoint.every_steps == 0:
             save(step)
-    finish_stage(save, step, resumed, total, recipe, model, tokenizer, run_dir)
+    finish_stage(save, step, resumed, total, recipe, model, tokenizer, renderer.image_config, run_dir)
     metrics.close()
     return StageResult(steps=step, resumed_from=resumed, final_loss=loss_value, run_dir=run_dir)

@@ -183,3 +183,19 @@ def test_decode_image_converts_to_rgb_and_rejects_garbage():
         decode_image(b"\x89PNG\r\n\x1a\nthis is not a png")
     with pytest.raises(ValueError, match="non-empty"):
         decode_image(b"")
+
+
+def test_exported_preprocessor_config_drives_transformers_like_training():
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    exported = ImageConfig().to_preprocessor_config()
+    assert {k: exported[k] for k in QWEN3_VL_PREPROCESSOR} == QWEN3_VL_PREPROCESSOR
+    small = ImageConfig(**SMALL, resample="pil")
+    written = small.to_preprocessor_config()
+    assert ImageConfig.from_preprocessor_config(written) == ImageConfig(**SMALL)
+    kwargs = {k: v for k, v in written.items() if k not in ("processor_class", "image_processor_type")}
+    image = noise(300, 200, seed=5)
+    theirs = Qwen2VLImageProcessorPil(**kwargs)(images=[image], return_tensors="np", input_data_format="channels_last")
+    ours = process_image(image, small)
+    assert list(theirs["image_grid_thw"][0]) == list(ours.grid_thw)
+    np.testing.assert_allclose(pixel_values([ours], small), theirs["pixel_values"], rtol=0, atol=1e-6)

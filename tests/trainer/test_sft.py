@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from osvl.config import load_recipe
+from osvl.data.formats.processor import checkpoint_image_config
 from osvl.trainer import read_metrics, run_sft
 from tests.trainer.fixtures import sft_overrides, write_sft_data
 from tests.trainer.ranks import run_ranks, sft_resume_body
@@ -68,7 +69,12 @@ def test_checkpoints_and_export_layout(two_rank_runs):
     config = json.loads((run / "hf" / "config.json").read_text())
     assert config["model_type"] == "qwen3_vl"
     assert (run / "hf" / "tokenizer.json").is_file()
-    assert json.loads((run / "recipe.json").read_text())["job"]["name"] == "tiny_sft"
+    recipe = json.loads((run / "recipe.json").read_text())
+    assert recipe["job"]["name"] == "tiny_sft"
+    shipped = checkpoint_image_config(run / "hf")  # the export patches images as training did
+    assert shipped is not None
+    assert (shipped.min_pixels, shipped.max_pixels) == (recipe["data"]["min_pixels"], recipe["data"]["max_pixels"])
+    assert shipped.patch_size == config["vision_config"]["patch_size"]
 
 
 def test_bad_data_paths_fail_clearly(tmp_path):
