@@ -25,6 +25,8 @@ from typing import Any
 import cv2
 import numpy as np
 
+from osvl.jsonl import iter_jsonl
+
 SCHEMA_VERSION = 1
 
 
@@ -384,7 +386,5 @@ def read_jsonl(path: str | os.PathLike[str],
                images_dir: str | os.PathLike[str] | None = None) -> Iterator[Trajectory]:
     """Yield trajectories in file order; blank lines are skipped."""
     store = ImageStore(images_dir if images_dir is not None else default_images_dir(path))
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                yield trajectory_from_dict(json.loads(line), store)
+    for _, data in iter_jsonl(path):
+        yield trajectory_from_dict(data, store)

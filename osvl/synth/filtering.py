@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from osvl.jsonl import iter_jsonl
 from osvl.rl.judges import normalize_answer
 from osvl.synth.question import Rel, Resolver, name_index, obfuscate
 from osvl.synth.records import Drop, QAItem
@@ -160,11 +161,8 @@ class CachedSolver:
         if self.budget is not None and self.budget < 0:
             raise ValueError(f"solver budget must be >= 0, got {self.budget}")
         if self.cache_path is not None and Path(self.cache_path).exists():
-            with open(self.cache_path, encoding="utf-8") as handle:
-                for line in handle:
-                    if line.strip():
-                        row = json.loads(line)
-                        self._cache[row["key"]] = SolverAnswer(row["answer"], row["tool_calls"])
+            for _, row in iter_jsonl(self.cache_path):
+                self._cache[row["key"]] = SolverAnswer(row["answer"], row["tool_calls"])
 
     def solve(self, item: QAItem) -> SolverAnswer:
         key = json.dumps([self.solver.name, item.id, item.text])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from osvl.jsonl import iter_jsonl
 from osvl.rl.judges import ChatCompletionsClient, ChatJudgeConfig, ChatOutcome
 
 REQUEST_ERRORS = frozenset({"http_400", "http_413", "http_422"})  # this request is bad; others would fare alike
@@ -69,11 +70,8 @@ class MeteredChat:
 
     def __post_init__(self) -> None:
         if self.cache_path is not None and self.cache_path.exists():
-            with open(self.cache_path, encoding="utf-8") as handle:
-                for line in handle:
-                    if line.strip():
-                        row = json.loads(line)
-                        self._cache[row["key"]] = row["text"]
+            for _, row in iter_jsonl(self.cache_path):
+                self._cache[row["key"]] = row["text"]
 
     @property
     def config(self) -> ChatJudgeConfig:

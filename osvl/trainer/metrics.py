@@ -16,6 +16,7 @@ import torch
 
 from osvl.config.loader import recipe_to_dict
 from osvl.config.recipe import Recipe
+from osvl.jsonl import iter_jsonl
 
 
 def peak_memory_gib() -> float:
@@ -85,4 +86,4 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise ValueError(f"{run_dir} has no metrics.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [record for _, record in iter_jsonl(path)]

@@ -11,6 +11,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from osvl.jsonl import iter_jsonl, write_jsonl
 from osvl.world.generate import WorldConfig, generate_pages
 from osvl.world.graph import Graph, Page, write_pages
 from osvl.world.render import render_entity, stable_seed
@@ -64,11 +65,6 @@ def _write_png(path: Path, image: np.ndarray) -> None:
     path.write_bytes(png.tobytes())
 
 
-def _jsonl(path: Path, records: list[dict]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as handle:
-        handle.writelines(json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n" for record in records)
-
-
 def build_world(out: str | os.PathLike[str], config: WorldConfig | None = None) -> dict:
     """Generate the world into ``out`` (created; existing world files are overwritten); returns the manifest."""
     config = config or WorldConfig()
@@ -80,7 +76,7 @@ def build_world(out: str | os.PathLike[str], config: WorldConfig | None = None) 
     incoming = _incoming(graph)
     corpus = [{"id": p.id, "title": p.title, "text": page_text(p, graph, incoming), "url": f"world://{p.id}",
                "aliases": p.aliases} for p in pages if p.is_article]
-    _jsonl(root / "corpus.jsonl", corpus)
+    write_jsonl(root / "corpus.jsonl", corpus)
     collection = []
     for page in pages:
         for ref in page.images:
@@ -88,7 +84,7 @@ def build_world(out: str | os.PathLike[str], config: WorldConfig | None = None) 
             _write_png(root / ref.file, image)
             collection.append({"image": ref.file, "title": page.title, "caption": ref.caption, "page_id": page.id,
                                "width": ref.width, "height": ref.height, "facts": ref.facts})
-    _jsonl(root / "images.jsonl", collection)
+    write_jsonl(root / "images.jsonl", collection)
     manifest = {
         "format": FORMAT_VERSION,
         "config": asdict(config),
@@ -123,19 +119,14 @@ class World:
     images_path: Path
 
     def corpus(self) -> Iterator[dict]:
-        with open(self.corpus_path, encoding="utf-8") as handle:
-            for line in handle:
-                if line.strip():
-                    yield json.loads(line)
+        for _, record in iter_jsonl(self.corpus_path):
+            yield record
 
     def images(self) -> Iterator[ImageRecord]:
-        with open(self.images_path, encoding="utf-8") as handle:
-            for line in handle:
-                if line.strip():
-                    data = json.loads(line)
-                    yield ImageRecord(image=self.root / data["image"], title=data["title"],
-                                      caption=data["caption"], page_id=data["page_id"], width=data["width"],
-                                      height=data["height"], facts=data.get("facts", []))
+        for _, data in iter_jsonl(self.images_path):
+            yield ImageRecord(image=self.root / data["image"], title=data["title"], caption=data["caption"],
+                              page_id=data["page_id"], width=data["width"], height=data["height"],
+                              facts=data.get("facts", []))
 
     def load_image(self, page_id: str) -> np.ndarray:
         """The entity's first image as RGB uint8."""
@@ -185,6 +176,6 @@ def graph_world(graph_path: str | os.PathLike[str], images_dir: str | os.PathLik
                    "page_id": page.id, "width": ref.width, "height": ref.height, "facts": ref.facts}
                   for page in graph.pages.values() for ref in page.images]
     Path(collection_path).parent.mkdir(parents=True, exist_ok=True)
-    _jsonl(Path(collection_path), collection)
+    write_jsonl(collection_path, collection)
     return World(root=images_dir.resolve(), graph=graph, sampling=sampling or SamplingDefaults(10_000, 50, 512),
                  corpus_path=corpus, images_path=Path(collection_path))
