@@ -66,11 +66,9 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
 
     from osvl.data.tokenizer import load_tokenizer
     from osvl.model import build_model
-    from osvl.rl.fatal import FatalConfig
-    from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
-    from osvl.rl.rewards import RewardConfig, score_batch
+    from osvl.rl.rewards import score_batch
     from osvl.rollout import LocalEngine, stream_groups
-    from osvl.trainer.grpo_data import load_prompts, rollout_configs
+    from osvl.trainer.grpo_data import load_prompts, reward_scoring, rollout_configs
     from osvl.trainer.policy import build_policy, policy_arch
     from osvl.trainer.tool_env import stage_renderer, world_environment
 
@@ -98,8 +96,7 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
     started = time.perf_counter()
     with world_environment(recipe, 0) as env:
         trajectories = asyncio.run(collect(env))
-    scored = score_batch(trajectories, ExactMatchAccuracyJudge(), HeuristicQueryJudge(),
-                         RewardConfig(alpha=recipe.judges.alpha, fatal=FatalConfig(k=recipe.grpo.fatal_k)))
+    scored = score_batch(trajectories, *reward_scoring(recipe))
     rewards = [t.reward for t in scored if t.reward is not None and t.reward.scored]
     statuses = Counter(s.tool_result.status.value for t in scored for s in t.steps if s.tool_result is not None)
     n = max(len(rewards), 1)

@@ -32,9 +32,7 @@ from osvl.data.distributed import global_normalizers
 from osvl.data.tokenizer import load_tokenizer
 from osvl.model import build_model
 from osvl.rl.advantages import AdvantageConfig, trajectory_advantages
-from osvl.rl.fatal import FatalConfig
-from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
-from osvl.rl.rewards import RewardConfig, score_batch
+from osvl.rl.rewards import score_batch
 from osvl.rl.stats import batch_stats
 from osvl.rl.trajectory import Trajectory
 from osvl.rollout import (
@@ -64,6 +62,7 @@ from osvl.trainer.grpo_data import (
     load_prompts,
     rank_minibatch,
     rank_share,
+    reward_scoring,
     rollout_configs,
     training_sequences,
 )
@@ -192,8 +191,7 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
     sync_weights(model, local, version)
     metrics = stage_metrics(recipe, rank)
     recorder = RolloutRecorder(run_dir / "rollouts")
-    judges = ExactMatchAccuracyJudge(), HeuristicQueryJudge()
-    reward_config = RewardConfig(alpha=recipe.judges.alpha, fatal=FatalConfig(k=g.fatal_k))
+    scoring = reward_scoring(recipe)
     advantage_config = AdvantageConfig(mode=g.fatal_mode, estimator=g.estimator)
     peak = resolve_peak_tflops(recipe.metrics.peak_tflops, device_name())
     train_vision = not recipe.model.freeze_vision
@@ -213,7 +211,7 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
             rolled, rollout_metrics = _rollout(mine, engine, step_faults(env, recipe.job.seed, step, rank), renderer,
                                                recipe, step)
             t1 = time.perf_counter()
-            scored = _gather(score_batch(rolled, *judges, reward_config))
+            scored = _gather(score_batch(rolled, *scoring))
             advantages = trajectory_advantages(scored, advantage_config)
             stats = batch_stats(advantages, scored)
             sequences = training_sequences(scored, advantages, renderer)

@@ -30,6 +30,8 @@ from osvl.data.packing import (
 )
 from osvl.rl.advantages import AdvantageBatch
 from osvl.rl.fatal import FatalConfig
+from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
+from osvl.rl.rewards import RewardConfig
 from osvl.rl.trajectory import Prompt, Trajectory
 from osvl.rollout import AgentConfig, RolloutConfig, SamplingParams
 from osvl.synth.records import read_prompts
@@ -76,6 +78,14 @@ def rollout_configs(recipe: Recipe, *, greedy: bool = False, group_size: int | N
                             max_retries=r.max_retries if max_retries is None else max_retries,
                             base_seed=recipe.job.seed)
     return agent, workers
+
+
+def reward_scoring(recipe: Recipe) -> tuple[ExactMatchAccuracyJudge, HeuristicQueryJudge, RewardConfig]:
+    """``score_batch``'s judges and reward settings for the recipe, shared by training and the
+    demo's evaluation so both score a trajectory the same way (``check_grpo_recipe`` refuses
+    judges the trainer does not run)."""
+    return (ExactMatchAccuracyJudge(), HeuristicQueryJudge(),
+            RewardConfig(alpha=recipe.judges.alpha, fatal=FatalConfig(k=recipe.grpo.fatal_k)))
 
 
 def rank_share(batch: Sequence[int], dp_size: int, dp_rank: int) -> list[tuple[int, int]]:

@@ -53,5 +53,5 @@ def sft_loss(hidden: torch.Tensor, weight: torch.Tensor, target_ids: torch.Tenso
     # Only loss rows reach the vocabulary GEMMs: tool observations and prompts (most of a
     # multi-turn trajectory) would otherwise pay V x D FLOPs each for a zero weight.
     keep = loss_mask.nonzero().squeeze(1)
-    total = _ChunkedLinearCE.apply(hidden.index_select(0, keep), weight, target_ids.long()[keep], chunk)
+    total = _ChunkedLinearCE.apply(hidden.index_select(0, keep), weight, target_ids[keep].long(), chunk)
     return total / normalizer

@@ -10,8 +10,9 @@ import torch
 
 from osvl.config import load_recipe
 from osvl.config.recipe import SchedulerConfig
+from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.trainer.checkpoint import resume_state, save_checkpoint, stage_state
-from osvl.trainer.grpo_data import rollout_configs
+from osvl.trainer.grpo_data import reward_scoring, rollout_configs
 from osvl.trainer.metrics import read_metrics, stage_metrics
 from osvl.trainer.optim import build_scheduler
 from osvl.trainer.sft_data import SFTStream
@@ -105,6 +106,13 @@ def test_rollout_configs_follow_the_recipe():
         g.temperature, 0.9, g.max_response_tokens)
     assert (workers.group_size, workers.max_in_flight, workers.trajectory_deadline_s, workers.max_retries,
             workers.base_seed) == (g.group_size, r.max_in_flight, r.trajectory_deadline_s, 2, recipe.job.seed)
+
+
+def test_reward_scoring_follows_the_recipe():
+    recipe = load_recipe("tiny_grpo", ["judges.alpha=0.6", "grpo.fatal_k=2"])
+    accuracy, query, config = reward_scoring(recipe)
+    assert isinstance(accuracy, ExactMatchAccuracyJudge) and isinstance(query, HeuristicQueryJudge)
+    assert (config.alpha, config.fatal.k) == (0.6, 2)
 
 
 def test_greedy_evaluation_rollouts_differ_only_where_asked():
