@@ -174,7 +174,7 @@ def tool_environment(args: argparse.Namespace) -> Iterator[ProfiledEnvironment |
 
     config = tools_config(args)
     profile = tool_profile(args.tool_profile, config.limits, python_interpreter=args.python_interpreter)
-    with ToolPool(config, PoolConfig(num_workers=2)) as pool:
+    with ToolPool(config, PoolConfig(num_workers=2, preload=profile.registry.targets())) as pool:
         yield ProfiledEnvironment(ToolEnvironment(profile.registry, pool), profile)
 
 

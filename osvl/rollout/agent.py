@@ -8,10 +8,13 @@ id, its ``parse_error`` names every offending id and the full engine output, and
 stops as ``fatal`` (see :mod:`osvl.rollout.reserved`).
 The record holds the engine's ids and logprobs and the observation ids exactly as the engine
 saw them, so the trainer never re-tokenizes.
+Each tool call runs with ``current_call`` set to its ``CallIdentity``, so a wrapper of the tool
+runner (the fault injector) can key decisions on which call it is, not on when it finishes.
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
 from osvl.data.chat import ChatRenderer
@@ -53,6 +56,18 @@ class AgentConfig:
         if self.max_turns < 1 or self.max_total_tokens < 2:
             raise ValueError(f"max_turns must be >= 1 and max_total_tokens >= 2, got "
                              f"{self.max_turns} and {self.max_total_tokens}")
+
+
+@dataclass(frozen=True)
+class CallIdentity:
+    """Which tool call of a rollout step this is; stable across reruns however calls interleave."""
+
+    group_id: int
+    sample_index: int
+    turn: int
+
+
+current_call: ContextVar[CallIdentity | None] = ContextVar("osvl_current_tool_call", default=None)
 
 
 def _observation_text(result: ToolResult) -> str:
@@ -141,7 +156,11 @@ async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, r
         if budget_cut:
             finish = FinishReason.MAX_TOKENS
             break
-        step.tool_call, step.tool_result = await _act(action, env, context, config)
+        token = current_call.set(CallIdentity(group_id, sample_index, turn))
+        try:
+            step.tool_call, step.tool_result = await _act(action, env, context, config)
+        finally:
+            current_call.reset(token)
         step.observation_text = _observation_text(step.tool_result)
         step.observation_images = list(step.tool_result.images) if step.tool_result.ok else []
         if find_fatal_step([s.status for s in steps], config.fatal.k, config.fatal.anchor) != -1:

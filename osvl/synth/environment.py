@@ -67,5 +67,6 @@ def world_environment(world: World, pool: PoolConfig | None = None, index_path: 
     """Spawn a tool pool over the world (or over ``config``'s backends, e.g. online search) for the
     duration of the block (start-up takes seconds: share one across many episodes)."""
     config = config or world_tools_config(world, index_path, limits)
-    with ToolPool(config, pool or PoolConfig(num_workers=2)) as tool_pool:
-        yield EnvironmentTools(ToolEnvironment(default_registry(config.limits), tool_pool))
+    registry = default_registry(config.limits)
+    with ToolPool(config, pool or PoolConfig(num_workers=2, preload=registry.targets())) as tool_pool:
+        yield EnvironmentTools(ToolEnvironment(registry, tool_pool))

@@ -7,16 +7,23 @@ typed ``ToolResult`` and the worker is replaced before it takes the next job. A 
 from the moment a worker receives the call: time spent queueing behind other callers is ours, not
 the policy's, and never turns into a ``timeout``. The caller-facing API is ``submit`` (a
 ``concurrent.futures.Future``), ``call`` (sync) and ``acall`` (asyncio).
+
+Workers import ``PoolConfig.preload`` (the registry's targets) before they report ready, so module
+imports count against ``startup_timeout_s``, never against a call's deadline. A target that fails
+to import does not stop the pool: it is logged, kept in ``ToolPool.import_errors``, and every call
+to it gets the import's error as an ``infra_error``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import multiprocessing as mp
 import os
 import queue
+import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,7 +36,9 @@ from osvl.rl.trajectory import ToolResult, ToolStatus
 from osvl.tools.config import ToolsConfig
 from osvl.tools.worker import worker_main
 
+log = logging.getLogger(__name__)
 _STOP = object()
+_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -48,10 +57,15 @@ class PoolConfig:
     max_rss_bytes: int | None = 4 << 30  # RSS watchdog per worker; None disables it
     address_space_bytes: int | None = None  # RLIMIT_AS per worker (MemoryError instead of OOM)
     opencv_threads: int = 1  # per worker: workers, not OpenCV's thread pool, are the unit of parallelism
-    startup_timeout_s: float = 120.0
+    startup_timeout_s: float = 120.0  # spawn plus the preload imports, per worker
     watch_interval_s: float = 0.05  # how often deadlines and RSS are checked while a job runs
+    preload: tuple[str, ...] = ()  # "module:function" targets every worker imports before it is ready
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "preload", tuple(self.preload))
+        for target in self.preload:
+            if not (isinstance(target, str) and _TARGET.fullmatch(target)):
+                raise ValueError(f"PoolConfig.preload entries must be 'module:function' targets, got {target!r}")
         if self.opencv_threads < 1:
             raise ValueError(f"PoolConfig.opencv_threads must be >= 1, got {self.opencv_threads}")
         if self.num_workers < 1 or self.max_queue < 1:
@@ -98,6 +112,7 @@ class _Worker:
         self._ctx, self._tools_config, self._pool_config = ctx, tools_config, pool_config
         self.process: Any = None
         self.conn: Any = None
+        self.import_errors: dict[str, str] = {}
 
     def start(self) -> None:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
@@ -108,6 +123,7 @@ class _Worker:
                 self._tools_config,
                 self._pool_config.address_space_bytes,
                 self._pool_config.opencv_threads,
+                self._pool_config.preload,
             ),
             daemon=True,
             name="osvl-tool-worker",
@@ -115,11 +131,14 @@ class _Worker:
         process.start()
         child_conn.close()
         self.process, self.conn = process, parent_conn
-        if not parent_conn.poll(self._pool_config.startup_timeout_s):
+        timeout, preload = self._pool_config.startup_timeout_s, self._pool_config.preload
+        if not parent_conn.poll(timeout):
             self.kill()
-            raise RuntimeError(f"tool worker did not start within {self._pool_config.startup_timeout_s}s")
+            imports = f" (importing {len(preload)} tool targets)" if preload else ""
+            raise RuntimeError(f"tool worker did not start within {timeout}s{imports}; "
+                               "raise PoolConfig.startup_timeout_s")
         try:
-            parent_conn.recv()
+            _, (_, self.import_errors) = parent_conn.recv()
         except (EOFError, OSError):
             self.kill()
             raise RuntimeError(f"tool worker died while starting (exit code {process.exitcode})") from None
@@ -153,6 +172,9 @@ class _Worker:
 
 
 class ToolPool:
+    """Runs ``Job``s in spawned workers; ``import_errors`` maps preloaded targets that failed to import
+    to their error."""
+
     def __init__(self, tools_config: ToolsConfig | None = None, config: PoolConfig | None = None) -> None:
         self.tools_config = tools_config or ToolsConfig()
         self.config = config or PoolConfig()
@@ -169,6 +191,9 @@ class ToolPool:
         if failures:
             self._shutdown_workers()
             raise RuntimeError(f"tool pool: a worker process failed to start: {failures[0]}")
+        self.import_errors = self._workers[0].import_errors  # the same targets, so the same failures
+        for target, error in self.import_errors.items():
+            log.warning("tool target %s cannot be imported; its calls will fail: %s", target, error)
         self._threads = [
             threading.Thread(target=self._serve, args=(w,), daemon=True, name=f"osvl-tool-dispatch-{i}")
             for i, w in enumerate(self._workers)

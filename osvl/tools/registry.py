@@ -83,6 +83,10 @@ class ToolRegistry:
         except KeyError:
             raise CallParseError(f"unknown tool {name!r}; available tools: {', '.join(self._specs)}") from None
 
+    def targets(self) -> tuple[str, ...]:
+        """Each ``module:function`` target once, in registration order: what a pool preloads."""
+        return tuple(dict.fromkeys(spec.target for spec in self._specs.values()))
+
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI function-calling schemas, in registration order, as rendered into the prompt."""
         return [spec.openai_schema() for spec in self._specs.values()]

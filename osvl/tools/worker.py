@@ -1,7 +1,8 @@
 """The code that runs inside a tool worker process, and the exception-to-status mapping.
 
 ``run_job`` is also what in-process callers (the HTTP tool server, tests of single tools) use, so
-a tool behaves the same with or without the pool.
+a tool behaves the same with or without the pool. A worker imports its pool's known targets before
+it reports ready: an import (torch, a model, a corpus) is start-up time, never a call's deadline.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -23,15 +24,34 @@ from osvl.tools.registry import ToolOutput
 
 OUT_OF_MEMORY = "the tool ran out of memory"
 Reply = tuple[ToolStatus, str, list[np.ndarray], str | None]
-_TARGETS: dict[str, Callable[..., ToolOutput]] = {}
+_TARGETS: dict[str, Callable[..., ToolOutput] | Exception] = {}
 
 
 def resolve_target(target: str) -> Callable[..., ToolOutput]:
-    """Import ``module:function`` once per process."""
+    """Import ``module:function`` once per process; a failed import is remembered and raised again,
+    so every call to a broken tool gets the same error without paying for the import twice."""
     if target not in _TARGETS:
         module_name, _, attr = target.partition(":")
-        _TARGETS[target] = getattr(importlib.import_module(module_name), attr)
-    return _TARGETS[target]
+        try:
+            _TARGETS[target] = getattr(importlib.import_module(module_name), attr)
+        except Exception as err:  # noqa: BLE001 - reported to each call of this tool by run_job
+            _TARGETS[target] = err
+    resolved = _TARGETS[target]
+    if isinstance(resolved, Exception):
+        raise resolved.with_traceback(None)
+    return resolved
+
+
+def preload_targets(targets: Iterable[str]) -> dict[str, str]:
+    """Import every target now; returns ``{target: error}`` for those that failed (calls to them
+    will get the same error as a ``tool failed`` infra error)."""
+    failed = {}
+    for target in targets:
+        try:
+            resolve_target(target)
+        except Exception as err:  # noqa: BLE001 - a broken tool must not stop the worker starting
+            failed[target] = f"{type(err).__name__}: {err}"
+    return failed
 
 
 def run_job(target: str, arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> Reply:
@@ -76,13 +96,18 @@ def _apply_address_space_limit(limit_bytes: int | None) -> None:
 
 
 def worker_main(
-    conn: Connection, config: ToolsConfig, address_space_bytes: int | None, opencv_threads: int = 1
+    conn: Connection,
+    config: ToolsConfig,
+    address_space_bytes: int | None,
+    opencv_threads: int = 1,
+    preload: tuple[str, ...] = (),
 ) -> None:
-    """Serve ``(job_id, target, arguments, images)`` requests until the pipe closes or ``None`` arrives."""
+    """Import ``preload``, report ``("ready", (pid, import errors))``, then serve
+    ``(job_id, target, arguments, images)`` requests until the pipe closes or ``None`` arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     cv2.setNumThreads(opencv_threads)
-    _apply_address_space_limit(address_space_bytes)
-    conn.send(("ready", os.getpid()))
+    _apply_address_space_limit(address_space_bytes)  # imports run under the same limit as calls
+    conn.send(("ready", (os.getpid(), preload_targets(preload))))
     while True:
         try:
             message = conn.recv()

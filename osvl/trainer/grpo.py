@@ -133,9 +133,9 @@ def _mean(values) -> float:
 
 
 def step_faults(env: ToolEnvironment, seed: int, step: int, rank: int) -> ToolEnvironment:
-    """Fault draws seeded by (job seed, step, rank) instead of one stream over the run, so a resumed
-    run injects the same faults without checkpointing the injector. Within a step the draws follow
-    tool-call completion order, which is reproducible only with one trajectory in flight."""
+    """Faults seeded by (job seed, step, rank): with each call's identity (group, sample, turn) that
+    fixes every fault decision, so a resumed run injects the same faults without checkpointing the
+    injector, and concurrent rollouts inject them whatever order the calls finish in."""
     if not isinstance(env.pool, FaultInjectingRunner):
         return env
     stepped = copy.copy(env)  # keeps the environment's class (a tool profile translates calls)

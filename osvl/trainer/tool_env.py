@@ -9,7 +9,7 @@ exercise fatal masking and the one-sided clamp.
 
 from __future__ import annotations
 
-import random
+import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -21,6 +21,7 @@ from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import Tokenizer
 from osvl.model import Qwen3VLConfig
 from osvl.rl.trajectory import ToolResult, ToolStatus
+from osvl.rollout.agent import CallIdentity, current_call
 from osvl.tools import (
     ImageSearchConfig,
     Job,
@@ -44,31 +45,50 @@ from osvl.trainer.sft_data import read_system_prompt
 INJECTED = "injected fault"
 
 
+def fault_draw(seed: int, call: CallIdentity) -> float:
+    """A uniform number in [0, 1) fixed by the fault seed and the call's identity (blake2b, so the
+    same on every machine and Python, unlike ``hash``)."""
+    key = f"{seed}/{call.group_id}/{call.sample_index}/{call.turn}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
+
+
 class FaultInjectingRunner:
     """Turns a seeded fraction of successful tool results into ``tool_error`` (a policy-counted error).
 
-    Faults hit finished calls, so the worker pool, deadlines and images are exercised as usual; the
-    rate applies per call, so K consecutive faults (a fatal cascade) happen at rate**K.
+    Faults hit finished calls, so the worker pool, deadlines and images are exercised as usual; each
+    successful call is faulted with probability ``rate`` independently, so K consecutive faults (a
+    fatal cascade) happen at rate**K. Whether a call is faulted depends only on ``seed`` and the
+    call's ``CallIdentity`` (set by the agent loop), never on the order calls finish in, so
+    concurrent rollouts inject the same faults run after run.
     """
 
     def __init__(self, runner: ToolRunner, rate: float, seed: int) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"fault rate must lie in [0, 1], got {rate}")
-        self.runner, self.rate = runner, rate
-        self._rng = random.Random(seed)
+        self.runner, self.rate, self.seed = runner, rate, seed
         self.injected = 0
 
-    def _maybe_fault(self, result: ToolResult) -> ToolResult:
-        if not result.ok or self._rng.random() >= self.rate:
+    @staticmethod
+    def _identity() -> CallIdentity:
+        call = current_call.get()
+        if call is None:
+            raise ValueError("fault injection needs the identity of the tool call: run calls through the agent loop "
+                             "(osvl.rollout.run_trajectory) or set osvl.rollout.agent.current_call")
+        return call
+
+    def _maybe_fault(self, result: ToolResult, call: CallIdentity) -> ToolResult:
+        if not result.ok or fault_draw(self.seed, call) >= self.rate:
             return result
         self.injected += 1
         return ToolResult(status=ToolStatus.TOOL_ERROR, tool=result.tool, error=INJECTED, elapsed_s=result.elapsed_s)
 
     def call(self, job: Job) -> ToolResult:
-        return self._maybe_fault(self.runner.call(job))
+        call = self._identity()
+        return self._maybe_fault(self.runner.call(job), call)
 
     async def acall(self, job: Job) -> ToolResult:
-        return self._maybe_fault(await self.runner.acall(job))
+        call = self._identity()
+        return self._maybe_fault(await self.runner.acall(job), call)
 
 
 def world_tools_config(world_dir: str | Path) -> ToolsConfig:
@@ -125,12 +145,15 @@ def world_environment(recipe: Recipe, rank: int) -> Iterator[ToolEnvironment]:
     if not recipe.tools.world_dir:
         raise ValueError("tools.world_dir must name a world directory for the offline backends")
     config = world_tools_config(recipe.tools.world_dir)
-    with ToolPool(config, PoolConfig(num_workers=recipe.tools.workers)) as pool:
-        yield with_faults(profile_environment(recipe_profile(recipe, config.limits), pool), recipe, rank)
+    profile = recipe_profile(recipe, config.limits)
+    pool_config = PoolConfig(num_workers=recipe.tools.workers, preload=profile.registry.targets())
+    with ToolPool(config, pool_config) as pool:
+        yield with_faults(profile_environment(profile, pool), recipe, rank)
 
 
 def with_faults(env: ToolEnvironment, recipe: Recipe, rank: int) -> ToolEnvironment:
-    """The same environment with ``tools.fault_rate`` injected (seeded by job seed and rank)."""
+    """The same environment with ``tools.fault_rate`` injected (seeded by job seed and rank; the
+    GRPO stage reseeds it per step with ``step_faults``)."""
     if recipe.tools.fault_rate == 0.0:
         return env
     runner = FaultInjectingRunner(env.pool, recipe.tools.fault_rate, seed=recipe.job.seed * 1009 + rank)

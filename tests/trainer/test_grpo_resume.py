@@ -5,25 +5,45 @@ Both runs use one process (the 2-rank path is covered by test_grpo), the scripte
 injected faults. Run A takes 3 steps straight; run B takes 2, "crashes", and resumes to 3. Bitwise equality
 is the right bar: the same ops run on the same inputs in the same order on the same machine, so any
 difference means some piece of state (weights, Adam moments, lr schedule, cursor, policy version,
-fault RNG) was not restored.
+fault seed) was not restored, or that something in the rollout depends on the order concurrent
+trajectories finish in. No deadline may be reachable by CPU load: a call or trajectory that
+times out rolls out differently, so the deadlines here are generous and a test asserts none was hit.
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from osvl.config import load_recipe
+from osvl.rl.trajectory import FinishReason, ToolStatus
 from osvl.rollout import RolloutRecorder
+from osvl.tools import PoolConfig, ToolEnvironment, ToolPool, ToolRegistry, ToolsConfig
 from osvl.trainer import read_metrics, run_grpo
+from osvl.trainer.tool_env import with_faults
 from tests.trainer.grpo_fixtures import scripted
-from tests.trainer.resume_fixtures import deterministic_environment
+from tests.trainer.resume_fixtures import deterministic_specs
 from tests.trainer.test_grpo import grpo_overrides
 
-# One trajectory in flight: fault draws follow tool-call order, which concurrent rollouts make
-# depend on thread timing (see step_faults); sequential rollouts make that order reproducible.
-RESUME = ["grpo.max_steps=3", "tools.fault_rate=0.3", "checkpoint.every_steps=0", "rollout.max_in_flight=1"]
+# Several trajectories in flight: tool calls finish in an order set by thread timing, and the runs
+# must still match, since a fault is decided by the call's identity, not by when it finishes.
+RESUME = ["grpo.max_steps=3", "tools.fault_rate=0.3", "checkpoint.every_steps=0", "rollout.max_in_flight=4",
+          "rollout.trajectory_deadline_s=3600"]
+
+
+@contextmanager
+def deterministic_environment(recipe, rank):
+    """Echo tools whose output depends only on the call, imported before the worker takes a call."""
+    registry = ToolRegistry(deterministic_specs())
+    config = PoolConfig(num_workers=1, max_queue=16, watch_interval_s=0.02, preload=registry.targets())
+    with ToolPool(ToolsConfig(), config) as pool:
+        yield with_faults(ToolEnvironment(registry, pool), recipe, rank)
 
 
 def _run(overrides, stop_after=None):
@@ -61,7 +81,33 @@ def test_resumed_rollouts_match(runs):
         assert len(straight) == 16
         assert resumed == straight, f"step {step}: the resumed run rolled out something else"
         injected += sum(1 for t in straight for s in t[4] if s[3] is not None and s[3][1] == "injected fault")
-    assert injected > 0  # the fault RNG was exercised, so its resumption is what the equality checks
+    assert injected > 0  # faults were injected, so their reproduction is part of what the equality checks
+
+
+def test_no_deadline_was_hit(runs):
+    """A timeout is the one legitimate way for the two runs to differ; it must not have happened."""
+    for run in runs:
+        for step in (1, 2, 3):
+            for t in RolloutRecorder(run / "rollouts").read(step):
+                where = f"{run.name} step {step} group {t.group_id} sample {t.sample_index}"
+                assert t.finish_reason is not FinishReason.INFRA_ERROR, f"{where}: trajectory deadline or engine failure"
+                for s in t.steps:
+                    if s.tool_result is not None:
+                        assert s.tool_result.status not in (ToolStatus.TIMEOUT, ToolStatus.INFRA_ERROR), \
+                            f"{where}: {s.tool_result.error}"
+
+
+def test_tool_module_is_cheap_for_the_worker():
+    """Every worker start (and restart after a timeout) imports the preloaded targets: the fixture
+    module must not pull in torch, whose import (with the trainer's) took over 30 s on a loaded 2-core machine."""
+    probe = ("import sys, osvl.tools.worker as w\n"
+             "from tests.trainer.resume_fixtures import deterministic_specs\n"
+             "assert not w.preload_targets(s.target for s in deterministic_specs())\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('osvl.trainer')))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).parents[2], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", f"the tool worker would import {done.stdout[:500]}"
 
 
 def test_resumed_weights_are_bitwise_equal(runs):
@@ -85,20 +131,3 @@ def test_resumed_metrics_continue_the_stream(runs):
         assert m["model_tflops"] > 0 and m["rollout_tflops"] > 0
         assert "mfu" not in m  # CPU: no peak in the table, so no MFU rather than a made-up one
     assert [m["policy_version"] for m in straight] == [2, 4, 6]
-
-
-def test_fault_draws_depend_on_step_not_history():
-    from types import SimpleNamespace
-
-    from osvl.tools import ToolEnvironment
-    from osvl.trainer.grpo import step_faults
-    from osvl.trainer.tool_env import FaultInjectingRunner
-
-    env = ToolEnvironment(registry=None, pool=FaultInjectingRunner(SimpleNamespace(), 0.5, seed=0))
-    draws = lambda e: [e.pool._rng.random() for _ in range(8)]
-    first = draws(step_faults(env, seed=0, step=3, rank=0))
-    assert draws(step_faults(env, seed=0, step=3, rank=0)) == first  # a resumed run at step 3 draws the same
-    assert draws(step_faults(env, seed=0, step=4, rank=0)) != first
-    assert draws(step_faults(env, seed=0, step=3, rank=1)) != first
-    plain = ToolEnvironment(registry=None, pool=SimpleNamespace())
-    assert step_faults(plain, seed=0, step=3, rank=0) is plain  # no faults configured: untouched
