@@ -27,6 +27,19 @@ def test_sdpa_backend_matches_float64_masked_attention(causal):
     torch.testing.assert_close(out.double(), _dense_reference(q, k, v, cu, causal), rtol=1e-5, atol=1e-5)
 
 
+def test_sdpa_backend_gqa_gradients_match_float64():
+    """KV heads shared by copy on CPU: the gradient of each KV head sums over its query group."""
+    cu = [0, 5, 12]
+    q, k, v = (torch.randn(12, n, 8, dtype=torch.float32, requires_grad=True) for n in (6, 2, 2))
+    meta = packed_metadata(torch.tensor(cu, dtype=torch.int32), 12)
+    weight = torch.randn(12, 6, 8)
+    (packed_attention(q, k, v, meta, causal=True, scale=None, backend="sdpa") * weight).sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    (_dense_reference(q64, k64, v64, cu, causal=True) * weight.double()).sum().backward()
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_sdpa_backend_backward_runs_on_cpu():
     q = torch.randn(7, 2, 4, requires_grad=True)
     meta = packed_metadata(torch.tensor([0, 4, 7]), 7)
