@@ -15,12 +15,12 @@ Stage = Literal["sft", "grpo"]
 FatalMode = Literal["vanilla", "hard_mask", "fatal_mask", "fatal_clamp"]
 Estimator = Literal["grpo", "rloo", "drgrpo"]
 LossAgg = Literal["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm"]
-DataFormat = Literal["auto", "osvl", "sharegpt", "verl_parquet"]
+DataFormat = Literal["auto", "osvl", "sharegpt", "verl_parquet", "text"]
 ToolProfileName = Literal["paper", "release"]
 
 DATA_FORMATS: tuple[str, ...] = get_args(DataFormat)
 TOOL_PROFILES: tuple[str, ...] = get_args(ToolProfileName)
-STAGE_FORMATS = {"sft": ("auto", "osvl", "sharegpt"), "grpo": ("auto", "osvl", "verl_parquet")}
+STAGE_FORMATS = {"sft": ("auto", "osvl", "sharegpt", "text"), "grpo": ("auto", "osvl", "verl_parquet")}
 
 PAPER_PRESETS = ("qwen3_vl_8b", "qwen3_vl_30b_a3b", "qwen3_vl_32b")
 TINY_PRESETS = ("tiny", "tiny_moe")
@@ -69,8 +69,9 @@ class ModelConfig:
 class DataConfig:
     train_path: str = ""  # SFT: trajectories JSONL (osvl.rl); GRPO: prompts JSONL
     # osvl: osvl JSONL; sharegpt: LLaMA-Factory ShareGPT JSON/JSONL (SearchVL-SFT-36k);
-    # verl_parquet: verl RL parquet (SearchVL-RL-8k); auto: .parquet -> verl_parquet, a JSON record
-    # with "conversations" -> sharegpt, anything else -> osvl
+    # verl_parquet: verl RL parquet (SearchVL-RL-8k); text: {"text": ...} JSONL, loss on every token
+    # (continued pretraining, SFT stage only); auto: .parquet -> verl_parquet, a JSON record with
+    # "conversations" -> sharegpt, a record whose only key is "text" -> text, anything else -> osvl
     format: DataFormat = "auto"
     image_root: str = ""  # sharegpt: directory the image paths are relative to; "" = the data file's directory
     system_prompt: str = ""  # a text file with the system prompt the policy sees; "" = none (a ShareGPT record's own wins)

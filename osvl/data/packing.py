@@ -78,6 +78,15 @@ def train_sequence(trajectory: Trajectory, renderer: ChatRenderer, reward: float
                          rendered.images, trajectory.group_id, float(reward), trajectory.fatal_step, advantage)
 
 
+def text_sequence(input_ids: np.ndarray, group_id: int) -> TrainSequence:
+    """Plain text: every token after the first is a loss row; no images, no reward."""
+    n = len(input_ids)
+    loss_mask = np.ones(n, dtype=bool)
+    loss_mask[0] = False
+    return TrainSequence(np.asarray(input_ids, dtype=np.int64), loss_mask, np.zeros(n, dtype=np.int64),
+                         np.zeros(n, dtype=np.float32), [], group_id, 0.0)
+
+
 @dataclass
 class PackedBatch:
     """One micro-batch in the layout of the packed Qwen3-VL forward and ``osvl_kernels.grpo_loss``."""

@@ -1,5 +1,6 @@
-"""``python -m osvl.synth run|stats|drills``: curate a world (or a converted Wikipedia graph), report,
-and write lookup drills (``osvl.synth.drills``) for a policy trained from scratch.
+"""``python -m osvl.synth run|stats|drills|reading``: curate a world (or a converted Wikipedia graph),
+report, write lookup drills (``osvl.synth.drills``) for a policy trained from scratch, and write the
+reading-comprehension text (``osvl.synth.reading``) a small base model is pretrained on.
 
 ``run`` takes a TOML config (``--config``, reference in ``osvl/synth/README.md``) and flags for
 the common cases; a flag overrides the file's key. Exit status 3: a back-end stopped the run
@@ -15,10 +16,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from osvl.jsonl import write_jsonl
 from osvl.rl.trajectory import append_jsonl
 from osvl.synth.backends import open_backends
 from osvl.synth.drills import lookup_drills
 from osvl.synth.pipeline import CurationConfig, curate, is_rl
+from osvl.synth.reading import ReadingConfig, ReadingSource, reading_corpus
 from osvl.synth.records import read_items
 from osvl.synth.run_config import build_run_config, read_toml, set_key
 from osvl.synth.stats import curation_stats, format_stats
@@ -123,6 +126,20 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     return 0
 
 
+def write_reading(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.count < 1:
+        parser.error(f"--count must be >= 1, got {args.count}")
+    try:
+        ReadingConfig(copy_fraction=args.copy_fraction)
+        sources = [ReadingSource.from_world(load_world(world)) for world in args.world]
+    except ValueError as error:
+        parser.error(str(error))
+    config = ReadingConfig(copy_fraction=args.copy_fraction)
+    write_jsonl(args.out, ({"text": text} for text in reading_corpus(sources, args.count, args.seed, config)))
+    print(json.dumps({"documents": args.count, "worlds": args.world, "out": args.out}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m osvl.synth")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,7 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     drills.add_argument("--out", required=True, help="JSONL of SFT trajectory records")
     drills.add_argument("--seed", type=int, default=0)
     drills.add_argument("--search-top-k", type=int, default=1)
+    reading = sub.add_parser("reading", help="plain-text reading comprehension over worlds (base pretraining)")
+    reading.add_argument("--world", required=True, action="append", help="a world directory (repeatable)")
+    reading.add_argument("--count", type=int, required=True, help="documents to write")
+    reading.add_argument("--out", required=True, help='JSONL of {"text": ...} records')
+    reading.add_argument("--seed", type=int, default=0)
+    reading.add_argument("--copy-fraction", type=float, default=ReadingConfig.copy_fraction,
+                         help="share of documents that list names and numbers and repeat the list")
     args = parser.parse_args(argv)
+    if args.command == "reading":
+        return write_reading(args, parser)
     if args.command == "drills":
         return write_drills(args, parser)
     if args.command == "stats":

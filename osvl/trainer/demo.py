@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import sys
 import time
@@ -33,8 +34,11 @@ from osvl.trainer.metrics import read_metrics
 SUMMARY_KEYS = ("reward", "accuracy", "fatal_rate", "clamped_frac")
 
 
-def demo_tokenizer(data_dir: str | Path, vocab_size: int = 2048) -> Path:
-    """Trains ``data_dir/tokenizer.json`` on the SFT trajectories and RL questions it will encode."""
+def demo_tokenizer(data_dir: str | Path, vocab_size: int = 2048, text: str | Path | None = None,
+                   text_docs: int = 0, out: str | Path | None = None) -> Path:
+    """Trains a tokenizer (default ``data_dir/tokenizer.json``) on the SFT trajectories and RL
+    questions it will encode, plus the first ``text_docs`` (0 = all) documents of a plain-text file."""
+    from osvl.data.formats import iter_text
     from osvl.data.tokenizer import train_bpe_tokenizer
     from osvl.rl.trajectory import read_jsonl
     from osvl.synth.records import read_prompts
@@ -44,14 +48,20 @@ def demo_tokenizer(data_dir: str | Path, vocab_size: int = 2048) -> Path:
     for path in (sft, rl):
         if not path.is_file():
             raise ValueError(f"{path} is missing: run `python -m osvl.synth run --out {data}` first")
+    if text_docs < 0:
+        raise ValueError(f"text_docs must be >= 0, got {text_docs}")
     corpus = []
+    if text is not None:
+        documents = iter_text(text)
+        corpus += list(itertools.islice(documents, text_docs) if text_docs else documents)
     for traj in read_jsonl(sft):
         corpus.append(traj.prompt.question)
         corpus += [s.text for s in traj.steps] + [s.observation_text for s in traj.steps if s.observation_text]
     corpus += [p.question for p in read_prompts(rl)]
-    out = data / "tokenizer.json"
-    train_bpe_tokenizer(corpus, vocab_size=vocab_size).save(out)
-    return out
+    target = Path(out) if out is not None else data / "tokenizer.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    train_bpe_tokenizer(corpus, vocab_size=vocab_size).save(target)
+    return target
 
 
 def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
@@ -179,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     tok = sub.add_parser("tokenizer")
     tok.add_argument("--data", required=True)
     tok.add_argument("--vocab-size", type=int, default=2048)
+    tok.add_argument("--text", help='plain-text JSONL ({"text": ...}) whose documents join the corpus')
+    tok.add_argument("--text-docs", type=int, default=0, help="use only the first N documents of --text (0 = all)")
+    tok.add_argument("--out", help="where to write tokenizer.json (default: DATA/tokenizer.json)")
     ev = sub.add_parser("evaluate")
     ev.add_argument("--recipe", required=True)
     ev.add_argument("--checkpoint", required=True, help="HF directory, or 'init' for the seeded initialization")
@@ -196,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "tokenizer":
-            print(demo_tokenizer(args.data, args.vocab_size))
+            print(demo_tokenizer(args.data, args.vocab_size, args.text, args.text_docs, args.out))
         elif args.command == "evaluate":
             from osvl.config.loader import load_recipe
 

@@ -30,6 +30,8 @@ from osvl.data.formats import (
     SFTRecord,
     detect_format,
     iter_sharegpt,
+    iter_text,
+    text_windows,
     tokenize_steps,
 )
 from osvl.data.image import ImageConfig
@@ -40,6 +42,7 @@ from osvl.data.packing import (
     TrainSequence,
     pack_rank,
     plan_packing,
+    text_sequence,
     train_sequence,
 )
 from osvl.data.tokenizer import SpecialTokens
@@ -97,6 +100,13 @@ def load_sft_sequences(source: str | Path | DataConfig, renderer: ChatRenderer,
     data = as_data_config(source)
     fmt = resolve_format(data, "sft")
     path = Path(data.train_path)
+    if fmt == "text":
+        stats = stats if stats is not None else FileStats(str(path))
+        windows = [ids for text in iter_text(path, stats) for ids in text_windows(text, renderer.tokenizer, data.max_tokens)]
+        log_file_stats(stats)
+        if not windows:
+            raise ValueError(f"data.train_path: {path} holds no usable text ({dict(stats.rejected)} rejected)")
+        return [text_sequence(ids, index) for index, ids in enumerate(windows)]
     if fmt == "osvl":
         pairs = ((t, renderer) for t in read_jsonl(path))
     else:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from osvl.world.graph import ImageRef, Link, Page, compute_in_degrees, page_id
 
-_SYLLABLES = ("ar", "bel", "cor", "dan", "el", "fen", "gar", "hal", "is", "jor", "kel", "lun", "mar",
+SYLLABLES = ("ar", "bel", "cor", "dan", "el", "fen", "gar", "hal", "is", "jor", "kel", "lun", "mar",
               "nor", "os", "pel", "quen", "ros", "sal", "tor", "ul", "vor", "wen", "yar", "zel", "bri",
               "dra", "mi", "tal", "sen", "ka", "lo")
 _BUILDING_KINDS = ("tower", "lighthouse", "zoo", "museum", "bridge", "theatre", "library")
@@ -86,7 +86,7 @@ class _Names:
 
     def word(self, syllables: tuple[int, int] = (2, 3)) -> str:
         while True:
-            word = "".join(self.rng.choice(_SYLLABLES) for _ in range(self.rng.randint(*syllables)))
+            word = "".join(self.rng.choice(SYLLABLES) for _ in range(self.rng.randint(*syllables)))
             if word not in self.used:
                 self.used.add(word)
                 return word.capitalize()

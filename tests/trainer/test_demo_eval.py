@@ -84,3 +84,28 @@ def test_summary_puts_the_stage_evaluations_first(tmp_path):
     assert "after (grpo) is higher than before (init): 0.000 -> 0.100" in lines[4]
     (tmp_path / "grpo.json").write_text(json.dumps({**json.loads((tmp_path / "init.json").read_text())}))
     assert "is NOT higher" in summary_lines(sft, grpo, 1, evals)[4]
+
+
+def test_tokenizer_learns_the_data_and_the_first_text_documents(tmp_path):
+    import shutil
+
+    from osvl.data.tokenizer import load_tokenizer
+    from osvl.trainer.demo import demo_tokenizer
+
+    data = tmp_path / "data"
+    shutil.copytree(write_sft_data(tmp_path / "fixture")[1].parent, data / "sft")  # trajectories and their images
+    (data / "sft" / "sft.jsonl").rename(data / "sft" / "trajectories.jsonl")
+    write_prompts(data / "rl" / "prompts.jsonl", [Prompt(id="q", question="Which bridge opened first?", answer="x")])
+    text = tmp_path / "text.jsonl"
+    text.write_text("\n".join(json.dumps({"text": f"{word} " * 50}) for word in ("Zorblaxquint", "Mervantolyq")))
+    plain = load_tokenizer(demo_tokenizer(data, 320))
+    assert (data / "tokenizer.json").is_file()
+    first = load_tokenizer(demo_tokenizer(data, 320, text, text_docs=1, out=tmp_path / "first.json"))
+    both = load_tokenizer(demo_tokenizer(data, 320, text, out=tmp_path / "both.json"))
+    assert len(first.encode("Zorblaxquint")) < len(plain.encode("Zorblaxquint"))
+    assert len(both.encode("Mervantolyq")) < min(len(first.encode("Mervantolyq")), len(plain.encode("Mervantolyq")))
+    assert len(first.encode("Mervantolyq")) > 2  # document 2 was left out: its word stays in pieces
+    with pytest.raises(ValueError, match="text_docs must be >= 0"):
+        demo_tokenizer(data, 320, text, text_docs=-1)
+    with pytest.raises(ValueError, match="is missing"):
+        demo_tokenizer(tmp_path / "nowhere", 320)

@@ -1,6 +1,7 @@
 """Readers for outside datasets: the released SearchVL SFT (ShareGPT) and RL (parquet) files."""
 
 from osvl.data.formats.detect import detect_format
+from osvl.data.formats.plain_text import iter_text, text_windows
 from osvl.data.formats.processor import PREPROCESSOR_FILE, checkpoint_image_config
 from osvl.data.formats.records import (
     FileStats,
@@ -28,8 +29,10 @@ __all__ = [
     "detect_format",
     "iter_rl_parquet",
     "iter_sharegpt",
+    "iter_text",
     "load_image_file",
     "rl_prompt",
     "sharegpt_record",
+    "text_windows",
     "tokenize_steps",
 ]

@@ -13,7 +13,7 @@ PARQUET_MAGIC = b"PAR1"
 
 def detect_format(path: str | os.PathLike[str], columns: ShareGPTColumns | None = None) -> str:
     """``verl_parquet`` (parquet magic bytes), ``sharegpt`` (the first JSON record holds the
-    conversation column) or ``osvl`` (anything else: the osvl reader reports what is wrong)."""
+    conversation column), ``text`` (its only key is ``text``) or ``osvl`` (anything else: the osvl reader reports what is wrong)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"data file {path} does not exist")
@@ -26,4 +26,8 @@ def detect_format(path: str | os.PathLike[str], columns: ShareGPTColumns | None 
         except ValueError:
             return "osvl"
     messages = (columns or ShareGPTColumns()).messages
-    return "sharegpt" if isinstance(first, Mapping) and messages in first else "osvl"
+    if isinstance(first, Mapping) and messages in first:
+        return "sharegpt"
+    if isinstance(first, Mapping) and set(first) == {"text"}:
+        return "text"
+    return "osvl"
