@@ -66,12 +66,6 @@ def packed_attention(
         return out.to(dtype)
     if backend != "sdpa":
         raise ValueError(f"unknown attention backend {backend!r}; choose from {ATTENTION_BACKENDS}")
-    if gqa and q_TNH.device.type == "cpu":
-        # CPU SDPA has no fused kernel for enable_gqa and falls back to the unfused math path;
-        # sharing KV heads by copy keeps the fused one (bench/model/bench_attention.py: ~2x fwd+bwd).
-        rep = q_TNH.shape[1] // k_TNH.shape[1]
-        k_TNH, v_TNH = k_TNH.repeat_interleave(rep, dim=1), v_TNH.repeat_interleave(rep, dim=1)
-        gqa = False
     bounds = meta.cu_seq_q_host
     outs = []
     for start, end in zip(bounds[:-1], bounds[1:], strict=True):
