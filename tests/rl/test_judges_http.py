@@ -224,13 +224,14 @@ def test_malformed_forever_is_unscored(server) -> None:
 
 def test_slow_response_times_out_then_recovers(server) -> None:
     sleeps = Sleeps()
-    server.script = [Reply(body=chat("verdict: correct").body, delay_s=1.0), chat("verdict: correct")]
-    with make_client(server, sleeps, timeout_s=0.2) as client:
+    # The prompt reply must beat the timeout even on a loaded CI machine, the slow one never.
+    server.script = [Reply(body=chat("verdict: correct").body, delay_s=6.0), chat("verdict: correct")]
+    with make_client(server, sleeps, timeout_s=1.5) as client:
         started = time.monotonic()
         verdict = LLMAccuracyJudge(client).judge_answer(PROMPT, "1982")
         elapsed = time.monotonic() - started
     assert verdict.score == 1.0 and verdict.attempts == 2 and sleeps == [0.01]
-    assert elapsed < 0.9  # the client did not wait for the slow reply
+    assert elapsed < 5.0  # the client did not wait for the slow reply
 
 
 def test_always_slow_is_unscored_timeout(server) -> None:
@@ -292,7 +293,7 @@ def test_batch_scoring_loses_nothing(server) -> None:
         if "answer-503" in content:
             return error(503)
         if "answer-slow" in content:
-            return Reply(body=chat("verdict: correct").body, delay_s=0.5)
+            return Reply(body=chat("verdict: correct").body, delay_s=5.0)
         return chat("verdict: correct" if "1982" in content.split("final answer:")[-1] else
                     "verdict: incorrect")
 
@@ -300,7 +301,7 @@ def test_batch_scoring_loses_nothing(server) -> None:
     answers = ["1982", "answer-401", "1990", "answer-503", "1982", "answer-slow", None, "1982"]
     batch = [trajectory(["ok"], answer=a, sample_index=i) for i, a in enumerate(answers)]
     sleeps = Sleeps()
-    with make_client(server, sleeps, timeout_s=0.2, max_attempts=3) as client:
+    with make_client(server, sleeps, timeout_s=1.5, max_attempts=3) as client:  # prompt replies beat 1.5 s under load
         scored = score_batch(batch, LLMAccuracyJudge(client), LLMQueryJudge(client), max_workers=4)
     assert [t.sample_index for t in scored] == list(range(len(answers)))
     by_answer = dict(zip(map(str, answers), scored))
