@@ -130,11 +130,10 @@ def write_reading(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     if args.count < 1:
         parser.error(f"--count must be >= 1, got {args.count}")
     try:
-        ReadingConfig(copy_fraction=args.copy_fraction)
+        config = ReadingConfig(copy_fraction=args.copy_fraction)
         sources = [ReadingSource.from_world(load_world(world)) for world in args.world]
     except ValueError as error:
         parser.error(str(error))
-    config = ReadingConfig(copy_fraction=args.copy_fraction)
     write_jsonl(args.out, ({"text": text} for text in reading_corpus(sources, args.count, args.seed, config)))
     print(json.dumps({"documents": args.count, "worlds": args.world, "out": args.out}))
     return 0

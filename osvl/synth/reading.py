@@ -21,11 +21,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from osvl.tools.image_search import Match, render_matches
-from osvl.tools.text_search import Passage, render_passages
-from osvl.world.build import World
+from osvl.tools.text_search import Passage, render_passages, split_sentences
+from osvl.world.build import ImageRecord, World
 from osvl.world.generate import SYLLABLES
 
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _FORWARD = re.compile(r"^The (?P<rel>[^.]+?) of (?P<subj>[^.]+?) is (?P<obj>[^.]+)\.$")
 _ATTRIBUTE = re.compile(r"^Its (?P<rel>[^.]+?) is (?P<obj>[^.]+)\.$")
 _INVERSE = re.compile(r"^(?P<subj>[^.]+?) is the (?P<rel>[^.]+?) of (?P<obj>[^.]+)\.$")
@@ -65,7 +64,7 @@ def sentence_facts(title: str, sentence: str) -> list[tuple[str, str]]:
 
 
 def _summary(text: str, rng: random.Random, max_sentences: int) -> list[str]:
-    sentences = [s for s in _SENTENCE.split(text.strip()) if s]
+    sentences = split_sentences(text)
     if len(sentences) <= max_sentences:
         return sentences
     keep = sorted(rng.sample(range(1, len(sentences)), max_sentences - 1))
@@ -77,12 +76,11 @@ class ReadingSource:
     """One world's passages and captioned images, held in memory."""
 
     passages: list[dict]
-    images: list[dict]
+    images: list[ImageRecord]
 
     @classmethod
     def from_world(cls, world: World) -> ReadingSource:
-        return cls(list(world.corpus()), [{"title": i.title, "caption": i.caption, "page_id": i.page_id}
-                                          for i in world.images()])
+        return cls(list(world.corpus()), list(world.images()))
 
 
 def reading_document(source: ReadingSource, rng: random.Random, config: ReadingConfig = ReadingConfig()) -> str:
@@ -99,8 +97,8 @@ def reading_document(source: ReadingSource, rng: random.Random, config: ReadingC
     parts = []
     if source.images and rng.random() < config.match_fraction:  # the agent's first read: what the image is
         image = rng.choice(source.images)
-        parts.append(render_matches([Match(image["title"], image["caption"], image["page_id"], "near_duplicate", 1.0)]))
-        qa.insert(0, ("What does match 1 show?", image["title"]))
+        parts.append(render_matches([Match(image.title, image.caption, image.page_id, "near_duplicate", 1.0)]))
+        qa.insert(0, ("What does match 1 show?", image.title))
     parts.append(render_passages(passages))
     questions = "\n".join(f"Q: {q}\nA: {a}" for q, a in qa[:config.max_questions])
     return "\n\n".join(parts) + ("\n\n" + questions if questions else "")

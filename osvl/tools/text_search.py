@@ -101,9 +101,14 @@ def build_text_index(corpus_path: str | os.PathLike[str], index_path: str | os.P
     return index
 
 
+def split_sentences(text: str) -> list[str]:
+    """A page's sentences in order, split after ``.``, ``!`` or ``?``; blanks dropped."""
+    return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
+
+
 def extractive_summary(text: str, terms: list[str], max_sentences: int = 3, max_chars: int = 600) -> str:
     """The sentences richest in query terms, in page order."""
-    sentences = [s.strip() for s in _SENTENCE.split(text) if s.strip()]
+    sentences = split_sentences(text)
     if not sentences:
         return ""
     wanted = set(terms)

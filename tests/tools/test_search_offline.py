@@ -177,3 +177,12 @@ def test_decode_image_refuses_decompression_bombs():
     assert np.array_equal(decode_image(encode_png(small), 1_000_000), small)
     with pytest.raises(ValueError, match="not a readable image"):
         decode_image(b"GIF89a-garbage", 1_000_000)
+
+
+def test_split_sentences_keeps_order_and_drops_blanks():
+    from osvl.tools.text_search import split_sentences
+
+    assert split_sentences("  Oslo is a city. Is it old?  Yes!\n\nIts population is 709000.  ") == [
+        "Oslo is a city.", "Is it old?", "Yes!", "Its population is 709000."]
+    assert split_sentences("no stop at the end") == ["no stop at the end"]
+    assert split_sentences("   ") == []
