@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import itertools
 
 import pytest
 from hypothesis import given, settings
@@ -24,8 +24,16 @@ def test_ffd_places_every_item_once_within_budgets(costs, budget, data):
     assert all(sum(costs[i] for i in b) <= budget for b in bins)
     if max_patches is not None:
         assert all(sum(patches[i] for i in b) <= max_patches for b in bins)
-    else:  # one dimension: FFD's bound 11/9 OPT + 6/9, OPT >= ceil(sum / budget)
-        assert len(bins) <= 11 / 9 * max(math.ceil(sum(costs) / budget), 1) + 6 / 9 + 1e-9 or len(bins) <= 2
+    else:  # one dimension: an item lands in a later bin only if it fits no earlier one, so no two
+        # bins could be merged; that is what bounds first-fit at 2 * sum / budget + 1 bins
+        loads = [sum(costs[i] for i in b) for b in bins]
+        assert all(a + b > budget for a, b in itertools.combinations(loads, 2))
+        assert len(bins) < 2 * sum(costs) / budget + 1
+
+
+def test_ffd_needs_a_bin_per_item_when_no_two_fit_together():
+    """OPT = 5 here although the costs sum to 2.54 budgets (a bound from the sum alone is wrong)."""
+    assert first_fit_decreasing([50, 51, 51, 51, 51], 100) == [[1], [2], [3], [4], [0]]
 
 
 @settings(max_examples=150, deadline=None)
