@@ -24,27 +24,37 @@ test: install
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) tests
 
 # The demo world is the mini-world at 3x its entity counts, and the expert asks text_search for
-# one passage (half the tokens). A policy trained from random weights must first learn to copy a
-# name it just read into its next query, which a pretrained base already does: lookup drills
-# (osvl/synth/drills.py, RL entities left out) join the expert chains for that. Greedy
-# evaluations on held-out RL prompts bracket each stage.
-DEMO_EVAL := $(BIN)/python -m osvl.trainer.demo evaluate --recipe tiny_grpo --limit 32
+# one passage (half the tokens). The policy starts from random weights, so it must first learn to
+# copy a name it just read into its next query and a value into its answer, which a pretrained
+# base already does. For that: lookup drills (osvl/synth/drills.py, RL entities left out) join the
+# expert chains, every answer step restates the fact it answers from, the tokenizer cuts numbers
+# into two-digit pieces, and the model is the `small` CPU size (width 128; at tiny's 64 it copied
+# neither names nor numbers). GRPO trains on short held-out questions about the RL items' entities
+# (1-2 hops); the curated 3-5 hop RL items are evaluated beside them. Greedy evaluations bracket
+# each stage; the no-tool answer prior (the SFT data's most frequent answer to the asked
+# attribute) is the floor a policy must clear to show it used what its tools returned.
+DEMO_DATA := runs/demo/data
+DEMO_EVAL := $(BIN)/python -m osvl.trainer.demo evaluate --recipe tiny_grpo --limit 32 --set model.preset=small
 demo: install
 	rm -rf runs/demo runs/tiny_sft runs/tiny_grpo
 	$(BIN)/python -m osvl.world build --out runs/demo/world --seed 0 --scale 3
-	$(BIN)/python -m osvl.synth run --world runs/demo/world --out runs/demo/data --expert-search-top-k 1 > runs/demo/curation.json
-	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data runs/demo/data --count 3000 --out runs/demo/data/sft/drills.jsonl
-	cat runs/demo/data/sft/trajectories.jsonl runs/demo/data/sft/drills.jsonl > runs/demo/data/sft/with_drills.jsonl
-	$(BIN)/python -m osvl.trainer.demo tokenizer --data runs/demo/data --vocab-size 768
+	$(BIN)/python -m osvl.synth run --world runs/demo/world --out $(DEMO_DATA) --expert-search-top-k 1 > runs/demo/curation.json
+	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --count 6000 --out $(DEMO_DATA)/sft/drills.jsonl
+	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --count 64 --held-out-prompts --out $(DEMO_DATA)/rl_short/prompts.jsonl
+	cat $(DEMO_DATA)/sft/trajectories.jsonl $(DEMO_DATA)/sft/drills.jsonl > $(DEMO_DATA)/sft/with_drills.jsonl
+	$(BIN)/python -m osvl.trainer.demo tokenizer --data $(DEMO_DATA) --vocab-size 1024 --max-digits 2
+	$(BIN)/python -m osvl.trainer.demo prior --recipe tiny_grpo --limit 32 --sft $(DEMO_DATA)/sft/with_drills.jsonl --out runs/demo/eval/prior.json
 	$(DEMO_EVAL) --checkpoint init --out runs/demo/eval/init.json
-	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_sft --set metrics.tensorboard=false
+	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_sft --set model.preset=small --set metrics.tensorboard=false
 	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --out runs/demo/eval/sft.json
 	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo --set metrics.tensorboard=false
 	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --out runs/demo/eval/grpo.json
+	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --set data.train_path=$(DEMO_DATA)/rl/prompts.jsonl --limit 16 --out runs/demo/eval/grpo_curated.json
 	$(BIN)/python -m osvl.report runs/tiny_sft > /dev/null
 	$(BIN)/python -m osvl.report runs/tiny_grpo > /dev/null
 	$(BIN)/python -m osvl.trainer.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 2 \
-		--evals init=runs/demo/eval/init.json sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json
+		--evals init=runs/demo/eval/init.json sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json \
+		--other-evals curated=runs/demo/eval/grpo_curated.json --prior runs/demo/eval/prior.json
 
 bench-cpu: install
 	$(BIN)/python bench/kernels/bench_grpo_loss.py --device cpu

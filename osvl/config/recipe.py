@@ -23,7 +23,7 @@ TOOL_PROFILES: tuple[str, ...] = get_args(ToolProfileName)
 STAGE_FORMATS = {"sft": ("auto", "osvl", "sharegpt", "text"), "grpo": ("auto", "osvl", "verl_parquet")}
 
 PAPER_PRESETS = ("qwen3_vl_8b", "qwen3_vl_30b_a3b", "qwen3_vl_32b")
-TINY_PRESETS = ("tiny", "tiny_moe")
+TINY_PRESETS = ("tiny", "tiny_moe", "small")  # CPU sizes, osvl.trainer.policy.CPU_SIZES
 
 
 def _positive(obj: object, *names: str) -> None:
@@ -55,7 +55,7 @@ class JobConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    preset: str = "tiny"  # qwen3_vl_8b | qwen3_vl_30b_a3b | qwen3_vl_32b | tiny | tiny_moe
+    preset: str = "tiny"  # qwen3_vl_8b | qwen3_vl_30b_a3b | qwen3_vl_32b | tiny | tiny_moe | small
     pretrained: str = ""  # HF checkpoint directory; "" = random init (tiny recipes, dry runs)
     attn_backend: Literal["sdpa", "varlen"] = "sdpa"
     freeze_vision: bool = False  # the paper fine-tunes the vision tower and projector too

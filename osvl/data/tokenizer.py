@@ -112,8 +112,16 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     return Tokenizer(backend)
 
 
-def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
-    """Byte-level BPE with Qwen2's pre-tokenizer, learned vocab first, Qwen's added tokens after."""
+def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int, min_frequency: int = 2,
+                        max_digits: int = 1) -> Tokenizer:
+    """Byte-level BPE with Qwen2's pre-tokenizer, learned vocab first, Qwen's added tokens after.
+
+    Qwen splits numbers into single digits (``max_digits=1``). With ``max_digits`` = 2 or 3 every
+    number is cut into pieces of up to that many digits, each piece one id (100, or 1100, more ids
+    after Qwen's): a small policy trained from scratch then copies a number it read as a few distinct
+    ids, not as a run of the same ten digit ids, which its two-layer copying circuit confuses."""
+    if max_digits not in (1, 2, 3):
+        raise ValueError(f"max_digits must be 1 (Qwen), 2 or 3, got {max_digits}")
     reserved = 256 + len(QWEN_ADDED_TOKENS)
     if vocab_size < reserved:
         raise ValueError(f"vocab_size={vocab_size} must be >= {reserved} (256 bytes + Qwen's added tokens)")
@@ -139,4 +147,7 @@ def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int, min_frequency: i
     for token, special in QWEN_ADDED_TOKENS:  # one at a time: ids follow Qwen's order
         add = backend.add_special_tokens if special else backend.add_tokens
         add([AddedToken(token, special=special, normalized=False)])
+    if max_digits > 1:  # matched before pre-tokenization, longest first: "254000" -> "25" "40" "00"
+        backend.add_tokens([AddedToken(f"{n:0{width}d}", normalized=False)
+                            for width in range(2, max_digits + 1) for n in range(10 ** width)])
     return Tokenizer(backend)

@@ -19,10 +19,10 @@ from typing import Any
 from osvl.jsonl import write_jsonl
 from osvl.rl.trajectory import append_jsonl
 from osvl.synth.backends import open_backends
-from osvl.synth.drills import lookup_drills
+from osvl.synth.drills import held_out_prompts, lookup_drills
 from osvl.synth.pipeline import CurationConfig, curate, is_rl
 from osvl.synth.reading import ReadingConfig, ReadingSource, reading_corpus
-from osvl.synth.records import read_items
+from osvl.synth.records import read_items, write_prompts
 from osvl.synth.run_config import build_run_config, read_toml, set_key
 from osvl.synth.stats import curation_stats, format_stats
 from osvl.world.build import load_world
@@ -114,13 +114,21 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     if not (data / "items.jsonl").is_file():
         parser.error(f"--data {data} has no items.jsonl: run `python -m osvl.synth run` first")
     config = CurationConfig(seed=args.seed)
-    rl_nodes = {node for item in read_items(data / "items.jsonl") if is_rl(item.id, config) for node in item.path}
-    try:
-        drills = lookup_drills(load_world(args.world), args.count, args.seed, rl_nodes, args.search_top_k)
-    except ValueError as error:
-        parser.error(str(error))
+    rl_items = [item for item in read_items(data / "items.jsonl") if is_rl(item.id, config)]
+    rl_nodes = {node for item in rl_items for node in item.path}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).unlink(missing_ok=True)
+    try:
+        world = load_world(args.world)
+        if args.held_out_prompts:
+            anchors = {item.path[0] for item in rl_items}
+            prompts = held_out_prompts(world, anchors, args.count, args.seed, args.search_top_k)
+            write_prompts(args.out, prompts)
+            print(json.dumps({"prompts": len(prompts), "rl_anchors": len(anchors), "out": args.out}))
+            return 0
+        drills = lookup_drills(world, args.count, args.seed, rl_nodes, args.search_top_k)
+    except ValueError as error:
+        parser.error(str(error))
     append_jsonl(args.out, drills)
     print(json.dumps({"drills": len(drills), "excluded_rl_entities": len(rl_nodes), "out": args.out}))
     return 0
@@ -151,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     drills.add_argument("--world", required=True)
     drills.add_argument("--data", required=True, help="a curated set: the entities of its RL items are left out")
     drills.add_argument("--count", type=int, required=True)
-    drills.add_argument("--out", required=True, help="JSONL of SFT trajectory records")
+    drills.add_argument("--out", required=True, help="JSONL of SFT trajectory records (RL prompts with --held-out-prompts)")
+    drills.add_argument("--held-out-prompts", action="store_true",
+                        help="write short visual RL prompts that start at the RL items' image entities instead")
     drills.add_argument("--seed", type=int, default=0)
     drills.add_argument("--search-top-k", type=int, default=1)
     reading = sub.add_parser("reading", help="plain-text reading comprehension over worlds (base pretraining)")

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 
 from osvl.rl.trajectory import FinishReason, Prompt, ToolCall, Trajectory
-from osvl.synth.expert import WorldTools, expert_step, read_passages, top_match_page
+from osvl.synth.expert import WorldTools, answer_step, expert_step, read_passages, top_match_page
 from osvl.world.build import World
 
 
@@ -78,7 +78,7 @@ def _drill(world: World, tools: WorldTools, anchor: str, hops: int, rng: random.
     observation = search(f"Look up the {attribute} of {title}.", f"{title} {attribute}")
     if _stated(observation, re.compile(rf"Its {re.escape(attribute)} is ([^.]+)\.")) != [answer]:
         return None
-    steps.append(expert_step("I have followed the chain to the answer.", None, None, response=answer))
+    steps.append(answer_step(attribute, title, answer, answer))
     kind = "image" if visual else "named"
     prompt = Prompt(id=f"drill-{kind}-{anchor}-{'-'.join(relations)}-{attribute}", question=question, images=images,
                     answer=answer)
@@ -87,14 +87,20 @@ def _drill(world: World, tools: WorldTools, anchor: str, hops: int, rng: random.
 
 
 def lookup_drills(world: World, count: int, seed: int = 0, excluded: Iterable[str] = (),
-                  search_top_k: int = 1, max_hops: int = 2, visual_fraction: float = 0.5) -> list[Trajectory]:
+                  search_top_k: int = 1, max_hops: int = 2, visual_fraction: float = 0.5,
+                  anchors: Iterable[str] | None = None) -> list[Trajectory]:
     """``count`` distinct drills of 1..``max_hops`` relation hops plus one attribute lookup; a
-    ``visual_fraction`` of them start from the anchor's image, as curated questions do."""
+    ``visual_fraction`` of them start from the anchor's image, as curated questions do. Chains
+    start from ``anchors`` (default: every entity) and never touch an ``excluded`` one."""
     if count < 0 or max_hops < 1 or search_top_k < 0 or not 0.0 <= visual_fraction <= 1.0:
         raise ValueError(f"lookup_drills needs count >= 0, max_hops >= 1, search_top_k >= 0; got "
                          f"{count}, {max_hops}, {search_top_k} (and visual_fraction in [0, 1], got {visual_fraction})")
     excluded = set(excluded)
-    anchors = sorted(p.id for p in world.graph.entities() if p.id not in excluded)
+    pool = {p.id for p in world.graph.entities()} if anchors is None else set(anchors)
+    unknown = sorted(a for a in pool if a not in world.graph)
+    if unknown:
+        raise ValueError(f"lookup_drills: anchors not in the world: {unknown[:3]}")
+    anchors = sorted(pool - excluded)
     if count and not anchors:
         raise ValueError("lookup_drills: every entity is excluded")
     rng, tools = random.Random(seed), WorldTools(world)
@@ -110,3 +116,13 @@ def lookup_drills(world: World, count: int, seed: int = 0, excluded: Iterable[st
         if drill is not None and drill.prompt.id not in drills:
             drills[drill.prompt.id] = drill
     return list(drills.values())
+
+
+def held_out_prompts(world: World, anchors: Iterable[str], count: int, seed: int = 0,
+                     search_top_k: int = 1, max_hops: int = 2) -> list[Prompt]:
+    """Short visual questions (1..``max_hops`` hops) about entities SFT drills leave out: RL
+    prompts a policy trained from scratch can already answer sometimes, so GRPO gets a signal
+    that the curated 3-5 hop items do not give it. Each is checked the way a drill is."""
+    drills = lookup_drills(world, count, seed, search_top_k=search_top_k, max_hops=max_hops, visual_fraction=1.0,
+                           anchors=anchors)
+    return [drill.prompt for drill in drills]

@@ -162,6 +162,15 @@ def expert_step(think: str, call: ToolCall | None, result: ToolResult | None, re
                 observation_images=list(result.images) if result is not None else [])
 
 
+def answer_step(attribute: str, title: str, stated: str, answer: str) -> Step:
+    """The final step restates the fact it answers from before giving the answer: the reasoning a
+    reader (or a judge of the process) can check, and a short copy path for a small policy."""
+    think = f"The {attribute} of {title} is {stated}."
+    if answer != stated:
+        think += f" So the answer is {answer}."
+    return expert_step(think, None, None, response=answer)
+
+
 @dataclass
 class ScriptedExpert:
     graph: Graph
@@ -229,14 +238,15 @@ class ScriptedExpert:
                                        for n in pattern.findall(summary)))
             candidates = [p.id for n in names for p in self.graph.entities() if p.title == n.strip()]
             current = self._choose(candidates, item, index, rng, call)
-        if current is None:
-            answer = "unknown"
-        else:
-            value = self._read_attributes(call, current, [item.attribute],
-                                          f"Look up the {item.attribute} of {self.graph[current].title}.")
-            stated = value.get(item.attribute)
-            answer = (obfuscate(stated, item.question.obfuscation) if stated else None) or "unknown"
-        steps.append(expert_step("I have followed the chain to the answer.", None, None, response=answer))
+        if current is not None:
+            title = self.graph[current].title
+            stated = self._read_attributes(call, current, [item.attribute],
+                                           f"Look up the {item.attribute} of {title}.").get(item.attribute)
+            answer = obfuscate(stated, item.question.obfuscation) if stated else None
+            if answer:
+                steps.append(answer_step(item.attribute, title, stated, answer))
+                return steps
+        steps.append(expert_step("The chain broke off before the asked value.", None, None, response="unknown"))
         return steps
 
     def _choose(self, candidates: list[str], item: QAItem, index: int, rng: random.Random, call) -> str | None:

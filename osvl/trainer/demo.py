@@ -3,6 +3,8 @@
 ``python -m osvl.trainer.demo tokenizer --data DIR``   byte-level BPE over the curated set
 ``python -m osvl.trainer.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE``
     greedy Pass@1 on the RL prompts, rendered and tool-served exactly as in GRPO, no faults
+``python -m osvl.trainer.demo prior --recipe tiny_grpo --sft FILE --out FILE``
+    the no-tool floor: the SFT data's most frequent answer to each prompt's asked attribute
 ``python -m osvl.trainer.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE``
 ``python -m osvl.trainer.demo ablation RUN_DIR ...``  one row per fatal mode (paper Table 3b)
 
@@ -22,6 +24,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -29,15 +32,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from osvl.config.recipe import Recipe
+from osvl.rl.trajectory import Prompt
 from osvl.trainer.metrics import read_metrics
 
 SUMMARY_KEYS = ("reward", "accuracy", "fatal_rate", "clamped_frac")
 
 
 def demo_tokenizer(data_dir: str | Path, vocab_size: int = 2048, text: str | Path | None = None,
-                   text_docs: int = 0, out: str | Path | None = None) -> Path:
+                   text_docs: int = 0, out: str | Path | None = None, max_digits: int = 1) -> Path:
     """Trains a tokenizer (default ``data_dir/tokenizer.json``) on the SFT trajectories and RL
-    questions it will encode, plus the first ``text_docs`` (0 = all) documents of a plain-text file."""
+    questions it will encode, plus the first ``text_docs`` (0 = all) documents of a plain-text file;
+    ``max_digits``: see :func:`osvl.data.tokenizer.train_bpe_tokenizer`."""
     from osvl.data.formats import iter_text
     from osvl.data.tokenizer import train_bpe_tokenizer
     from osvl.rl.trajectory import read_jsonl
@@ -60,7 +65,7 @@ def demo_tokenizer(data_dir: str | Path, vocab_size: int = 2048, text: str | Pat
     corpus += [p.question for p in read_prompts(rl)]
     target = Path(out) if out is not None else data / "tokenizer.json"
     target.parent.mkdir(parents=True, exist_ok=True)
-    train_bpe_tokenizer(corpus, vocab_size=vocab_size).save(target)
+    train_bpe_tokenizer(corpus, vocab_size=vocab_size, max_digits=max_digits).save(target)
     return target
 
 
@@ -119,6 +124,37 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
             "tool_statuses": dict(statuses), "wall_s": time.perf_counter() - started}
 
 
+_ASKED = re.compile(r"(?:What is|In what year is) the (.+?) of ")
+
+
+def answer_prior(sft_path: str | Path, prompts: Sequence[Prompt]) -> dict[str, float | int]:
+    """Accuracy of answering each prompt with no tools at all, by the SFT data's most frequent
+    answer to the same asked attribute (or overall, when the question names none): the floor a
+    policy's accuracy must clear before it shows that it used what its tools returned."""
+    from osvl.jsonl import iter_jsonl
+    from osvl.rl.judges import ExactMatchAccuracyJudge
+
+    def asked(question: str) -> str:
+        match = _ASKED.match(question)
+        return match.group(1) if match else ""
+
+    answers: dict[str, Counter] = {}
+    for line, row in iter_jsonl(sft_path):  # only the prompts: decoding every step's images takes ~20 s
+        prompt = row.get("prompt") if isinstance(row, dict) else None
+        if not isinstance(prompt, dict) or not {"question", "answer"} <= prompt.keys():
+            raise ValueError(f"{sft_path}:{line}: not a trajectory record (no prompt question and answer)")
+        answers.setdefault(asked(prompt["question"]), Counter())[prompt["answer"]] += 1
+    if not answers:
+        raise ValueError(f"{sft_path} holds no trajectories")
+    overall = sum(answers.values(), Counter()).most_common(1)[0][0]
+    judge = ExactMatchAccuracyJudge()
+    hits = 0.0
+    for prompt in prompts:
+        counts = answers.get(asked(prompt.question))
+        hits += judge.judge_answer(prompt, counts.most_common(1)[0][0] if counts else overall).score
+    return {"accuracy": hits / max(len(prompts), 1), "prompts": len(prompts)}
+
+
 def _window_mean(records: list[dict], key: str, first: bool, width: int) -> float:
     chosen = records[:width] if first else records[-width:]
     values = [r[key] for r in chosen if key in r]
@@ -127,24 +163,37 @@ def _window_mean(records: list[dict], key: str, first: bool, width: int) -> floa
     return sum(values) / len(values)
 
 
+def _eval_row(label: str, result: dict) -> str:
+    return (f"  {label:<5} accuracy {result['accuracy']:.3f}  reward {result['reward']:.3f}  "
+            f"format {result['reward_fmt']:.3f}  answered {result['answered']:.3f}  "
+            f"fatal {result['fatal_rate']:.3f}  turns {result['turns_mean']:.1f}  (n={result['scored']})")
+
+
 def summary_lines(sft_dir: str | Path, grpo_dir: str | Path, width: int = 1,
-                  evals: Sequence[tuple[str, str | Path]] = ()) -> list[str]:
-    """Held-out greedy evaluations (``evals``: label, JSON from ``evaluate``) at each stage, then
-    GRPO's rollout metrics: first ``width`` steps vs last ``width``."""
+                  evals: Sequence[tuple[str, str | Path]] = (),
+                  other_evals: Sequence[tuple[str, str | Path]] = (), prior: str | Path | None = None) -> list[str]:
+    """Held-out greedy evaluations (``evals``: label, JSON from ``evaluate``) at each stage, first
+    vs last compared, and against the no-tool answer ``prior`` (JSON from ``prior``) when given;
+    ``other_evals`` (other prompt sets) reported beside them; then GRPO's rollout metrics: first
+    ``width`` steps vs last ``width``."""
     sft, grpo = read_metrics(sft_dir), read_metrics(grpo_dir)
     lines = []
     if evals:
         lines.append("greedy Pass@1 on the RL prompts (same prompt, tools and turn budget as GRPO; no faults):")
         results = [(label, json.loads(Path(path).read_text())) for label, path in evals]
-        for label, result in results:
-            lines.append(f"  {label:<5} accuracy {result['accuracy']:.3f}  reward {result['reward']:.3f}  "
-                         f"format {result['reward_fmt']:.3f}  answered {result['answered']:.3f}  "
-                         f"fatal {result['fatal_rate']:.3f}  turns {result['turns_mean']:.1f}  "
-                         f"(n={result['scored']})")
+        lines += [_eval_row(label, result) for label, result in results]
         first, last = results[0], results[-1]
         verdict = "higher" if last[1]["accuracy"] > first[1]["accuracy"] else "NOT higher"
         lines.append(f"  accuracy after ({last[0]}) is {verdict} than before ({first[0]}): "
                      f"{first[1]['accuracy']:.3f} -> {last[1]['accuracy']:.3f}")
+        if prior is not None:
+            floor = json.loads(Path(prior).read_text())["accuracy"]
+            verdict = "above" if last[1]["accuracy"] > floor else "NOT above"
+            lines.append(f"  no-tool answer prior (the SFT data's most frequent answer to the asked attribute): "
+                         f"accuracy {floor:.3f}; {last[0]} is {verdict} it")
+    if other_evals:
+        lines.append("the same greedy evaluation on other prompt sets (reported, not compared):")
+        lines += [_eval_row(label, json.loads(Path(path).read_text())) for label, path in other_evals]
     lines.append(f"SFT : {len(sft)} steps, loss {sft[0]['loss']:.3f} -> {sft[-1]['loss']:.3f}  ({sft_dir})")
     lines.append(f"GRPO: {len(grpo)} steps  ({grpo_dir})")
     for key in SUMMARY_KEYS:
@@ -183,6 +232,16 @@ def ablation_table(rows: Sequence[dict[str, float | str]]) -> str:
     return "\n".join(lines)
 
 
+def _labelled(specs: Sequence[str], flag: str) -> list[tuple[str, str]]:
+    pairs = []
+    for spec in specs:
+        label, sep, path = spec.partition("=")
+        if not sep or not label:
+            raise ValueError(f"{flag} takes LABEL=FILE, got {spec!r}")
+        pairs.append((label, path))
+    return pairs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m osvl.trainer.demo")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -192,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     tok.add_argument("--text", help='plain-text JSONL ({"text": ...}) whose documents join the corpus')
     tok.add_argument("--text-docs", type=int, default=0, help="use only the first N documents of --text (0 = all)")
     tok.add_argument("--out", help="where to write tokenizer.json (default: DATA/tokenizer.json)")
+    tok.add_argument("--max-digits", type=int, default=1, choices=(1, 2, 3),
+                     help="digits per number piece (1: Qwen's single digits)")
     ev = sub.add_parser("evaluate")
     ev.add_argument("--recipe", required=True)
     ev.add_argument("--checkpoint", required=True, help="HF directory, or 'init' for the seeded initialization")
@@ -203,13 +264,22 @@ def main(argv: list[str] | None = None) -> int:
     summ.add_argument("--grpo", required=True)
     summ.add_argument("--window", type=int, default=1)
     summ.add_argument("--evals", nargs="*", default=[], metavar="LABEL=FILE")
+    summ.add_argument("--other-evals", nargs="*", default=[], metavar="LABEL=FILE",
+                      help="evaluations on other prompt sets, listed after the verdict")
+    summ.add_argument("--prior", help="JSON from the prior command: the no-tool accuracy floor")
+    pri = sub.add_parser("prior", help="accuracy of the SFT data's most frequent answer per asked attribute, no tools")
+    pri.add_argument("--recipe", required=True)
+    pri.add_argument("--sft", required=True, help="the SFT trajectories JSONL")
+    pri.add_argument("--out", required=True)
+    pri.add_argument("--limit", type=int, default=0)
+    pri.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     abl = sub.add_parser("ablation")
     abl.add_argument("runs", nargs="+")
     abl.add_argument("--window", type=int, default=2)
     args = parser.parse_args(argv)
     try:
         if args.command == "tokenizer":
-            print(demo_tokenizer(args.data, args.vocab_size, args.text, args.text_docs, args.out))
+            print(demo_tokenizer(args.data, args.vocab_size, args.text, args.text_docs, args.out, args.max_digits))
         elif args.command == "evaluate":
             from osvl.config.loader import load_recipe
 
@@ -218,13 +288,17 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps(result))
         elif args.command == "summary":
-            evals = []
-            for spec in args.evals:
-                label, sep, path = spec.partition("=")
-                if not sep:
-                    raise ValueError(f"--evals takes LABEL=FILE, got {spec!r}")
-                evals.append((label, path))
-            print("\n".join(summary_lines(args.sft, args.grpo, args.window, evals)))
+            evals, others = _labelled(args.evals, "--evals"), _labelled(args.other_evals, "--other-evals")
+            print("\n".join(summary_lines(args.sft, args.grpo, args.window, evals, others, args.prior)))
+        elif args.command == "prior":
+            from osvl.config.loader import load_recipe
+            from osvl.trainer.grpo_data import load_prompts
+
+            prompts = load_prompts(load_recipe(args.recipe, args.set).data)
+            result = answer_prior(args.sft, prompts[:args.limit] if args.limit else prompts)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+            print(json.dumps(result))
         else:
             print(ablation_table(ablation_rows(args.runs, args.window)))
     except ValueError as error:

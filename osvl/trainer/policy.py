@@ -23,20 +23,30 @@ from osvl.model import (
 from osvl.model.presets import preset
 from osvl.parallel import parallelize, sharded_model_config
 
+# CPU presets: (hidden, heads, kv heads, head_dim, intermediate); two layers each.
+# tiny: unit and end-to-end tests (GQA, MoE). small: make demo, whose policy starts from random
+# weights and must copy the names and numbers it reads into its next query and its answer: at
+# width 64 it garbled most names; at width 128 about half of its queries name an entity its tools
+# returned, and it copies some numbers.
+CPU_SIZES = {"tiny": (64, 4, 2, 16, 128), "tiny_moe": (64, 4, 2, 16, 128), "small": (128, 4, 4, 32, 256)}
 
-def tiny_arch(vocab_size: int, special: SpecialTokens, moe: bool = False) -> Qwen3VLConfig:
+
+def tiny_arch(vocab_size: int, special: SpecialTokens, size: str = "tiny") -> Qwen3VLConfig:
     """A CPU-sized Qwen3-VL whose vocabulary and vision ids follow the tokenizer.
 
     RoPE base 1e4, not Qwen3-VL's 5e6: with 16-dim heads only 8 frequencies exist, and at 5e6 all
     but the first two barely turn over a few thousand tokens, leaving little to tell positions apart.
     """
-    text = TextConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, mrope_section=(4, 2, 2),
-                      rope_theta=10_000.0,
+    hidden, heads, kv_heads, head_dim, intermediate = CPU_SIZES[size]
+    moe = size == "tiny_moe"
+    quarter = head_dim // 8  # mrope (t, h, w) halves of the rotary dims, Qwen's 2:1:1-ish split
+    text = TextConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      head_dim=head_dim, mrope_section=(2 * quarter, quarter, quarter), rope_theta=10_000.0,
                       num_experts=4 if moe else 0, num_experts_per_tok=2 if moe else 0,
                       moe_intermediate_size=32 if moe else 0)
     vision = VisionConfig(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8,
-                          out_hidden_size=64, num_position_embeddings=64, deepstack_visual_indexes=(0,))
+                          out_hidden_size=hidden, num_position_embeddings=64, deepstack_visual_indexes=(0,))
     return Qwen3VLConfig(text=text, vision=vision, image_token_id=special.image_pad,
                          video_token_id=special.video_pad, vision_start_token_id=special.vision_start,
                          vision_end_token_id=special.vision_end)
@@ -49,8 +59,8 @@ def policy_arch(recipe: Recipe, vocab_size: int, special: SpecialTokens) -> Qwen
         if not config_file.is_file():
             raise ValueError(f"model.pretrained: {config_file} does not exist")
         arch = config_from_hf(json.loads(config_file.read_text()))
-    elif recipe.model.preset in ("tiny", "tiny_moe"):
-        arch = tiny_arch(vocab_size, special, moe=recipe.model.preset == "tiny_moe")
+    elif recipe.model.preset in CPU_SIZES:
+        arch = tiny_arch(vocab_size, special, recipe.model.preset)
     else:
         arch = preset(recipe.model.preset)
     if arch.text.vocab_size < vocab_size:

@@ -54,6 +54,21 @@ def test_trained_tokenizer_has_qwen_layout_after_its_vocab():
     assert len(tok.encode(" search")) < len(" search".encode())
 
 
+def test_number_pieces_are_one_id_each_and_round_trip(tmp_path):
+    qwen = train_bpe_tokenizer(CORPUS, 400)
+    paired = train_bpe_tokenizer(CORPUS, 400, max_digits=2)
+    text = "Its population is 254000; born 17 April 1937, 151 cm."
+    pieces = [paired.decode([i]) for i in paired.encode(text)]
+    assert {"25", "40", "00", "17", "19", "37", "15", "1"} <= set(pieces) and "254000" not in pieces
+    assert not any(p.isdigit() and len(p) > 1 for p in (qwen.decode([i]) for i in qwen.encode(text)))
+    assert paired.decode(paired.encode(text)) == text and paired.vocab_size >= qwen.vocab_size + 90
+    assert paired.special == qwen.special  # Qwen's added tokens keep their ids; the pieces come after
+    paired.save(tmp_path / "tokenizer.json")
+    assert load_tokenizer(tmp_path).encode(text) == paired.encode(text)
+    triple = train_bpe_tokenizer(CORPUS, 400, max_digits=3)
+    assert [triple.decode([i]) for i in triple.encode("254000 1937")] == ["254", "000", " ", "193", "7"]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=60))
 def test_encode_decode_round_trips_any_text(text):
@@ -106,6 +121,7 @@ def test_bad_files_raise(tmp_path):
     ({"corpus": CORPUS, "vocab_size": 100}, "vocab_size"),
     ({"corpus": ["", ""], "vocab_size": 400}, "empty corpus"),
     ({"corpus": CORPUS, "vocab_size": 400, "min_frequency": 0}, "min_frequency"),
+    ({"corpus": CORPUS, "vocab_size": 400, "max_digits": 4}, "max_digits"),
 ])
 def test_bad_training_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):

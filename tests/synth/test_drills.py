@@ -6,13 +6,14 @@ import itertools
 import json
 import re
 
+import numpy as np
 import pytest
 
 from osvl.rl.trajectory import read_jsonl
 from osvl.synth.__main__ import main
-from osvl.synth.drills import lookup_drills
+from osvl.synth.drills import held_out_prompts, lookup_drills
 from osvl.synth.pipeline import CurationConfig, is_rl
-from osvl.synth.records import read_items
+from osvl.synth.records import read_items, read_prompts
 
 
 def test_drills_follow_the_graph_and_answer_from_the_last_passage(world):
@@ -35,6 +36,8 @@ def test_drills_follow_the_graph_and_answer_from_the_last_passage(world):
             (stated,) = re.findall(rf"The {re.escape(relation)} of {re.escape(title)} is ([^.]+)\.", before.observation_text)
             assert after.tool_call.arguments["query"].startswith(stated + " ") and stated in titles
         assert f"is {drill.prompt.answer}." in searches[-1].observation_text
+        title = re.fullmatch(r"Look up the .+ of (.+)\.", searches[-1].think).group(1)
+        assert final.think.startswith("The ") and final.think.endswith(f" of {title} is {drill.prompt.answer}.")
     assert {len(d.steps) - 2 - bool(d.prompt.images) for d in drills} == {1, 2}
     assert 0 < sum(bool(d.prompt.images) for d in drills) < len(drills)
 
@@ -49,6 +52,18 @@ def test_excluded_entities_never_appear(world):
             assert not any(query.startswith(name + " ") for name in names)
 
 
+def test_drills_start_only_at_the_given_anchors(world):
+    anchors = sorted(p.id for p in world.graph.entities() if p.images)[:12]
+    drills = lookup_drills(world, 15, seed=2, anchors=anchors, visual_fraction=0.0)
+    assert {d.prompt.id.split("-")[2] for d in drills} <= set(anchors)
+    prompts = held_out_prompts(world, anchors, 10, seed=4)
+    assert len(prompts) == len({p.id for p in prompts}) == 10
+    for prompt in prompts:
+        anchor = prompt.id.split("-")[2]
+        assert anchor in anchors and len(prompt.images) == 1 and "shown in the image" in prompt.question
+        assert np.array_equal(prompt.images[0], world.load_image(anchor)) and prompt.answer
+
+
 def test_bad_requests_are_clear_errors(world):
     with pytest.raises(ValueError, match="count >= 0"):
         lookup_drills(world, -1)
@@ -56,6 +71,8 @@ def test_bad_requests_are_clear_errors(world):
         lookup_drills(world, 1, excluded={p.id for p in world.graph.entities()})
     with pytest.raises(ValueError, match="visual_fraction"):
         lookup_drills(world, 1, visual_fraction=1.5)
+    with pytest.raises(ValueError, match="anchors not in the world: \\['no_such_page'\\]"):
+        lookup_drills(world, 1, anchors=["no_such_page"])
     graph = world.graph
     keep = sorted(p.id for p in graph.entities())[:2]  # two entities cannot make 50 distinct drills
     with pytest.raises(ValueError, match="distinct drills"):
@@ -77,3 +94,15 @@ def test_cli_leaves_out_the_rl_items_entities(world, curated, tmp_path, capsys):
                        for step in drill.steps)
     with pytest.raises(SystemExit):
         main(["drills", "--world", str(world.root), "--data", str(tmp_path), "--count", "1", "--out", str(target)])
+
+
+def test_cli_writes_held_out_prompts_anchored_on_the_rl_items(world, curated, tmp_path, capsys):
+    out, _ = curated
+    target = tmp_path / "rl_short" / "prompts.jsonl"
+    argv = ["drills", "--world", str(world.root), "--data", str(out), "--count", "12", "--out", str(target)]
+    assert main(argv + ["--held-out-prompts"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rl_anchors = {item.path[0] for item in read_items(out / "items.jsonl") if is_rl(item.id, CurationConfig())}
+    assert report == {"prompts": 12, "rl_anchors": len(rl_anchors), "out": str(target)}
+    prompts = list(read_prompts(target))  # images are stored beside the file, by content hash
+    assert len(prompts) == 12 and all(p.id.split("-")[2] in rl_anchors and p.images for p in prompts)

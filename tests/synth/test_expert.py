@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from osvl.synth.expert import (
     ScriptedExpert,
     SynthesisReport,
     WorldTools,
+    answer_step,
     read_passages,
     synthesize,
     top_match_page,
@@ -70,6 +72,22 @@ def test_careful_expert_answers_every_item_and_slips_get_rejected(world, tools, 
         synthesize(item, question_image(world, out, item), sloppy, 1, random.Random(group),
                    ExactMatchAccuracyJudge(), HeuristicQueryJudge(), 0.97, report, group)
     assert report.kept == 0 and report.rejected_process > 0 and report.rejected_answer > 0
+
+
+def test_the_answer_step_restates_the_fact_it_answers_from(world, tools, curated):
+    out, _ = curated
+    careful = ScriptedExpert(world.graph, tools, ExpertConfig(slip_prob=0.0, repeat_prob=0.0))
+    items = list(read_items(out / "items.jsonl"))[:25]
+    for group, item in enumerate(items):
+        *_, lookup, final = careful.rollout(item, question_image(world, out, item), random.Random(group))
+        title = re.fullmatch(rf"Look up the {re.escape(item.attribute)} of (.+)\.", lookup.think).group(1)
+        stated = re.match(rf"The {re.escape(item.attribute)} of {re.escape(title)} is ([^.]+)\.", final.think).group(1)
+        assert f"Its {item.attribute} is {stated}." in lookup.observation_text
+        assert final.response == item.answer and final.text.endswith(f"<response>{item.answer}</response>")
+        assert ("So the answer is" in final.think) == (item.answer != stated)
+    rounded = answer_step("founded", "Zelfen", "1727", "1730")
+    assert rounded.think == "The founded of Zelfen is 1727. So the answer is 1730." and rounded.response == "1730"
+    assert answer_step("population", "Zelfen", "72000", "72000").think == "The population of Zelfen is 72000."
 
 
 def test_expert_config_validation():

@@ -82,8 +82,17 @@ def test_summary_puts_the_stage_evaluations_first(tmp_path):
     lines = summary_lines(sft, grpo, 1, evals)
     assert lines[1].startswith("  init  accuracy 0.000") and lines[3].startswith("  grpo  accuracy 0.100")
     assert "after (grpo) is higher than before (init): 0.000 -> 0.100" in lines[4]
+    curated = tmp_path / "curated.json"
+    curated.write_text(json.dumps({**json.loads((tmp_path / "init.json").read_text()), "scored": 32}))
+    lines = summary_lines(sft, grpo, 1, evals, [("grpo", curated)])
+    assert "after (grpo) is higher" in lines[4] and "not compared" in lines[5]
+    assert lines[6].startswith("  grpo  accuracy 0.000") and lines[6].endswith("(n=32)")
     (tmp_path / "grpo.json").write_text(json.dumps({**json.loads((tmp_path / "init.json").read_text())}))
     assert "is NOT higher" in summary_lines(sft, grpo, 1, evals)[4]
+    common = ["summary", "--sft", str(sft), "--grpo", str(grpo), "--evals", f"init={curated}"]
+    with pytest.raises(SystemExit):
+        main(common + ["--other-evals", str(curated)])  # no LABEL=
+    assert main(common + [f"grpo={curated}", "--other-evals", f"curated={curated}"]) == 0
 
 
 def test_tokenizer_learns_the_data_and_the_first_text_documents(tmp_path):
@@ -107,5 +116,60 @@ def test_tokenizer_learns_the_data_and_the_first_text_documents(tmp_path):
     assert len(first.encode("Mervantolyq")) > 2  # document 2 was left out: its word stays in pieces
     with pytest.raises(ValueError, match="text_docs must be >= 0"):
         demo_tokenizer(data, 320, text, text_docs=-1)
+    assert main(["tokenizer", "--data", str(data), "--vocab-size", "320", "--max-digits", "2",
+                 "--out", str(tmp_path / "paired.json")]) == 0
+    paired = load_tokenizer(tmp_path / "paired.json")
+    assert [paired.decode([i]) for i in paired.encode("1937")] == ["19", "37"]
+    assert len(plain.encode("1937")) == 4
     with pytest.raises(ValueError, match="is missing"):
         demo_tokenizer(tmp_path / "nowhere", 320)
+
+
+def test_answer_prior_guesses_the_most_frequent_answer_to_the_asked_attribute(tmp_path):
+    from osvl.rl.trajectory import FinishReason, Trajectory, append_jsonl
+    from osvl.trainer.demo import answer_prior
+
+    def traj(question, answer):
+        return Trajectory(prompt=Prompt(id=question + answer, question=question, answer=answer), steps=[],
+                          finish_reason=FinishReason.RESPONSE, group_id=0, sample_index=0)
+
+    sft = tmp_path / "sft.jsonl"
+    append_jsonl(sft, [traj("What is the area in km2 of the country of Ul?", "386000"),
+                       traj("What is the area in km2 of the country of Ka?", "386000"),
+                       traj("What is the area in km2 of Dracorland?", "543000"),
+                       traj("In what year is the birth date of the mayor of Lo?", "1901"),
+                       traj("Which bridge is older?", "Tal Bridge"),
+                       traj("Which bridge is taller?", "Tal Bridge"),
+                       traj("Which bridge is longer?", "Tal Bridge")])
+    prompts = [Prompt(id="a", question="What is the area in km2 of the country of the city shown in the image?",
+                      answer="386000"),
+               Prompt(id="b", question="What is the area in km2 of Issalland?", answer="793000"),
+               Prompt(id="c", question="In what year is the birth date of the parent of Mi?", answer="1901"),
+               Prompt(id="d", question="What is the style of the tower shown in the image?", answer="Tal bridge")]
+    assert answer_prior(sft, prompts) == {"accuracy": 0.75, "prompts": 4}  # d: no such attribute -> overall mode
+    assert answer_prior(sft, prompts[1:2])["accuracy"] == 0.0
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match="holds no trajectories"):
+        answer_prior(tmp_path / "empty.jsonl", prompts)
+    (tmp_path / "bad.jsonl").write_text(sft.read_text() + '{"steps": []}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:8: not a trajectory record"):
+        answer_prior(tmp_path / "bad.jsonl", prompts)
+    write_prompts(tmp_path / "rl" / "prompts.jsonl", prompts)
+    out = tmp_path / "prior_cli.json"
+    assert main(["prior", "--recipe", "tiny_grpo", "--sft", str(sft), "--out", str(out), "--limit", "3",
+                 "--set", f"data.train_path={tmp_path / 'rl' / 'prompts.jsonl'}"]) == 0
+    assert json.loads(out.read_text()) == {"accuracy": 2 / 3, "prompts": 3}
+    prior = tmp_path / "prior.json"
+    prior.write_text(json.dumps({"accuracy": 0.2, "prompts": 4}))
+    sft_run = fake_run(tmp_path / "sft", "fatal_clamp", [0.0, 0.0])
+    grpo_run = fake_run(tmp_path / "grpo", "fatal_clamp", [0.1, 0.3])
+    evals = []
+    for label, acc in (("init", 0.0), ("grpo", 0.125)):
+        path = tmp_path / f"{label}.json"
+        path.write_text(json.dumps({"accuracy": acc, "reward": acc, "reward_fmt": 1.0, "answered": 1.0,
+                                    "fatal_rate": 0.0, "turns_mean": 3.0, "scored": 32}))
+        evals.append((label, path))
+    lines = summary_lines(sft_run, grpo_run, 1, evals, prior=prior)
+    assert "accuracy 0.200; grpo is NOT above it" in lines[4]
+    prior.write_text(json.dumps({"accuracy": 0.1, "prompts": 4}))
+    assert "grpo is above it" in summary_lines(sft_run, grpo_run, 1, evals, prior=prior)[4]

@@ -1,0 +1,39 @@
+"""The CPU sizes of the policy: the preset's shape, the tokenizer's vocabulary, a working model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from osvl.config import load_recipe
+from osvl.trainer.policy import CPU_SIZES, build_policy, policy_arch
+from tests.data.helpers import tiny_tokenizer
+
+
+@pytest.mark.parametrize("size", sorted(CPU_SIZES))
+def test_cpu_sizes_build_a_model_of_their_shape(size):
+    tokenizer = tiny_tokenizer()
+    recipe = load_recipe("tiny_sft", [f"model.preset={size}"])
+    arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
+    text = arch.text
+    hidden, heads, kv_heads, head_dim, intermediate = CPU_SIZES[size]
+    assert (text.hidden_size, text.num_attention_heads, text.num_key_value_heads, text.head_dim) == \
+        (hidden, heads, kv_heads, head_dim)
+    assert text.intermediate_size == intermediate and text.num_hidden_layers == 2
+    assert sum(text.mrope_section) == head_dim // 2 and arch.vision.out_hidden_size == hidden
+    assert text.vocab_size == tokenizer.vocab_size and arch.image_token_id == tokenizer.special.image_pad
+    assert (text.num_experts > 0) == (size == "tiny_moe")
+    model = build_policy(recipe, arch, world_size=1)
+    ids = torch.tensor(tokenizer.encode("The population of Zelfen is 72000."))
+    with torch.no_grad():
+        logits = model(ids, cu_seqlens=torch.tensor([0, len(ids)], dtype=torch.int32))
+    assert logits.shape == (len(ids), tokenizer.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_small_is_the_demo_size_and_wider_than_tiny():
+    assert CPU_SIZES["small"][0] == 2 * CPU_SIZES["tiny"][0]
+    with pytest.raises(ValueError, match="preset must be one of"):
+        load_recipe("tiny_sft", ["model.preset=medium"])
+    assert dataclasses.asdict(load_recipe("tiny_sft", ["model.preset=small"]).model)["preset"] == "small"
