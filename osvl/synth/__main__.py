@@ -116,19 +116,21 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     config = CurationConfig(seed=args.seed)
     rl_items = [item for item in read_items(data / "items.jsonl") if is_rl(item.id, config)]
     rl_nodes = {node for item in rl_items for node in item.path}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).unlink(missing_ok=True)
+    anchors = {item.path[0] for item in rl_items}
     try:
         world = load_world(args.world)
         if args.held_out_prompts:
-            anchors = {item.path[0] for item in rl_items}
             prompts = held_out_prompts(world, anchors, args.count, args.seed, args.search_top_k)
-            write_prompts(args.out, prompts)
-            print(json.dumps({"prompts": len(prompts), "rl_anchors": len(anchors), "out": args.out}))
-            return 0
-        drills = lookup_drills(world, args.count, args.seed, rl_nodes, args.search_top_k)
+        else:
+            drills = lookup_drills(world, args.count, args.seed, rl_nodes, args.search_top_k)
     except ValueError as error:
         parser.error(str(error))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).unlink(missing_ok=True)  # only now: a failed run leaves the previous file as it was
+    if args.held_out_prompts:
+        write_prompts(args.out, prompts)
+        print(json.dumps({"prompts": len(prompts), "rl_anchors": len(anchors), "out": args.out}))
+        return 0
     append_jsonl(args.out, drills)
     print(json.dumps({"drills": len(drills), "excluded_rl_entities": len(rl_nodes), "out": args.out}))
     return 0

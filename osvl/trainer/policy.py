@@ -39,7 +39,7 @@ def tiny_arch(vocab_size: int, special: SpecialTokens, size: str = "tiny") -> Qw
     """
     hidden, heads, kv_heads, head_dim, intermediate = CPU_SIZES[size]
     moe = size == "tiny_moe"
-    quarter = head_dim // 8  # mrope (t, h, w) halves of the rotary dims, Qwen's 2:1:1-ish split
+    quarter = head_dim // 8  # mrope (t, h, w) sections of the head_dim / 2 rotary pairs, 2:1:1
     text = TextConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate,
                       num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
                       head_dim=head_dim, mrope_section=(2 * quarter, quarter, quarter), rope_theta=10_000.0,

@@ -106,3 +106,9 @@ def test_cli_writes_held_out_prompts_anchored_on_the_rl_items(world, curated, tm
     assert report == {"prompts": 12, "rl_anchors": len(rl_anchors), "out": str(target)}
     prompts = list(read_prompts(target))  # images are stored beside the file, by content hash
     assert len(prompts) == 12 and all(p.id.split("-")[2] in rl_anchors and p.images for p in prompts)
+    assert main(argv + ["--held-out-prompts"]) == 0  # a rerun replaces the file, never appends
+    assert len(list(read_prompts(target))) == 12
+    before = target.read_bytes()
+    with pytest.raises(SystemExit):  # a request the generator refuses: the previous file stays
+        main(argv + ["--held-out-prompts", "--search-top-k", "-1"])
+    assert target.read_bytes() == before

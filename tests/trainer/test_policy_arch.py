@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from osvl.config import load_recipe
+from osvl.config.recipe import TINY_PRESETS
 from osvl.trainer.policy import CPU_SIZES, build_policy, policy_arch
 from tests.data.helpers import tiny_tokenizer
 
@@ -34,6 +35,7 @@ def test_cpu_sizes_build_a_model_of_their_shape(size):
 
 def test_small_is_the_demo_size_and_wider_than_tiny():
     assert CPU_SIZES["small"][0] == 2 * CPU_SIZES["tiny"][0]
+    assert set(TINY_PRESETS) == set(CPU_SIZES)  # the recipe's list of CPU presets and the sizes agree
     with pytest.raises(ValueError, match="preset must be one of"):
         load_recipe("tiny_sft", ["model.preset=medium"])
     assert dataclasses.asdict(load_recipe("tiny_sft", ["model.preset=small"]).model)["preset"] == "small"
