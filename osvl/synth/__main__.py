@@ -120,9 +120,11 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     try:
         world = load_world(args.world)
         if args.held_out_prompts:
-            prompts = held_out_prompts(world, anchors, args.count, args.seed, args.search_top_k)
+            prompts = held_out_prompts(world, anchors, args.count, args.seed, args.search_top_k,
+                                       max_guess_rate=args.max_guess_rate)
         else:
-            drills = lookup_drills(world, args.count, args.seed, rl_nodes, args.search_top_k)
+            drills = lookup_drills(world, args.count, args.seed, rl_nodes, args.search_top_k,
+                                   max_guess_rate=args.max_guess_rate)
     except ValueError as error:
         parser.error(str(error))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="write short visual RL prompts that start at the RL items' image entities instead")
     drills.add_argument("--seed", type=int, default=0)
     drills.add_argument("--search-top-k", type=int, default=1)
+    drills.add_argument("--max-guess-rate", type=float, default=1.0,
+                        help="never ask an attribute whose most common value (for that kind of entity) a blind guess "
+                             "would get right more often than this")
     reading = sub.add_parser("reading", help="plain-text reading comprehension over worlds (base pretraining)")
     reading.add_argument("--world", required=True, action="append", help="a world directory (repeatable)")
     reading.add_argument("--count", type=int, required=True, help="documents to write")

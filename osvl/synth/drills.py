@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from collections.abc import Iterable
 
 from osvl.rl.trajectory import FinishReason, Prompt, ToolCall, Trajectory
@@ -27,10 +28,21 @@ def _stated(observation: str, pattern: re.Pattern[str]) -> list[str]:
     return list(dict.fromkeys(m for _, _, summary in read_passages(observation) for m in pattern.findall(summary)))
 
 
+def guess_rates(world: World) -> dict[tuple[str, str], float]:
+    """For each (entity kind, attribute): the share of that kind's entities that hold its most
+    common value, i.e. how often answering that value blindly would be right."""
+    values: dict[tuple[str, str], Counter[str]] = {}
+    for page in world.graph.entities():
+        for attribute, value in page.infobox.items():
+            values.setdefault((page.kind or "", attribute), Counter())[value] += 1
+    return {key: counts.most_common(1)[0][1] / counts.total() for key, counts in values.items()}
+
+
 def _drill(world: World, tools: WorldTools, anchor: str, hops: int, rng: random.Random,
-           excluded: set[str], search_top_k: int, group_id: int, visual: bool) -> Trajectory | None:
+           excluded: set[str], search_top_k: int, group_id: int, visual: bool,
+           guessable: set[tuple[str, str]]) -> Trajectory | None:
     """One chain from ``anchor`` (named, or ``visual``: its image, identified by image_search), or
-    None when the tools would not make it unambiguous."""
+    None when the tools would not make it unambiguous or its answer is ``guessable``."""
     graph = world.graph
     if visual and not graph[anchor].images:
         return None
@@ -44,7 +56,8 @@ def _drill(world: World, tools: WorldTools, anchor: str, hops: int, rng: random.
         relation, target = rng.choice(links)
         path.append(target)
         relations.append(relation)
-    attributes = sorted(graph[path[-1]].infobox.items())
+    kind = graph[path[-1]].kind or ""
+    attributes = sorted((a, v) for a, v in graph[path[-1]].infobox.items() if (kind, a) not in guessable)
     if not attributes:
         return None
     attribute, answer = rng.choice(attributes)
@@ -88,13 +101,17 @@ def _drill(world: World, tools: WorldTools, anchor: str, hops: int, rng: random.
 
 def lookup_drills(world: World, count: int, seed: int = 0, excluded: Iterable[str] = (),
                   search_top_k: int = 1, max_hops: int = 2, visual_fraction: float = 0.5,
-                  anchors: Iterable[str] | None = None) -> list[Trajectory]:
+                  anchors: Iterable[str] | None = None, max_guess_rate: float = 1.0) -> list[Trajectory]:
     """``count`` distinct drills of 1..``max_hops`` relation hops plus one attribute lookup; a
     ``visual_fraction`` of them start from the anchor's image, as curated questions do. Chains
-    start from ``anchors`` (default: every entity) and never touch an ``excluded`` one."""
-    if count < 0 or max_hops < 1 or search_top_k < 0 or not 0.0 <= visual_fraction <= 1.0:
+    start from ``anchors`` (default: every entity) and never touch an ``excluded`` one. An answer
+    that a blind guess would get right more often than ``max_guess_rate`` (``guess_rates``: a
+    country's area when the world has three countries) is never asked."""
+    if count < 0 or max_hops < 1 or search_top_k < 0 or not 0.0 <= visual_fraction <= 1.0 \
+            or not 0.0 < max_guess_rate <= 1.0:
         raise ValueError(f"lookup_drills needs count >= 0, max_hops >= 1, search_top_k >= 0; got "
-                         f"{count}, {max_hops}, {search_top_k} (and visual_fraction in [0, 1], got {visual_fraction})")
+                         f"{count}, {max_hops}, {search_top_k} (and visual_fraction in [0, 1], got {visual_fraction}; "
+                         f"max_guess_rate in (0, 1], got {max_guess_rate})")
     excluded = set(excluded)
     pool = {p.id for p in world.graph.entities()} if anchors is None else set(anchors)
     unknown = sorted(a for a in pool if a not in world.graph)
@@ -103,6 +120,7 @@ def lookup_drills(world: World, count: int, seed: int = 0, excluded: Iterable[st
     anchors = sorted(pool - excluded)
     if count and not anchors:
         raise ValueError("lookup_drills: every entity is excluded")
+    guessable = {key for key, rate in guess_rates(world).items() if rate > max_guess_rate}
     rng, tools = random.Random(seed), WorldTools(world)
     drills: dict[str, Trajectory] = {}
     attempts = 0
@@ -112,17 +130,17 @@ def lookup_drills(world: World, count: int, seed: int = 0, excluded: Iterable[st
             raise ValueError(f"lookup_drills: only {len(drills)} distinct drills of {count} after {attempts - 1} "
                              "attempts; the world is too small or too excluded")
         drill = _drill(world, tools, rng.choice(anchors), rng.randint(1, max_hops), rng, excluded, search_top_k,
-                       group_id=len(drills), visual=rng.random() < visual_fraction)
+                       group_id=len(drills), visual=rng.random() < visual_fraction, guessable=guessable)
         if drill is not None and drill.prompt.id not in drills:
             drills[drill.prompt.id] = drill
     return list(drills.values())
 
 
 def held_out_prompts(world: World, anchors: Iterable[str], count: int, seed: int = 0,
-                     search_top_k: int = 1, max_hops: int = 2) -> list[Prompt]:
+                     search_top_k: int = 1, max_hops: int = 2, max_guess_rate: float = 1.0) -> list[Prompt]:
     """Short visual questions (1..``max_hops`` hops) about entities SFT drills leave out: RL
     prompts a policy trained from scratch can already answer sometimes, so GRPO gets a signal
     that the curated 3-5 hop items do not give it. Each is checked the way a drill is."""
     drills = lookup_drills(world, count, seed, search_top_k=search_top_k, max_hops=max_hops, visual_fraction=1.0,
-                           anchors=anchors)
+                           anchors=anchors, max_guess_rate=max_guess_rate)
     return [drill.prompt for drill in drills]

@@ -83,6 +83,7 @@ class WorldTools:
             sentences = [(s.strip(), set(normalize_answer(s).split())) for s in _SENTENCE.findall(doc["text"])]
             self.docs.append((doc["id"], doc["title"], set(normalize_answer(doc["title"]).split()),
                               set().union(*(w for _, w in sentences)) if sentences else set(), sentences))
+        self.searches: dict[tuple[str, int], str] = {}  # the world never changes; drills repeat queries
         self.records = list(world.images())
         self.thumbs = np.stack([_thumbnail(world.load_image(r.page_id)) for r in self.records]) \
             if self.records else np.zeros((0, _THUMB, _THUMB), np.float32)
@@ -112,6 +113,11 @@ class WorldTools:
     def text_search(self, query: str, top_k: int = 3) -> str:
         """Rank pages by query words in title (x3) and text, a full-title match first; show the
         sentences that carry the query's non-title words."""
+        if (query, top_k) not in self.searches:
+            self.searches[query, top_k] = self._rank(query, top_k)
+        return self.searches[query, top_k]
+
+    def _rank(self, query: str, top_k: int) -> str:
         words = set(normalize_answer(query).split())
         scored = []
         for index, (_, _, title, text, _) in enumerate(self.docs):

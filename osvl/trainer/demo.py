@@ -2,7 +2,8 @@
 
 ``python -m osvl.trainer.demo tokenizer --data DIR``   byte-level BPE over the curated set
 ``python -m osvl.trainer.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE``
-    greedy Pass@1 on the RL prompts, rendered and tool-served exactly as in GRPO, no faults
+    greedy Pass@1 on a prompt file (the recipe's data.train_path), rendered and tool-served exactly as in
+    GRPO, no faults; `grounded`: answers stated word for word by one of the rollout's observations
 ``python -m osvl.trainer.demo prior --recipe tiny_grpo --sft FILE --out FILE``
     the no-tool floor: the SFT data's most frequent answer to each prompt's asked attribute
 ``python -m osvl.trainer.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE``
@@ -32,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from osvl.config.recipe import Recipe
-from osvl.rl.trajectory import Prompt
+from osvl.rl.trajectory import Prompt, Trajectory
 from osvl.trainer.metrics import read_metrics
 
 SUMMARY_KEYS = ("reward", "accuracy", "fatal_rate", "clamped_frac")
@@ -119,9 +120,18 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
             "accuracy": sum(p.acc for p in rewards) / n, "reward": sum(p.total for p in rewards) / n,
             "reward_fmt": sum(p.fmt for p in rewards) / n,
             "answered": sum(t.final_answer is not None for t in scored) / max(len(scored), 1),
+            "grounded": sum(map(answer_is_grounded, scored)) / max(len(scored), 1),
             "fatal_rate": sum(t.fatal_step >= 0 for t in scored) / max(len(scored), 1),
             "turns_mean": sum(len(t.steps) for t in scored) / max(len(scored), 1),
             "tool_statuses": dict(statuses), "wall_s": time.perf_counter() - started}
+
+
+def answer_is_grounded(trajectory: Trajectory) -> bool:
+    """Whether the final answer is stated word for word in one of the rollout's own tool
+    observations: an answer read from the tools, right or wrong, rather than recalled."""
+    answer = (trajectory.final_answer or "").strip()
+    stated = re.compile(rf"(?<!\w){re.escape(answer)}(?!\w)")
+    return bool(answer) and any(stated.search(step.observation_text) for step in trajectory.steps)
 
 
 _ASKED = re.compile(r"(?:What is|In what year is) the (.+?) of ")
@@ -166,6 +176,7 @@ def _window_mean(records: list[dict], key: str, first: bool, width: int) -> floa
 def _eval_row(label: str, result: dict) -> str:
     return (f"  {label:<5} accuracy {result['accuracy']:.3f}  reward {result['reward']:.3f}  "
             f"format {result['reward_fmt']:.3f}  answered {result['answered']:.3f}  "
+            f"grounded {result['grounded']:.3f}  "
             f"fatal {result['fatal_rate']:.3f}  turns {result['turns_mean']:.1f}  (n={result['scored']})")
 
 
@@ -179,7 +190,7 @@ def summary_lines(sft_dir: str | Path, grpo_dir: str | Path, width: int = 1,
     sft, grpo = read_metrics(sft_dir), read_metrics(grpo_dir)
     lines = []
     if evals:
-        lines.append("greedy Pass@1 on the RL prompts (same prompt, tools and turn budget as GRPO; no faults):")
+        lines.append("greedy Pass@1 on the evaluation prompts (GRPO's prompt, tools and turn budget; no faults):")
         results = [(label, json.loads(Path(path).read_text())) for label, path in evals]
         lines += [_eval_row(label, result) for label, result in results]
         first, last = results[0], results[-1]

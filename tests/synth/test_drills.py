@@ -11,7 +11,7 @@ import pytest
 
 from osvl.rl.trajectory import read_jsonl
 from osvl.synth.__main__ import main
-from osvl.synth.drills import held_out_prompts, lookup_drills
+from osvl.synth.drills import guess_rates, held_out_prompts, lookup_drills
 from osvl.synth.pipeline import CurationConfig, is_rl
 from osvl.synth.records import read_items, read_prompts
 
@@ -64,6 +64,39 @@ def test_drills_start_only_at_the_given_anchors(world):
         assert np.array_equal(prompt.images[0], world.load_image(anchor)) and prompt.answer
 
 
+def _asked(prompt, world):
+    """(kind of the chain's last entity, asked attribute), read back from the drill's prompt id."""
+    parts = prompt.id.split("-")
+    node = parts[2]
+    for relation in parts[3:-1]:
+        node = next(world.graph.resolve(link.target) for link in world.graph[node].links if link.relation == relation)
+    return world.graph[node].kind or "", parts[-1]
+
+
+def test_guess_rates_are_the_share_of_the_most_common_value(world):
+    rates = guess_rates(world)
+    countries = [p for p in world.graph.entities() if p.kind == "country"]
+    areas = [p.infobox["area in km2"] for p in countries]
+    assert rates["country", "area in km2"] == max(areas.count(a) for a in areas) / len(areas)
+    births = [p.infobox["birth date"] for p in world.graph.entities() if p.kind == "person"]
+    assert rates["person", "birth date"] == max(births.count(b) for b in births) / len(births) < 0.1
+    assert all(0.0 < rate <= 1.0 for rate in rates.values())
+
+
+def test_guessable_answers_are_never_asked(world):
+    rates = guess_rates(world)
+    assert max(rates.values()) > 0.3  # the world has answers a blind guess gets right (3 countries)
+    unfiltered = held_out_prompts(world, [p.id for p in world.graph.entities() if p.images], 40, seed=5)
+    assert max(rates[_asked(p, world)] for p in unfiltered) > 0.15  # so the filter has something to remove
+    filtered = held_out_prompts(world, [p.id for p in world.graph.entities() if p.images], 40, seed=5,
+                                max_guess_rate=0.15)
+    assert len(filtered) == 40 and all(rates[_asked(p, world)] <= 0.15 for p in filtered)
+    drills = lookup_drills(world, 30, seed=6, max_guess_rate=0.15)
+    assert all(rates[_asked(d.prompt, world)] <= 0.15 for d in drills)
+    assert [d.prompt.id for d in lookup_drills(world, 30, seed=6, max_guess_rate=1.0)] == \
+        [d.prompt.id for d in lookup_drills(world, 30, seed=6)]  # the default asks everything, as before
+
+
 def test_bad_requests_are_clear_errors(world):
     with pytest.raises(ValueError, match="count >= 0"):
         lookup_drills(world, -1)
@@ -71,6 +104,8 @@ def test_bad_requests_are_clear_errors(world):
         lookup_drills(world, 1, excluded={p.id for p in world.graph.entities()})
     with pytest.raises(ValueError, match="visual_fraction"):
         lookup_drills(world, 1, visual_fraction=1.5)
+    with pytest.raises(ValueError, match="max_guess_rate in \\(0, 1\\], got 0.0"):
+        lookup_drills(world, 1, max_guess_rate=0.0)
     with pytest.raises(ValueError, match="anchors not in the world: \\['no_such_page'\\]"):
         lookup_drills(world, 1, anchors=["no_such_page"])
     graph = world.graph
@@ -106,8 +141,10 @@ def test_cli_writes_held_out_prompts_anchored_on_the_rl_items(world, curated, tm
     assert report == {"prompts": 12, "rl_anchors": len(rl_anchors), "out": str(target)}
     prompts = list(read_prompts(target))  # images are stored beside the file, by content hash
     assert len(prompts) == 12 and all(p.id.split("-")[2] in rl_anchors and p.images for p in prompts)
-    assert main(argv + ["--held-out-prompts"]) == 0  # a rerun replaces the file, never appends
-    assert len(list(read_prompts(target))) == 12
+    assert main(argv + ["--held-out-prompts", "--max-guess-rate", "0.15"]) == 0  # a rerun replaces the file
+    rates = guess_rates(world)
+    prompts = list(read_prompts(target))
+    assert len(prompts) == 12 and all(rates[_asked(p, world)] <= 0.15 for p in prompts)
     before = target.read_bytes()
     with pytest.raises(SystemExit):  # a request the generator refuses: the previous file stays
         main(argv + ["--held-out-prompts", "--search-top-k", "-1"])

@@ -39,6 +39,18 @@ def test_text_search_finds_the_page_and_the_relevant_sentences(world, tools):
     assert tools.text_search("zzzz qqqq") == "no results"
 
 
+def test_text_search_ranks_a_query_once(world, monkeypatch):
+    tools = WorldTools(world)
+    calls = []
+    rank = tools._rank
+    monkeypatch.setattr(tools, "_rank", lambda query, top_k: calls.append((query, top_k)) or rank(query, top_k))
+    page = next(p for p in world.graph.entities() if p.domain == "Person")
+    first = tools.text_search(f"{page.title} spouse", 1)
+    assert tools.text_search(f"{page.title} spouse", 1) == first and calls == [(f"{page.title} spouse", 1)]
+    assert tools.text_search(f"{page.title} spouse", 2).startswith(first)  # another top_k is another search
+    assert len(calls) == 2
+
+
 def test_image_search_recognises_clean_and_degraded_images(world, tools):
     record = next(r for r in world.images() if r.width >= 512)
     image = world.load_image(record.page_id)

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from osvl.config import load_recipe
-from osvl.rl.trajectory import Prompt
+from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory
 from osvl.rollout import ReplayEngine
 from osvl.synth.records import write_prompts
-from osvl.trainer.demo import evaluate_policy, main, summary_lines
+from osvl.trainer.demo import answer_is_grounded, evaluate_policy, main, summary_lines
 from osvl.world.__main__ import main as world_main
 from tests.trainer.fixtures import write_sft_data
 from tests.trainer.test_report import fake_run
@@ -31,17 +31,19 @@ def setup(tmp_path_factory):
 
 
 def answering(correct: set[str]):
-    """Answers the questions whose number is in ``correct`` right, the others wrong, after one search."""
+    """Answers the questions whose number is in ``correct`` right, the others wrong, after one
+    search for the right answer's page (so the right answers are stated by the observation)."""
     def wrap(local):
         tok = local.tokenizer
 
         def script(request):
             text = tok.decode(request.input_ids, skip_special_tokens=False)
             number = text.split("number ")[1].split("?")[0]
+            name = ["Wenmilun", "Fenulhal", "Ulpelsal", "Danarfen"][int(number)]
             if "</tool_call>" not in text:
-                out = '<think>look</think>\n<tool_call>{"name": "text_search", "arguments": {"query": "Wenmilun"}}</tool_call>'
+                out = f'<think>look</think>\n<tool_call>{{"name": "text_search", "arguments": {{"query": "{name}"}}}}</tool_call>'
             else:
-                answer = ["Wenmilun", "Fenulhal", "Ulpelsal", "Danarfen"][int(number)] if number in correct else "no"
+                answer = name if number in correct else "nowhere"
                 out = f"<think>done</think>\n<response>{answer}</response>"
             return tok.encode(out) + [tok.special.im_end]
         return ReplayEngine(local, script)
@@ -53,8 +55,25 @@ def test_accuracy_counts_right_answers_and_faults_are_off(setup):
     result = evaluate_policy(recipe, "init", engine_wrapper=answering({"0", "2", "3"}))
     assert result["prompts"] == result["scored"] == len(prompts)
     assert result["accuracy"] == pytest.approx(0.75) and result["answered"] == 1.0
+    assert result["grounded"] == pytest.approx(0.75)  # the wrong answer is stated by no observation
     assert result["turns_mean"] == 2.0 and result["fatal_rate"] == 0.0
     assert result["tool_statuses"] == {"ok": 4}  # tools.fault_rate=0.5 in the recipe is switched off
+
+
+def test_a_grounded_answer_is_stated_word_for_word_by_an_observation():
+    def rollout(answer, *observations):
+        steps = [Step([], [], observation_text=o) for o in observations]
+        return Trajectory(Prompt("q", "?"), steps + [Step([], [], response=answer)], FinishReason.RESPONSE, 0, 0)
+
+    passage = "Lovor is a city. Its population is 254000. The country of Lovor is Britorland."
+    assert answer_is_grounded(rollout("254000", "[Match 1] Lovor", passage))
+    assert answer_is_grounded(rollout(" Britorland ", passage))
+    assert not answer_is_grounded(rollout("25400", passage))  # a piece of a stated number is not stated
+    assert not answer_is_grounded(rollout("Brit", passage))
+    assert not answer_is_grounded(rollout("386000", passage))
+    assert not answer_is_grounded(rollout("", passage))
+    no_answer = Trajectory(Prompt("q", "?"), [Step([], [], observation_text=passage)], FinishReason.MAX_TURNS, 0, 0)
+    assert not answer_is_grounded(no_answer)
 
 
 def test_random_init_policy_is_measured_not_assumed(setup, tmp_path):
@@ -76,7 +95,7 @@ def test_summary_puts_the_stage_evaluations_first(tmp_path):
     evals = []
     for label, acc in (("init", 0.0), ("sft", 0.05), ("grpo", 0.1)):
         path = tmp_path / f"{label}.json"
-        path.write_text(json.dumps({"accuracy": acc, "reward": acc, "reward_fmt": 1.0, "answered": 1.0,
+        path.write_text(json.dumps({"accuracy": acc, "reward": acc, "reward_fmt": 1.0, "answered": 1.0, "grounded": 0.5,
                                     "fatal_rate": 0.0, "turns_mean": 3.0, "scored": 20}))
         evals.append((label, path))
     lines = summary_lines(sft, grpo, 1, evals)
@@ -166,7 +185,7 @@ def test_answer_prior_guesses_the_most_frequent_answer_to_the_asked_attribute(tm
     evals = []
     for label, acc in (("init", 0.0), ("grpo", 0.125)):
         path = tmp_path / f"{label}.json"
-        path.write_text(json.dumps({"accuracy": acc, "reward": acc, "reward_fmt": 1.0, "answered": 1.0,
+        path.write_text(json.dumps({"accuracy": acc, "reward": acc, "reward_fmt": 1.0, "answered": 1.0, "grounded": 0.5,
                                     "fatal_rate": 0.0, "turns_mean": 3.0, "scored": 32}))
         evals.append((label, path))
     lines = summary_lines(sft_run, grpo_run, 1, evals, prior=prior)
