@@ -220,3 +220,17 @@ def save_pretrained(
     total = sum(t.numel() * t.element_size() for t in hf.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def iter_hf_tensors(model: Qwen3VLModel, dtype: torch.dtype | None = None):
+    """(HF name, full tensor) pairs, one layer's parameters gathered at a time (collective: every rank
+    iterates in the same order). INTERIM: replaced by the sharded-export implementation."""
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in model.state_dict().items():
+        key = key.replace("._checkpoint_wrapped_module", "")
+        m = _LAYER_KEY.match(key)
+        groups.setdefault(f"layers.{m.group(1)}" if m else key, {})[key] = t
+    for part in groups.values():
+        full = {k: (t.full_tensor() if isinstance(t, DTensor) else t).detach() for k, t in part.items()}
+        for name, tensor in to_hf_state_dict(full, model.arch).items():
+            yield name, tensor if dtype is None else tensor.to(dtype)

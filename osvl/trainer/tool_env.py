@@ -32,6 +32,7 @@ from osvl.tools import (
     ToolsConfig,
 )
 from osvl.tools.environment import ToolRunner
+from osvl.tools.fleet import ToolServerFleet
 from osvl.tools.limits import ToolLimits
 from osvl.tools.profiles import (
     ProfiledEnvironment,
@@ -136,17 +137,41 @@ def stage_renderer(recipe: Recipe, tokenizer: Tokenizer, arch: Qwen3VLConfig) ->
 EnvironmentFactory = Callable[[Recipe, int], AbstractContextManager[ToolEnvironment]]
 
 
+def online_tools_config(path: str) -> ToolsConfig:
+    """The online back-ends of ``tools.config_file`` (the TOML ``osvl.eval --tools`` reads; keys
+    come from the environment variables its ``*_key_env`` fields name)."""
+    from osvl.eval.tools import read_tools_file, resolve_sections
+
+    if not path:
+        raise ValueError("tools.backend = 'online' needs tools.config_file (a TOML with the online back-ends, "
+                         "keys named by *_key_env fields) or tools.servers (tool servers that hold them)")
+    try:
+        return resolve_sections(read_tools_file(path))
+    except ValueError as error:
+        raise ValueError(f"tools.config_file: {error}") from None
+
+
 @contextmanager
-def world_environment(recipe: Recipe, rank: int) -> Iterator[ToolEnvironment]:
-    """This rank's tool pool over the recipe's world in ``tools.profile``, faults injected at ``tools.fault_rate``."""
-    if recipe.tools.backend != "offline":
-        raise ValueError("tools.backend: the grpo stage runs the offline world backends; online tools "
-                         "are served by osvl.tools.server and not wired into the trainer yet")
-    if not recipe.tools.world_dir:
+def stage_environment(recipe: Recipe, rank: int) -> Iterator[ToolEnvironment]:
+    """This rank's tools in ``tools.profile``, faults injected at ``tools.fault_rate``: the tool
+    servers of ``tools.servers`` when set, else a local worker pool over the online back-ends
+    (``tools.backend = "online"``) or the recipe's offline world."""
+    t = recipe.tools
+    if t.servers:
+        fleet = ToolServerFleet(t.servers, max_concurrency=recipe.rollout.max_in_flight)
+        try:
+            yield with_faults(profile_environment(recipe_profile(recipe), fleet), recipe, rank)
+        finally:
+            fleet.close()
+        return
+    if t.backend == "online":
+        config = online_tools_config(t.config_file)
+    elif t.world_dir:
+        config = world_tools_config(t.world_dir)
+    else:
         raise ValueError("tools.world_dir must name a world directory for the offline backends")
-    config = world_tools_config(recipe.tools.world_dir)
     profile = recipe_profile(recipe, config.limits)
-    pool_config = PoolConfig(num_workers=recipe.tools.workers, preload=profile.registry.targets())
+    pool_config = PoolConfig(num_workers=t.workers, preload=profile.registry.targets())
     with ToolPool(config, pool_config) as pool:
         yield with_faults(profile_environment(profile, pool), recipe, rank)
 
