@@ -4,7 +4,8 @@ It answers ``POST /v1/chat/completions`` for osvl's two judge prompts (``accurac
 ``query_judge.v1``) with the offline judges' verdicts, so a run through it scores exactly like
 ``judges.accuracy = "exact"`` / ``judges.query = "heuristic"`` while exercising the HTTP path,
 the verdict parsing, retries and outages. ``POST /admin/outage {"status": 503}`` makes every
-chat request fail with that status until ``{"status": null}``: how tests take the judge down.
+chat request fail with that status until ``{"status": null}`` (with ``"match": TEXT``, only the
+requests whose prompt contains TEXT): how tests take the judge down.
 
 ``python -m osvl.rl.loopback_judge --port P`` runs it as a process.
 """
@@ -51,6 +52,7 @@ class LoopbackJudgeServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.outage: int | None = None  # HTTP status every chat request gets while set
+        self.outage_match = ""  # ... only those whose prompt contains this text, when set
         self.requests = 0
         self._lock = threading.Lock()
         self.httpd = ThreadingHTTPServer((host, port), _handler(self))
@@ -75,14 +77,14 @@ class LoopbackJudgeServer:
     def chat(self, body: Any) -> tuple[int, dict[str, Any]]:
         with self._lock:
             self.requests += 1
-            outage = self.outage
-        if outage is not None:
-            return outage, {"error": {"message": "judge outage (loopback)"}}
+            outage, match = self.outage, self.outage_match
         try:
             content = body["messages"][-1]["content"]
         except (KeyError, IndexError, TypeError):
             return 400, {"error": {"message": "messages[-1].content is required"}}
         text = content if isinstance(content, str) else "\n".join(p.get("text", "") for p in content)
+        if outage is not None and match in text:
+            return outage, {"error": {"message": "judge outage (loopback)"}}
         reply = verdict_text(text)
         if reply is None:
             return 400, {"error": {"message": "the loopback judge answers osvl's judge prompts only"}}
@@ -119,7 +121,8 @@ def _handler(server: LoopbackJudgeServer):
             if self.path == "/admin/outage" and isinstance(body, dict):
                 status = body.get("status")
                 server.outage = None if status is None else int(status)
-                return self._send(200, {"outage": server.outage})
+                server.outage_match = str(body.get("match") or "")
+                return self._send(200, {"outage": server.outage, "match": server.outage_match})
             self._send(404, {"error": {"message": f"unknown path {self.path}"}})
     return Handler
 

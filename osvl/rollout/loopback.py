@@ -12,9 +12,10 @@ Routes, with SGLang's JSON shapes (fields listed in :mod:`osvl.rollout.sglang`):
 - ``POST /get_weights_by_name``, ``/update_weight_version``, ``/flush_cache``.
 
 Request fields the local engine cannot honor (prompt logprobs, top-k, penalties, ``logit_bias``,
-batches) are refused with HTTP 400 rather than silently ignored. ``logprobs="raw"`` makes the
-server report pre-temperature logprobs, as SGLang does under ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``:
-the pre-flight must catch that mode.
+batches) are refused with HTTP 400 rather than silently ignored. A ``script`` turns generation into
+forced decoding (scripted ids, the model's own logprobs; see ``ReplayEngine``), so protocol tests
+know what the policy does. ``logprobs="raw"`` makes the server report pre-temperature logprobs,
+as SGLang does under ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``: the pre-flight must catch that mode.
 
 ``python -m osvl.rollout.loopback --model-path DIR [--port P]`` runs it as a process.
 """
@@ -30,6 +31,7 @@ import sys
 import threading
 import uuid
 import weakref
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -45,7 +47,7 @@ from osvl.rollout.engine import (
     SamplingParams,
     StopKind,
 )
-from osvl.rollout.local_engine import LocalEngine
+from osvl.rollout.local_engine import LocalEngine, ReplayEngine
 
 SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "stop", "stop_token_ids", "sampling_seed",
                            "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"})
@@ -172,10 +174,12 @@ class LoopbackServer:
     batched by the engine on its event loop."""
 
     def __init__(self, engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, *, model_path: str = "",
-                 tokenizer_path: str = "", logprobs: LogprobMode = "post_temperature") -> None:
+                 tokenizer_path: str = "", logprobs: LogprobMode = "post_temperature",
+                 script: Callable[[GenerationRequest], Sequence[int]] | None = None) -> None:
         if logprobs not in ("post_temperature", "raw"):
             raise ValueError(f"logprobs must be 'post_temperature' or 'raw', got {logprobs!r}")
         self.engine, self.model_path, self.tokenizer_path, self.logprobs = engine, model_path, tokenizer_path, logprobs
+        self.replay = ReplayEngine(engine, script) if script is not None else None  # forced decoding (tests)
         self.weight_version = str(engine.policy_version)
         self._groups: dict[str, _UpdateGroup] = {}
         self._staged: dict[str, torch.Tensor] = {}  # HF tensors of an update whose experts are incomplete
@@ -203,7 +207,10 @@ class LoopbackServer:
 
     def generate(self, body: Any) -> dict[str, Any]:
         request = request_from_json(body, self.engine)
-        result = asyncio.run_coroutine_threadsafe(self.engine.generate(request), _engine_loop(self.engine)).result()
+        if self.replay is not None:
+            result = self.replay.replay(request)
+        else:
+            result = asyncio.run_coroutine_threadsafe(self.engine.generate(request), _engine_loop(self.engine)).result()
         if self.logprobs == "raw" and result.token_ids:
             result.logprobs = self.engine.score(request, result.token_ids, temperature=1.0)
         return response_json(result, request, body, self.engine, body.get("rid") or uuid.uuid4().hex,

@@ -131,7 +131,9 @@ def generate_payload(request: GenerationRequest) -> dict[str, Any]:
 
 
 def parse_generate_response(body: Any, policy_version: int) -> GenerationResult:
-    """``GenerationResult`` from a ``/generate`` JSON body; malformed bodies are infra errors."""
+    """``GenerationResult`` from a ``/generate`` JSON body; malformed bodies are infra errors. The
+    tokens' policy version is the server's ``meta_info.weight_version`` when it is a number (osvl
+    sets it with every update), else ``policy_version``, the client's."""
     try:
         meta = body["meta_info"]
         entries = meta["output_token_logprobs"]
@@ -145,7 +147,9 @@ def parse_generate_response(body: Any, policy_version: int) -> GenerationResult:
         raise EngineError("output_ids and output_token_logprobs disagree")
     if kind not in ("stop", "length"):
         raise EngineError(f"generation ended with finish_reason {finish!r}")
-    return GenerationResult(ids, logprobs, StopKind(kind), policy_version, int(meta.get("prompt_tokens", 0)))
+    served = str(meta.get("weight_version", ""))
+    version = int(served) if served.isdigit() else policy_version  # the server's word when it reports one
+    return GenerationResult(ids, logprobs, StopKind(kind), version, int(meta.get("prompt_tokens", 0)))
 
 
 def _refusal(response: httpx.Response) -> str:
