@@ -149,7 +149,10 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], config: Qwen3VLConfig) -> di
     return out
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def read_hf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF checkpoint directory by its HF name (all shards, through the index when
+    there is one)."""
+    path = Path(path)
     index = path / INDEX_FILE
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -178,7 +181,7 @@ def from_pretrained(
         raise ValueError(f"{path} has no config.json")
     config = config_from_hf(json.loads((path / "config.json").read_text()))
     model = build_model(config, attn_backend=attn_backend, device=device, dtype=dtype, init=False)
-    state = from_hf_state_dict(_read_safetensors(path), config)
+    state = from_hf_state_dict(read_hf_tensors(path), config)
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
