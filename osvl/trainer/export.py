@@ -27,6 +27,7 @@ from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import Tokenizer
 from osvl.model import Qwen3VLModel, ShardFile, save_pretrained
+from osvl.trainer.tool_env import stage_prompt
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -47,8 +48,6 @@ class PolicyDefaults:
 
 def policy_defaults(recipe: Recipe) -> PolicyDefaults:
     """The stages' prompt (``data.system_prompt``, the release profile's schema) and GRPO sampling."""
-    from osvl.trainer.tool_env import stage_prompt  # the tool stack, only when a recipe is exported
-
     system_prompt, tools = stage_prompt(recipe)
     return PolicyDefaults(system_prompt, tuple(tools), recipe.grpo.temperature, recipe.grpo.top_p)
 
