@@ -301,8 +301,8 @@ def save_pretrained(
     files :func:`shard_plan` gives it while the model streams through :func:`iter_hf_tensors`, so a
     rank holds at most one gathered layer plus the one file it is filling, never the whole model.
     The tensors are the same whatever the world size and sharding. Rank 0 writes ``config.json`` and
-    the index (and first removes the safetensors of an earlier save at ``path``). Returns the plan
-    once every file is on disk.
+    the index (and first removes the safetensors of an earlier save at ``path``). ``path`` must be
+    storage every rank sees (one shared directory). Returns the plan once every file is on disk.
     """
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")

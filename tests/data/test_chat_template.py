@@ -53,8 +53,8 @@ def exported(request, tmp_path_factory):
     system_prompt, tools = PROMPTS[request.param]
     path = write_dir(tmp_path_factory.mktemp(request.param), system_prompt, tools)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    processor = ImageQwen3VLProcessor(transformers.AutoImageProcessor.from_pretrained(path), tokenizer,
-                                      chat_template=tokenizer.chat_template)
+    processor = ImageQwen3VLProcessor.from_pretrained(path)  # its template from chat_template.jinja
+    assert processor.chat_template == tokenizer.chat_template
     renderer = ChatRenderer(tiny_tokenizer(), IMAGES, tools, system_prompt)
     return path, tokenizer, processor, renderer
 
