@@ -35,32 +35,24 @@ MARKER = "{#- osvl chat template"
 _PROBE = "osvl-template-probe"
 
 _BODY = """
-{%- macro render_content(content) %}
-    {%- if content is string %}
-        {{- content }}
-    {%- elif content is not none %}
-        {%- for part in content %}
-            {%- if part.type == "image" or part.type == "image_url" or "image" in part or "image_url" in part %}
-                {{- "<|vision_start|><|image_pad|><|vision_end|>" }}
-            {%- elif part.type == "video" or "video" in part %}
-                {{- "<|vision_start|><|video_pad|><|vision_end|>" }}
-            {%- elif "text" in part %}
-                {{- part.text }}
+{%- set ns = namespace(text="", lines="") %}
+{%- if messages and messages[0].role == "system" %}
+    {%- if messages[0].content is string %}
+        {%- set system_prompt = messages[0].content %}
+    {%- else %}
+        {%- for part in messages[0].content or [] %}
+            {%- if "text" in part %}
+                {%- set ns.text = ns.text + part.text %}
             {%- endif %}
         {%- endfor %}
+        {%- set system_prompt = ns.text %}
     {%- endif %}
-{%- endmacro %}
-{%- if messages and messages[0].role == "system" %}
-    {%- set system_prompt = render_content(messages[0].content) %}
-    {%- set turns = messages[1:] %}
 {%- else %}
     {%- set system_prompt = default_system_prompt %}
-    {%- set turns = messages %}
 {%- endif %}
 {%- if tools is not defined or tools is none %}
-    {%- set tool_lines = default_tool_lines %}
+    {%- set ns.lines = default_tool_lines %}
 {%- else %}
-    {%- set ns = namespace(lines="") %}
     {%- for tool in tools %}
         {%- if tool.function is defined %}
             {%- set ns.lines = ns.lines + "\\n" + (tool | tojson) %}
@@ -68,29 +60,43 @@ _BODY = """
             {%- set ns.lines = ns.lines + "\\n" + ({"type": "function", "function": tool} | tojson) %}
         {%- endif %}
     {%- endfor %}
-    {%- set tool_lines = ns.lines %}
 {%- endif %}
-{%- if tool_lines %}
+{%- if ns.lines %}
     {{- "<|im_start|>system\\n" }}
     {%- if system_prompt %}
         {{- system_prompt + "\\n\\n" }}
     {%- endif %}
-    {{- tools_header + tool_lines + tools_footer + "<|im_end|>\\n" }}
+    {{- tools_header + ns.lines + tools_footer + "<|im_end|>\\n" }}
 {%- elif system_prompt %}
     {{- "<|im_start|>system\\n" + system_prompt + "<|im_end|>\\n" }}
 {%- endif %}
-{%- for message in turns %}
-    {%- if message.role == "user" %}
-        {{- "<|im_start|>user\\n" + render_content(message.content) + "<|im_end|>\\n" }}
+{%- for message in messages %}
+    {%- set ns.text = "" %}
+    {%- if message.content is string %}
+        {%- set ns.text = message.content %}
+    {%- elif message.content is not none %}
+        {%- for part in message.content %}
+            {%- if part.type == "image" or part.type == "image_url" or "image" in part or "image_url" in part %}
+                {%- set ns.text = ns.text + "<|vision_start|><|image_pad|><|vision_end|>" %}
+            {%- elif part.type == "video" or "video" in part %}
+                {%- set ns.text = ns.text + "<|vision_start|><|video_pad|><|vision_end|>" %}
+            {%- elif "text" in part %}
+                {%- set ns.text = ns.text + part.text %}
+            {%- endif %}
+        {%- endfor %}
+    {%- endif %}
+    {%- if loop.first and message.role == "system" %}
+    {%- elif message.role == "user" %}
+        {{- "<|im_start|>user\\n" + ns.text + "<|im_end|>\\n" }}
     {%- elif message.role == "assistant" %}
         {{- "<|im_start|>assistant\\n" }}
         {%- if message.reasoning_content %}
             {{- "<think>" + message.reasoning_content + "</think>\\n" }}
         {%- endif %}
-        {{- render_content(message.content) }}
+        {{- ns.text }}
         {%- if message.tool_calls %}
             {%- for call in message.tool_calls %}
-                {%- if message.content or not loop.first %}
+                {%- if ns.text or not loop.first %}
                     {{- "\\n" }}
                 {%- endif %}
                 {%- set call = call.function if call.function is defined else call %}
@@ -101,11 +107,11 @@ _BODY = """
         {%- endif %}
         {{- "<|im_end|>\\n" }}
     {%- elif message.role == "tool" %}
-        {%- if loop.first or turns[loop.index0 - 1].role != "tool" %}
+        {%- if loop.first or messages[loop.index0 - 1].role != "tool" %}
             {{- "<|im_start|>user" }}
         {%- endif %}
-        {{- "\\n<tool_response>\\n" + render_content(message.content) + "\\n</tool_response>" }}
-        {%- if loop.last or turns[loop.index0 + 1].role != "tool" %}
+        {{- "\\n<tool_response>\\n" + ns.text + "\\n</tool_response>" }}
+        {%- if loop.last or messages[loop.index0 + 1].role != "tool" %}
             {{- "<|im_end|>\\n" }}
         {%- endif %}
     {%- else %}

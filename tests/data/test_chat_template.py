@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import jinja2
 import numpy as np
 import pytest
 import transformers
@@ -193,3 +194,21 @@ def test_auto_processor_recognises_every_processor_file(tmp_path):
     else:
         assert type(processor).__name__ == "Qwen3VLProcessor"
         assert processor.video_processor.merge_size == IMAGES.merge_size
+
+
+def _loops_over_message_content(template: str) -> bool:
+    node_is = jinja2.nodes
+    for loop in jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template).find_all(node_is.For):
+        it = loop.iter
+        if isinstance(it, node_is.Getattr) and it.attr == "content" or (
+                isinstance(it, node_is.Getitem) and isinstance(it.arg, node_is.Const) and it.arg.value == "content"):
+            if isinstance(it.node, node_is.Name) and it.node.name == "message":
+                return True
+    return False
+
+
+def test_servers_pass_images_to_the_template():
+    """SGLang's and vLLM's chat endpoints hand a template structured content (image parts kept) only when
+    its AST loops over ``message.content``; otherwise they flatten it to text and the images are lost."""
+    assert _loops_over_message_content(chat_template("P.", RELEASE_TOOLS))
+    assert not _loops_over_message_content("{% for m in messages %}{{ m.content }}{% endfor %}")
