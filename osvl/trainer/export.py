@@ -4,7 +4,7 @@ and vLLM (the servers of the GRPO topology load what the trainer writes).
 Besides ``config.json`` and the safetensors shards (:func:`osvl.model.save_pretrained`, written
 collectively from the shards): ``tokenizer.json``; ``tokenizer_config.json`` with the chat template
 the policy was trained on (its system prompt and shown tool schema as the defaults, see
-:mod:`osvl.data.chat_template`; also as ``chat_template.jinja``, where transformers >= 4.5x and the
+:mod:`osvl.data.chat_template`; also as ``chat_template.jinja``, the only place transformers'
 processors read it); ``generation_config.json`` (end-of-turn ids, and the stage's sampling
 temperature / top-p as the defaults); the image and video processor configs ``AutoProcessor``
 needs to build the Qwen3-VL processor.
