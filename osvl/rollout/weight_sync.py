@@ -55,6 +55,10 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def _message(error: Exception) -> str:
+    return str(error) if isinstance(error, EngineError) else f"{type(error).__name__}: {error}"
+
+
 def _agree(error: str | None) -> None:
     """Rank 0's outcome on every rank: all ranks raise together, none is left in a collective."""
     if dist.is_initialized():
@@ -94,21 +98,18 @@ class DiskSync:
     def sync(self, model: torch.nn.Module, version: int) -> SyncStats:
         start = time.perf_counter()
         path = self.directory / f"v{version:06d}"
-        save_pretrained(model, path, dtype=self.dtype)
-        if dist.is_initialized():
-            dist.barrier()  # every shard is on disk before a server reads
+        files = save_pretrained(model, path, dtype=self.dtype)  # collective; returns once every shard is on disk
         error = None
         if _rank() == 0:
             try:
                 self.run(self.engine.update_weights_from_disk(str(path.resolve()), version))
-            except EngineError as failure:
-                error = str(failure)
+            except Exception as failure:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
+                error = _message(failure)
             else:
                 for old in sorted(self.directory.glob("v*"))[:-self.keep]:
                     shutil.rmtree(old, ignore_errors=True)
         _agree(error)
-        nbytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-        return SyncStats(time.perf_counter() - start, nbytes)
+        return SyncStats(time.perf_counter() - start, sum(f.nbytes for f in files))
 
     def close(self) -> None:
         pass
@@ -171,8 +172,8 @@ class DistributedSync:
         if lead and self._group is None:
             try:
                 self._connect()
-            except (EngineError, RuntimeError) as failure:
-                error = f"weights update group: {failure}"
+            except Exception as failure:  # noqa: BLE001
+                error = f"weights update group: {_message(failure)}"
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         for name, tensor in iter_hf_tensors(model, self.dtype):  # collective: every rank gathers every layer
@@ -181,8 +182,8 @@ class DistributedSync:
             if bucket and size + tensor.numel() * tensor.element_size() > self.bucket_bytes:
                 try:
                     self._send(bucket, None)
-                except (EngineError, RuntimeError) as failure:
-                    error = str(failure)
+                except Exception as failure:  # noqa: BLE001
+                    error = _message(failure)
                 bucket, size = [], 0
             bucket.append((name, tensor))
             size += tensor.numel() * tensor.element_size()
@@ -191,8 +192,8 @@ class DistributedSync:
             try:
                 self._send(bucket, version)  # the last bucket carries the version
                 self.run(self.engine.confirm_version(version))
-            except (EngineError, RuntimeError) as failure:
-                error = str(failure)
+            except Exception as failure:  # noqa: BLE001
+                error = _message(failure)
         _agree(error)
         return SyncStats(time.perf_counter() - start, nbytes)
 

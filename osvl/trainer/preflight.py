@@ -232,8 +232,8 @@ def preflight(recipe: Recipe, model: torch.nn.Module, serving: Serving, env: Too
             if isinstance(serving.engine, SGLangEngine):
                 lines += runner.run(_check_servers(serving.engine, model.arch))
             outcome = [lines, runner.run(_probe(serving.engine, request))]
-        except PreflightError as error:
-            outcome = str(error)
+        except Exception as error:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
+            outcome = str(error) if isinstance(error, PreflightError) else f"pre-flight failed: {error!r}"
     lines, probes = _agree(outcome)
     for url, result in probes:
         trainer_t = trainer_logprobs(model, renderer, prompt, result, temperature)
@@ -243,8 +243,8 @@ def preflight(recipe: Recipe, model: torch.nn.Module, serving: Serving, env: Too
             try:
                 verdict = [_compare(url, request, result, trainer_t, trainer_raw, temperature,
                                     recipe.rollout.max_logprob_diff)]
-            except PreflightError as error:
-                verdict = str(error)
+            except Exception as error:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
+                verdict = str(error) if isinstance(error, PreflightError) else f"pre-flight failed: {error!r}"
         lines += _agree(verdict)
     return lines
 

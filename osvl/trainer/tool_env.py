@@ -13,6 +13,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
@@ -126,12 +127,18 @@ def stage_image_config(recipe: Recipe, arch: Qwen3VLConfig) -> ImageConfig:
     return shipped
 
 
+def stage_prompt(recipe: Recipe) -> tuple[str, list[dict[str, Any]]]:
+    """``(system prompt, tool schemas shown)`` of both stages: ``data.system_prompt`` and, for the
+    release profile, the release tool schema. The paper profile shows no schema, as osvl's own SFT
+    data has none. The exported chat template carries the same pair."""
+    tools = recipe_profile(recipe).tool_schemas() if recipe.tools.profile == "release" else []
+    return read_system_prompt(recipe.data.system_prompt), tools
+
+
 def stage_renderer(recipe: Recipe, tokenizer: Tokenizer, arch: Qwen3VLConfig) -> ChatRenderer:
-    """The prompt both stages render: ``data.system_prompt`` and, for the release profile, the
-    release tool schema. The paper profile shows no schema, as osvl's own SFT data has none."""
-    tools = recipe_profile(recipe).tool_schemas() if recipe.tools.profile == "release" else ()
-    return ChatRenderer(tokenizer, stage_image_config(recipe, arch), tools,
-                        read_system_prompt(recipe.data.system_prompt))
+    """The prompt both stages render (:func:`stage_prompt`)."""
+    system_prompt, tools = stage_prompt(recipe)
+    return ChatRenderer(tokenizer, stage_image_config(recipe, arch), tools, system_prompt)
 
 
 EnvironmentFactory = Callable[[Recipe, int], AbstractContextManager[ToolEnvironment]]
