@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = tool_profile("paper", config.limits, python_interpreter=args.python_interpreter)
     with ToolPool(config, PoolConfig(num_workers=args.workers, preload=profile.registry.targets())) as pool:
         server = ToolServer(profile.registry, pool, args.host, args.port).start()
-        print(f"osvl tool server on {server.url}: {', '.join(profile.registry.names())}", flush=True)
+        print(f"osvl tool server on {server.url}: {', '.join(profile.registry.names)}", flush=True)
         if args.ready_file:
             from pathlib import Path
 
