@@ -69,6 +69,7 @@ from osvl.trainer.grpo_data import (
 from osvl.trainer.metrics import peak_memory_gib, stage_metrics
 from osvl.trainer.optim import build_optimizer, build_scheduler
 from osvl.trainer.policy import build_policy, lm_head_weight, policy_arch
+from osvl.trainer.router_losses import RouterLosses
 from osvl.trainer.sft import StageResult
 from osvl.trainer.sft_data import SFTStream
 from osvl.trainer.tool_env import (
@@ -77,6 +78,7 @@ from osvl.trainer.tool_env import (
     stage_renderer,
     world_environment,
 )
+from osvl.trainer.validation import Validator
 
 EngineWrapper = Callable[[LocalEngine], Engine]  # tests script the policy through a ReplayEngine
 
@@ -195,6 +197,8 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
     advantage_config = AdvantageConfig(mode=g.fatal_mode, estimator=g.estimator)
     peak = resolve_peak_tflops(recipe.metrics.peak_tflops, device_name())
     train_vision = not recipe.model.freeze_vision
+    router_losses = RouterLosses(model, recipe.moe, recipe.parallel.tp)
+    validator = Validator(recipe, renderer, rank, dp_size) if recipe.validation.path else None
 
     def save(at: int) -> None:
         save_checkpoint(ckpt_root, at, model, optimizer, stage_state(scheduler, stream, policy_version=version),
@@ -227,7 +231,9 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
                 batches, pad = rank_minibatch(members, recipe.data.max_tokens, dp_size, dp_rank, renderer)
                 padding.append(pad)
                 norms = global_normalizers(batches)
+                router_losses.start(batches)
                 for b in batches:
+                    router_losses.prepare(b)
                     hidden = model(b.input_ids, cu_seqlens=b.cu_seqlens, position_ids=b.position_ids,
                                    pixel_values=b.pixel_values, image_grid_thw=b.image_grid_thw, return_hidden=True)
                     out = linear_grpo_loss(
@@ -284,12 +290,16 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
                 "time_train_s": t3 - t2, "time_sync_s": t4 - t3, "step_time_s": t4 - t0,
                 "memory_peak_gib": peak_memory_gib(),
                 "model_tflops": summed["train_flops"] / 1e12, "rollout_tflops": summed["rollout_flops"] / 1e12,
+                **router_losses.metrics(),
             }
             utilisation = mfu(summed["train_flops"] + summed["rollout_flops"], t4 - t0, world_size, peak)
             if utilisation is not None:
                 record["mfu"] = utilisation
             final_loss = record["loss"]
-            if step % recipe.metrics.log_every == 0 or step == end:
+            validating = validator is not None and validator.due(step, total)
+            if validating:
+                record.update(validator.run(engine, env))
+            if step % recipe.metrics.log_every == 0 or step == end or validating:
                 metrics.log(step, total, record)
             if recipe.checkpoint.every_steps and step % recipe.checkpoint.every_steps == 0:
                 save(step)

@@ -24,6 +24,7 @@ from osvl.trainer.loss import sft_loss
 from osvl.trainer.metrics import peak_memory_gib, stage_metrics
 from osvl.trainer.optim import build_optimizer, build_scheduler
 from osvl.trainer.policy import build_policy, lm_head_weight, policy_arch
+from osvl.trainer.router_losses import RouterLosses
 from osvl.trainer.sft_data import SFTStream, load_sft_sequences, rank_microbatches
 from osvl.trainer.tool_env import stage_renderer
 
@@ -70,6 +71,7 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
     metrics = stage_metrics(recipe, rank)
     peak = resolve_peak_tflops(recipe.metrics.peak_tflops, device_name())
     train_vision = not recipe.model.freeze_vision
+    router_losses = RouterLosses(model, recipe.moe, recipe.parallel.tp)
 
     def save(at: int) -> None:
         save_checkpoint(ckpt_root, at, model, optimizer, stage_state(scheduler, stream),
@@ -84,7 +86,9 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
         t_data = time.perf_counter()
         model.train()
         loss = torch.zeros(())
+        router_losses.start(batches)
         for batch in batches:
+            router_losses.prepare(batch)
             micro = _forward_loss(model, batch, max(valid_tokens, 1), recipe.sft.loss_chunk)
             micro.backward()
             loss += micro.detach()
@@ -105,7 +109,7 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
                       "padding_frac": padding, "valid_tokens": valid_tokens, "step_time_s": elapsed,
                       "epoch": stream.cursor.epoch, "model_tflops": flops / 1e12, "time_data_s": t_data - start,
                       "time_forward_backward_s": t_backward - t_data, "time_optimizer_s": t_optimizer - t_backward,
-                      "memory_peak_gib": peak_memory_gib()}
+                      "memory_peak_gib": peak_memory_gib(), **router_losses.metrics()}
             utilisation = mfu(flops, elapsed, world_size, peak)
             if utilisation is not None:
                 record["mfu"] = utilisation
