@@ -62,7 +62,7 @@ class PlanReport:
     @property
     def transient_bytes(self) -> int:
         """Two units gathered (the running one and the prefetch) and one unit's fp32 gradients to reduce."""
-        return 2 * self.largest_gather_bytes + self.largest_gather_bytes * 4 // max(self.param_dtype_bytes, 1)
+        return 2 * self.largest_gather_bytes + self.largest_gather_bytes * 4 // self.param_dtype_bytes
 
     @property
     def gpu_bytes(self) -> int:
@@ -112,8 +112,8 @@ class PlanReport:
             verdict = "fits" if offloaded <= self.usable_bytes else "still does not fit"
             lines.append(f"  with parallel.cpu_offload=true: {offloaded / GIB:.1f} GiB ({verdict}); "
                          f"up to {self.max_tokens_fit_offload} tokens per micro-batch")
-        lines.append(f"  data.max_tokens <= {self.max_tokens_fit} fits as planned (a longer trajectory cannot be split: "
-                     f"osvl has no context parallelism)")
+        lines.append(f"  data.max_tokens <= {self.max_tokens_fit} fits as planned (a longer trajectory cannot be "
+                     f"split: osvl has no context parallelism)")
         return lines
 
 
@@ -236,7 +236,8 @@ def plan(
     dtype_bytes = _BYTES[parallel.param_dtype]
 
     def token_bytes(tokens: int) -> int:
-        return (activation_bytes(arch, tokens, tp=parallel.tp, ac=parallel.activation_checkpoint, dtype_bytes=dtype_bytes)
+        ac = parallel.activation_checkpoint
+        return (activation_bytes(arch, tokens, tp=parallel.tp, ac=ac, dtype_bytes=dtype_bytes)
                 + loss_bytes(arch, tokens, chunk=loss_chunk, tp=parallel.tp, stage=stage, dtype_bytes=dtype_bytes))
 
     report = PlanReport(
@@ -273,11 +274,10 @@ def plan(
 
     def most_tokens(fixed_bytes: int) -> int:
         room = report.usable_bytes - fixed_bytes - token_bytes(loss_chunk)
-        return max(0, loss_chunk + room // slope) if room >= 0 else 0
+        return loss_chunk + room // slope if room >= 0 else 0
 
-    return dataclasses.replace(report, max_tokens_fit=most_tokens(fixed),
-                               max_tokens_fit_offload=most_tokens(fixed - (0 if parallel.cpu_offload
-                                                                            else report.steady_state_bytes)))
+    offloaded = fixed if parallel.cpu_offload else fixed - report.steady_state_bytes
+    return dataclasses.replace(report, max_tokens_fit=most_tokens(fixed), max_tokens_fit_offload=most_tokens(offloaded))
 
 
 def main(argv: list[str] | None = None) -> PlanReport:

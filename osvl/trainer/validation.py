@@ -15,6 +15,7 @@ import dataclasses
 import re
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -94,8 +95,13 @@ class Validator:
         v = recipe.validation
         if not v.path:
             raise ValueError("validation.path is empty: no held-out prompts to validate on")
-        self.config, self.renderer, self.rank = v, renderer, rank
-        prompts = load_prompts(dataclasses.replace(recipe.data, train_path=v.path, format="auto"))
+        if not Path(v.path).is_file():
+            raise ValueError(f"validation.path: {v.path} does not exist")
+        self.config, self.renderer = v, renderer
+        try:
+            prompts = load_prompts(dataclasses.replace(recipe.data, train_path=v.path, format="auto"))
+        except ValueError as error:
+            raise ValueError(f"validation.path ({v.path}): {error}") from None
         tp = recipe.parallel.tp
         self.prompts = prompts[rank // tp::dp_size] if rank % tp == 0 else []
         self.chunk = max(1, v.batch_prompts // dp_size)

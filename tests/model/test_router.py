@@ -35,7 +35,8 @@ def test_balance_loss_is_one_at_uniform_load_and_equals_the_switch_formula():
     uniform = torch.full((E,), 24 / E)
     assert float(balance_loss(uniform, counts, 24, K)) == pytest.approx(1.0)
     gen = torch.Generator().manual_seed(0)
-    x, gate = torch.randn(24, D, generator=gen, dtype=torch.float64), torch.randn(E, D, generator=gen, dtype=torch.float64)
+    x = torch.randn(24, D, generator=gen, dtype=torch.float64)
+    gate = torch.randn(E, D, generator=gen, dtype=torch.float64)
     probs = torch.softmax(x @ gate.t(), -1)
     ids = probs.topk(K, -1).indices
     ours = balance_loss(probs.sum(0), expert_counts(ids, torch.ones(24, dtype=torch.bool), E), 24, K)

@@ -78,8 +78,14 @@ def test_validation_runs_at_its_cadence_and_at_the_last_step(tmp_path):
 
 
 def test_validation_refuses_a_missing_file_and_the_sft_stage(tmp_path):
-    recipe = load_recipe("tiny_grpo", grpo_overrides(tmp_path, tmp_path / "run", f"validation.path={tmp_path}/no.jsonl"))
-    with pytest.raises(ValueError, match="does not exist"):
+    missing = f"validation.path={tmp_path}/no.jsonl"
+    recipe = load_recipe("tiny_grpo", grpo_overrides(tmp_path, tmp_path / "run", missing))
+    with pytest.raises(ValueError, match="validation.path: .*no.jsonl does not exist"):
+        run_grpo(recipe, environment=echo_environment, engine_wrapper=scripted)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    recipe = load_recipe("tiny_grpo", grpo_overrides(tmp_path, tmp_path / "run", f"validation.path={empty}"))
+    with pytest.raises(ValueError, match=r"validation.path \(.*empty.jsonl\): .*holds no prompts"):
         run_grpo(recipe, environment=echo_environment, engine_wrapper=scripted)
     with pytest.raises(ValueError, match="validation.path: in-training validation is a grpo-stage hook"):
         load_recipe("tiny_sft", ["validation.path=x.jsonl"])
