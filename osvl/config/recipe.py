@@ -304,6 +304,9 @@ class Recipe:
         moe = self.model.preset in ("qwen3_vl_30b_a3b", "tiny_moe")
         if self.parallel.ep > 1 and not moe:
             raise ValueError(f"parallel.ep: expert parallelism needs an MoE preset, got model.preset={self.model.preset!r}")
+        if self.parallel.ep > 1 and self.parallel.tp > 1:
+            raise ValueError(f"parallel.ep: ep={self.parallel.ep} with tp={self.parallel.tp} needs sequence "
+                             "parallelism, which osvl does not enable; use tp=1 with ep")
         for name in ("aux_loss_coef", "z_loss_coef"):
             if getattr(self.moe, name) and not moe:
                 raise ValueError(f"moe.{name}: router losses need an MoE preset, "
