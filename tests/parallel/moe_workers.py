@@ -1,4 +1,4 @@
-"""Rank bodies for the MoE router-loss test: each rank trains the tiny MoE model on its own packed
+"""Rank bodies for the MoE router-loss test: each rank trains the tiny_moe preset on its own packed
 micro-batch (with a filler document at its end) under one parallel plan, and compares the router
 losses, their gradient and the logged statistics with a float64 one-process reference."""
 
@@ -16,16 +16,26 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from osvl.config.recipe import MoEConfig
+from osvl.data.tokenizer import SpecialTokens
 from osvl.model.moe_losses import load_cv
 from osvl.model.router import Qwen3VLRouter
 from osvl.parallel import ParallelConfig, parallelize, sharded_model_config
+from osvl.trainer.policy import tiny_arch
 from osvl.trainer.router_losses import RouterLosses
 from tests.model.moe_reference import layer_terms, top_k_margin
-from tests.model.tiny import image_batch, tiny_config
+from tests.model.tiny import IMAGE_TOKEN, VIDEO_TOKEN, VISION_END, VISION_START, VOCAB, image_batch
 from tests.parallel.workers import GRIDS, _rank_batch
 
 AUX, Z = 0.5, 0.1
 FILLER = 3  # tokens of the filler document each rank's micro-batch ends with
+
+
+def tiny_moe():
+    """The tiny_moe CPU preset (osvl.trainer.policy) with the test batches' vocabulary and vision ids."""
+    special = SpecialTokens(endoftext=0, im_start=1, im_end=2, vision_start=VISION_START, vision_end=VISION_END,
+                            image_pad=IMAGE_TOKEN, video_pad=VIDEO_TOKEN, tool_call_start=7, tool_call_end=8,
+                            tool_response_start=9, tool_response_end=10, think_start=11, think_end=12)
+    return tiny_arch(VOCAB, special, "tiny_moe")
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -86,7 +96,7 @@ def _reference(model, batches, top_k):
 def router_losses_match_float64(rank: int, world: int, parallel_kwargs: dict) -> None:
     torch.manual_seed(0)
     parallel = ParallelConfig(param_dtype="float32", **parallel_kwargs)
-    arch = tiny_config(moe=True)
+    arch = tiny_moe()
     model = sharded_model_config(arch, parallel).build()
     with torch.no_grad():
         model.init_states()

@@ -1,5 +1,6 @@
-"""MoE router losses on 2 gloo ranks (FSDP2 + EP 2 + full AC, FSDP2, TP 2): the attached losses, the
-gradient they give every parameter and the logged statistics equal a float64 one-process reference."""
+"""MoE router losses of the tiny_moe preset on 2 gloo ranks (FSDP2 + EP 2 + full AC, FSDP2, TP 2): the
+attached losses, the gradient they give every parameter and the logged statistics equal a float64
+one-process reference."""
 
 import json
 
