@@ -28,11 +28,7 @@ def dry_run(recipe: Recipe, preflight: bool = False) -> list[str]:
         check_grpo_recipe(recipe, recipe.data_parallel_size(recipe.job.world_size or 1))
         lines += dry_run_lines(recipe)
     if recipe.job.world_size:
-        from osvl.parallel.plan import plan
-
-        report = plan(recipe.model.preset, world_size=recipe.job.world_size, parallel=recipe.parallel,
-                      tokens_per_rank=recipe.data.max_tokens)
-        lines += report.lines()
+        lines += _memory_plan(recipe)
     else:
         lines.append("no job.world_size: the topology is whatever torchrun starts (tiny CPU recipe)")
     if recipe.job.stage == "grpo" and recipe.rollout.engine == "sglang" and recipe.model.preset in PAPER_PRESETS:
@@ -44,6 +40,34 @@ def dry_run(recipe: Recipe, preflight: bool = False) -> list[str]:
         from osvl.trainer.preflight import check_services
 
         lines += [f"pre-flight: {line}" for line in check_services(recipe)]
+    return lines
+
+
+def _memory_plan(recipe: Recipe) -> list[str]:
+    """The per-rank memory plan on a fake group of ``job.world_size`` ranks, with its fit verdict."""
+    from osvl.model.presets import preset
+    from osvl.parallel.plan import plan
+
+    vision = preset(recipe.model.preset).vision
+    d = recipe.data
+    per_image = d.max_pixels // vision.patch_size**2
+    images = recipe.rollout.max_turns + 1
+    patches = d.max_patches or images * per_image
+    chunk = recipe.grpo.loss_chunk if recipe.job.stage == "grpo" else recipe.sft.loss_chunk
+    report = plan(recipe.model.preset, world_size=recipe.job.world_size, parallel=recipe.parallel,
+                  tokens_per_rank=d.max_tokens, patches_per_rank=patches, loss_chunk=chunk, stage=recipe.job.stage,
+                  gpu_memory_gib=recipe.job.gpu_memory_gib)
+    lines = report.lines()
+    source = ("data.max_patches" if d.max_patches else
+              f"assumed: {images} images (the prompt's and one per tool turn, rollout.max_turns) of "
+              f"data.max_pixels {d.max_pixels} = {per_image} patches each")
+    lines.append(f"vision patches per micro-batch: {patches} ({source})")
+    if recipe.job.stage == "grpo":
+        g = recipe.grpo
+        longest = g.max_prompt_tokens + g.max_response_tokens
+        verdict = "fits" if longest <= d.max_tokens else "DOES NOT fit; the packer will refuse it"
+        lines.append(f"longest trajectory: grpo.max_prompt_tokens + grpo.max_response_tokens = {longest} tokens "
+                     f"{verdict} in one micro-batch (data.max_tokens {d.max_tokens})")
     return lines
 
 

@@ -9,16 +9,19 @@ from osvl.config.recipe import (
     JudgesConfig,
     MetricsConfig,
     ModelConfig,
+    MoEConfig,
     OptimizerConfig,
     Recipe,
     RolloutConfig,
     SchedulerConfig,
     SFTConfig,
     ToolsConfig,
+    ValidationConfig,
 )
 
 __all__ = [
     "CheckpointConfig", "DataConfig", "GRPOConfig", "JobConfig", "JudgesConfig", "MetricsConfig", "ModelConfig",
-    "OptimizerConfig", "Recipe", "RolloutConfig", "SFTConfig", "SchedulerConfig", "ToolsConfig",
+    "MoEConfig", "OptimizerConfig", "Recipe", "RolloutConfig", "SFTConfig", "SchedulerConfig", "ToolsConfig",
+    "ValidationConfig",
     "apply_overrides", "build", "load_recipe", "parse_override", "recipe_to_dict", "resolve_recipe_path",
 ]

@@ -45,10 +45,11 @@ class JobConfig:
     run_dir: str = "runs/run"
     seed: int = 0
     world_size: int = 0  # the recipe's target topology (GPUs); 0 = whatever torchrun starts
+    gpu_memory_gib: float = 0.0  # memory of one target GPU; --dry-run checks the plan against it (0 = no check)
     description: str = ""
 
     def __post_init__(self) -> None:
-        _non_negative(self, "world_size", "seed")
+        _non_negative(self, "world_size", "seed", "gpu_memory_gib")
         if not self.run_dir:
             raise ValueError("run_dir must not be empty")
 
@@ -91,6 +92,18 @@ class DataConfig:
         _non_negative(self, "max_patches")
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels {self.min_pixels} > max_pixels {self.max_pixels}")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Router losses of MoE models, as Megatron-Core defines them (osvl.model.moe_losses): per MoE layer,
+    summed over layers. The router always computes its logits in fp32."""
+
+    aux_loss_coef: float = 0.0  # load-balance loss (Switch; 1.0 at uniform load) per layer; 0 = off
+    z_loss_coef: float = 0.0  # router z-loss (ST-MoE): mean squared logsumexp of the router logits; 0 = off
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "aux_loss_coef", "z_loss_coef")
 
 
 @dataclass(frozen=True)
@@ -202,6 +215,27 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class ValidationConfig:
+    """In-training evaluation of the GRPO stage on held-out prompts (verl's val_* settings): every
+    ``every_steps`` steps and at the last step, the whole file is rolled out in batches of
+    ``batch_prompts`` with the training tools and turn budget, scored like training, and logged with
+    the step's metrics as ``val/...``."""
+
+    path: str = ""  # held-out prompts, in a format data.train_path accepts; "" = no validation
+    every_steps: int = 10
+    batch_prompts: int = 64  # prompts rolled out together
+    samples_per_prompt: int = 1
+    temperature: float = 0.7  # 0 = greedy
+    top_p: float = 0.95
+
+    def __post_init__(self) -> None:
+        _positive(self, "every_steps", "batch_prompts", "samples_per_prompt")
+        _non_negative(self, "temperature")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
 class ToolsConfig:
     backend: Literal["offline", "online"] = "offline"  # offline: the embedded world; online: config_file's APIs
     servers: tuple[str, ...] = ()  # osvl.tools.server URLs; when set, calls go there instead of a local pool
@@ -277,11 +311,13 @@ class Recipe:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     judges: JudgesConfig = field(default_factory=JudgesConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -296,6 +332,16 @@ class Recipe:
         moe = self.model.preset in ("qwen3_vl_30b_a3b", "tiny_moe")
         if self.parallel.ep > 1 and not moe:
             raise ValueError(f"parallel.ep: expert parallelism needs an MoE preset, got model.preset={self.model.preset!r}")
+        if self.parallel.ep > 1 and self.parallel.tp > 1:
+            raise ValueError(f"parallel.ep: ep={self.parallel.ep} with tp={self.parallel.tp} needs sequence "
+                             "parallelism, which osvl does not enable; use tp=1 with ep")
+        for name in ("aux_loss_coef", "z_loss_coef"):
+            if getattr(self.moe, name) and not moe:
+                raise ValueError(f"moe.{name}: router losses need an MoE preset, "
+                                 f"got model.preset={self.model.preset!r}")
+        if self.validation.path and self.job.stage != "grpo":
+            raise ValueError(f"validation.path: in-training validation is a grpo-stage hook, "
+                             f"got stage {self.job.stage!r}")
         w = self.job.world_size
         if w:
             dp_shard = self.parallel.resolved_dp_shard(w)

@@ -15,7 +15,6 @@ from torchtitan.models.common.config_utils import (
     make_gqa_config,
     make_moe_config,
     make_routed_experts_config,
-    make_router_config,
 )
 from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
@@ -28,6 +27,7 @@ from osvl.model.attention import (
 from osvl.model.config import Qwen3VLConfig
 from osvl.model.experts import Qwen3VLExperts
 from osvl.model.rope import PrecomputedRoPE, mrope_table
+from osvl.model.router import Qwen3VLRouter
 from osvl.model.vision import VisionTower
 
 _INIT_STD = 0.02
@@ -87,10 +87,9 @@ def _decoder_layer(config: Qwen3VLConfig, layer: int, backend: AttentionBackend)
     routed.inner_experts = Qwen3VLExperts.Config(
         dim=t.hidden_size, hidden_dim=t.moe_intermediate_size, num_experts=t.num_experts, param_init=_EXPERTS_INIT
     )
-    router = make_router_config(
-        dim=t.hidden_size,
+    router = Qwen3VLRouter.Config(
         num_experts=t.num_experts,
-        gate_param_init=_LINEAR_INIT,
+        gate=Linear.Config(in_features=t.hidden_size, out_features=t.num_experts, param_init=_LINEAR_INIT),
         top_k=t.num_experts_per_tok,
         score_func="softmax",
         route_norm=True,

@@ -7,6 +7,7 @@ process group of the target world size, and report per-rank memory. Seconds on o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -24,6 +25,8 @@ from osvl.parallel.parallelize import ParallelConfig, parallelize, sharded_model
 
 _SHARDING_DIMS = ("fsdp", "efsdp", "dp_shard")
 _BYTES = {"bfloat16": 2, "float32": 4}
+GIB = 2**30
+USABLE_FRACTION = 0.9  # of the GPU's memory: CUDA context, NCCL buffers and allocator fragmentation take the rest
 
 
 @dataclass(frozen=True)
@@ -43,25 +46,75 @@ class PlanReport:
     tokens_per_rank: int
     activation_bytes: int
     activation_checkpoint: str
+    patches_per_rank: int = 0  # vision patches of one micro-batch
+    vision_bytes: int = 0  # vision tower activations (not checkpointed)
+    loss_bytes: int = 0  # fused lm_head + loss: logits chunk, hidden and lm_head gradients
+    cpu_offload: bool = False  # FSDP2 keeps sharded params, grads and AdamW state in host memory
+    param_dtype_bytes: int = 2
+    gpu_memory_bytes: int = 0  # one GPU of the target cluster; 0 = no fit check
+    max_tokens_fit: int = 0  # the most tokens per micro-batch that fit as planned (0: no fit check)
+    max_tokens_fit_offload: int = 0  # the same with parallel.cpu_offload=true
 
     @property
     def steady_state_bytes(self) -> int:
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
 
+    @property
+    def transient_bytes(self) -> int:
+        """Two units gathered (the running one and the prefetch) and one unit's fp32 gradients to reduce."""
+        return 2 * self.largest_gather_bytes + self.largest_gather_bytes * 4 // self.param_dtype_bytes
+
+    @property
+    def gpu_bytes(self) -> int:
+        steady = 0 if self.cpu_offload else self.steady_state_bytes
+        return steady + self.transient_bytes + self.activation_bytes + self.vision_bytes + self.loss_bytes
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.gpu_memory_bytes * USABLE_FRACTION)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if not self.gpu_memory_bytes else self.gpu_bytes <= self.usable_bytes
+
     def lines(self) -> list[str]:
-        gib = 2**30
-        return [
+        offload = "  (in host memory: parallel.cpu_offload)" if self.cpu_offload else ""
+        out = [
             f"model {self.model}: {self.total_params / 1e9:.2f}B params; world {self.world_size} = "
             f"dp_shard {self.dp_shard} x tp {self.tp} (ep {self.ep})",
             f"per-rank params      {self.rank0_params / 1e6:10.1f} M",
-            f"param bytes (fp32)   {self.param_bytes / gib:10.2f} GiB",
-            f"grad bytes (fp32)    {self.grad_bytes / gib:10.2f} GiB",
-            f"optimizer (AdamW)    {self.optimizer_bytes / gib:10.2f} GiB",
-            f"largest all-gather   {self.largest_gather_bytes / gib:10.2f} GiB  ({self.largest_gather_name})",
-            f"activations          {self.activation_bytes / gib:10.2f} GiB  "
+            f"param bytes (fp32)   {self.param_bytes / GIB:10.2f} GiB{offload}",
+            f"grad bytes (fp32)    {self.grad_bytes / GIB:10.2f} GiB{offload}",
+            f"optimizer (AdamW)    {self.optimizer_bytes / GIB:10.2f} GiB{offload}",
+            f"largest all-gather   {self.largest_gather_bytes / GIB:10.2f} GiB  ({self.largest_gather_name}; "
+            f"2 gathered + its fp32 grads: {self.transient_bytes / GIB:.2f} GiB)",
+            f"activations          {self.activation_bytes / GIB:10.2f} GiB  "
             f"({self.tokens_per_rank} tokens/rank, AC={self.activation_checkpoint})",
-            f"total (steady+act+gather) {(self.steady_state_bytes + self.activation_bytes + 2 * self.largest_gather_bytes) / gib:.2f} GiB",
+            f"vision activations   {self.vision_bytes / GIB:10.2f} GiB  ({self.patches_per_rank} patches/rank, no AC)",
+            f"loss buffers         {self.loss_bytes / GIB:10.2f} GiB  (fused lm_head: logits chunk, hidden and "
+            f"lm_head grads)",
+            f"total on GPU         {self.gpu_bytes / GIB:10.2f} GiB",
         ]
+        if self.fits is not None:
+            budget = (f"{self.usable_bytes / GIB:.1f} GiB usable ({USABLE_FRACTION:.0%} of "
+                      f"{self.gpu_memory_bytes / GIB:.1f} GiB)")
+            out.append(f"fits: {'yes' if self.fits else 'NO'} - {self.gpu_bytes / GIB:.1f} GiB of {budget}")
+            out += self.advice()
+        return out
+
+    def advice(self) -> list[str]:
+        """What would make the plan fit, or how much room it leaves."""
+        if self.fits:
+            return [f"  up to {self.max_tokens_fit} tokens per micro-batch fit as planned"]
+        lines = []
+        if not self.cpu_offload:
+            offloaded = self.gpu_bytes - self.steady_state_bytes
+            verdict = "fits" if offloaded <= self.usable_bytes else "still does not fit"
+            lines.append(f"  with parallel.cpu_offload=true: {offloaded / GIB:.1f} GiB ({verdict}); "
+                         f"up to {self.max_tokens_fit_offload} tokens per micro-batch")
+        lines.append(f"  data.max_tokens <= {self.max_tokens_fit} fits as planned (a longer trajectory cannot be "
+                     f"split: osvl has no context parallelism)")
+        return lines
 
 
 def _gathered_numel(p: torch.Tensor) -> int:
@@ -87,23 +140,61 @@ def _largest_gather(model: torch.nn.Module, param_bytes: int) -> tuple[str, int]
     return best
 
 
-def activation_bytes(arch: Qwen3VLConfig, tokens: int, *, tp: int, ac: str, dtype_bytes: int = 2) -> int:
-    """Estimate of saved activations for one packed row of ``tokens`` (text decoder only).
+def layer_activation_elements(arch: Qwen3VLConfig, *, tp: int) -> int:
+    """Saved activations of one decoder layer per token, in elements of the parameter dtype.
 
-    Per layer without AC: norms and residual (4D), q/k/v/attention out ((2Hq + 2Hkv) hd / tp),
-    SwiGLU (3F / tp) or routed experts (top_k * 3F_moe) plus router scores (E, fp32).
-    With full AC only each layer input (D) is kept, plus one layer recomputed at a time.
+    The two norms' inputs and outputs (4D); q, k, v with their QK-norm and RoPE intermediates and the
+    attention output ((6Hq + 6Hkv) hd / tp, as counted from the tensors a forward saves for its backward:
+    tests/parallel/test_plan.py); SwiGLU's w1, w3, silu and product (4F / tp), or,
+    for MoE, the fp32 router logits and probabilities (4E) and each token's k routed copies in and out
+    with their SwiGLU intermediates (k (2D + 4F_moe / tp)).
     """
     t = arch.text
-    attn = (2 * t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim // tp
+    attn = (6 * t.num_attention_heads + 6 * t.num_key_value_heads) * t.head_dim // tp
     if t.is_moe:
-        ffn = t.num_experts_per_tok * 3 * t.moe_intermediate_size + 2 * t.num_experts
+        ffn = 4 * t.num_experts + t.num_experts_per_tok * (2 * t.hidden_size + 4 * t.moe_intermediate_size // tp)
     else:
-        ffn = 3 * t.intermediate_size // tp
-    per_layer = (4 * t.hidden_size + attn + ffn) * tokens * dtype_bytes
+        ffn = 4 * t.intermediate_size // tp
+    return 4 * t.hidden_size + attn + ffn
+
+
+def activation_bytes(arch: Qwen3VLConfig, tokens: int, *, tp: int, ac: str, dtype_bytes: int = 2) -> int:
+    """Estimate of the text decoder's activations for one packed row of ``tokens``.
+
+    Without AC every layer's activations stay (``layer_activation_elements``). With full AC only each
+    layer's input (D per token; TP without sequence parallelism keeps it whole on every TP rank) is
+    kept, and the backward holds one layer at a time twice over: its recomputed activations and their
+    gradients.
+    """
+    per_layer = layer_activation_elements(arch, tp=tp) * tokens * dtype_bytes
     if ac == "full":
-        return t.num_hidden_layers * t.hidden_size * tokens * dtype_bytes + per_layer
-    return t.num_hidden_layers * per_layer
+        return arch.text.num_hidden_layers * arch.text.hidden_size * tokens * dtype_bytes + 2 * per_layer
+    return arch.text.num_hidden_layers * per_layer
+
+
+def vision_activation_bytes(arch: Qwen3VLConfig, patches: int, dtype_bytes: int = 2) -> int:
+    """Saved activations of the vision tower (never checkpointed) for ``patches`` patches.
+
+    Per block and patch: the two LayerNorms' inputs and outputs, qkv and its RoPE intermediates and the
+    attention output (12 H_v), the MLP's fc1 output and its GELU (2 I_v).
+    """
+    v = arch.vision
+    return v.depth * (12 * v.hidden_size + 2 * v.intermediate_size) * patches * dtype_bytes
+
+
+def loss_bytes(arch: Qwen3VLConfig, tokens: int, *, chunk: int, tp: int, stage: str, dtype_bytes: int = 2) -> int:
+    """The fused lm_head + loss (no [tokens, vocab] logits ever exists): the final hidden states and
+    their gradient ([tokens, D]), the lm_head gradient ([V/tp, D]) and the logits of one chunk of rows.
+    GRPO's kernel keeps one [chunk, V/tp] buffer in the parameter dtype (overwritten by its gradient)
+    and a parameter-dtype lm_head gradient; the SFT loss's backward holds the chunk's fp32 logits and
+    softmax and an fp32 lm_head gradient."""
+    if stage not in ("sft", "grpo"):
+        raise ValueError(f"stage must be 'sft' or 'grpo', got {stage!r}")
+    t = arch.text
+    vocab = t.vocab_size // tp
+    rows = min(chunk, tokens)
+    logits, weight_grad = (rows * vocab * dtype_bytes, dtype_bytes) if stage == "grpo" else (2 * rows * vocab * 4, 4)
+    return logits + 2 * tokens * t.hidden_size * dtype_bytes + vocab * t.hidden_size * weight_grad
 
 
 def plan(
@@ -112,12 +203,21 @@ def plan(
     world_size: int,
     parallel: ParallelConfig,
     tokens_per_rank: int = 16384,
+    patches_per_rank: int = 0,
+    loss_chunk: int = 4096,
+    stage: str = "sft",
+    gpu_memory_gib: float = 0.0,
 ) -> PlanReport:
-    """Apply ``parallel`` to the meta model on a fake ``world_size`` group and measure rank 0."""
+    """Apply ``parallel`` to the meta model on a fake ``world_size`` group and measure rank 0; with
+    ``gpu_memory_gib`` also say whether one micro-batch of ``tokens_per_rank`` tokens (``patches_per_rank``
+    vision patches among them) fits one GPU."""
     arch = preset(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else "custom"
-    if world_size < 1 or tokens_per_rank < 1:
-        raise ValueError(f"world_size and tokens_per_rank must be positive, got {world_size}, {tokens_per_rank}")
+    if world_size < 1 or tokens_per_rank < 1 or loss_chunk < 1:
+        raise ValueError(f"world_size, tokens_per_rank and loss_chunk must be positive, got {world_size}, "
+                         f"{tokens_per_rank}, {loss_chunk}")
+    if patches_per_rank < 0 or gpu_memory_gib < 0:
+        raise ValueError(f"patches_per_rank and gpu_memory_gib must be >= 0, got {patches_per_rank}, {gpu_memory_gib}")
     if dist.is_initialized():
         raise ValueError("plan() needs a process without a default process group (it creates a fake one)")
     parallel.validate(arch, world_size)
@@ -133,7 +233,14 @@ def plan(
         gather_name, gather_bytes = _largest_gather(m, _BYTES[parallel.param_dtype])
     finally:
         dist.destroy_process_group()
-    return PlanReport(
+    dtype_bytes = _BYTES[parallel.param_dtype]
+
+    def token_bytes(tokens: int) -> int:
+        ac = parallel.activation_checkpoint
+        return (activation_bytes(arch, tokens, tp=parallel.tp, ac=ac, dtype_bytes=dtype_bytes)
+                + loss_bytes(arch, tokens, chunk=loss_chunk, tp=parallel.tp, stage=stage, dtype_bytes=dtype_bytes))
+
+    report = PlanReport(
         model=name,
         world_size=world_size,
         dp_shard=dims.dp_shard,
@@ -148,10 +255,29 @@ def plan(
         largest_gather_bytes=gather_bytes,
         tokens_per_rank=tokens_per_rank,
         activation_bytes=activation_bytes(
-            arch, tokens_per_rank, tp=parallel.tp, ac=parallel.activation_checkpoint, dtype_bytes=_BYTES[parallel.param_dtype]
+            arch, tokens_per_rank, tp=parallel.tp, ac=parallel.activation_checkpoint, dtype_bytes=dtype_bytes
         ),
         activation_checkpoint=parallel.activation_checkpoint,
+        patches_per_rank=patches_per_rank,
+        vision_bytes=vision_activation_bytes(arch, patches_per_rank, dtype_bytes),
+        loss_bytes=loss_bytes(arch, tokens_per_rank, chunk=loss_chunk, tp=parallel.tp, stage=stage,
+                              dtype_bytes=dtype_bytes),
+        cpu_offload=parallel.cpu_offload,
+        param_dtype_bytes=dtype_bytes,
+        gpu_memory_bytes=int(gpu_memory_gib * GIB),
     )
+    if not report.gpu_memory_bytes:
+        return report
+    # Memory grows linearly in tokens past the loss chunk: solve for the budget.
+    slope = token_bytes(loss_chunk + 1) - token_bytes(loss_chunk)
+    fixed = report.gpu_bytes - token_bytes(tokens_per_rank)
+
+    def most_tokens(fixed_bytes: int) -> int:
+        room = report.usable_bytes - fixed_bytes - token_bytes(loss_chunk)
+        return loss_chunk + room // slope if room >= 0 else 0
+
+    offloaded = fixed if parallel.cpu_offload else fixed - report.steady_state_bytes
+    return dataclasses.replace(report, max_tokens_fit=most_tokens(fixed), max_tokens_fit_offload=most_tokens(offloaded))
 
 
 def main(argv: list[str] | None = None) -> PlanReport:
@@ -162,15 +288,21 @@ def main(argv: list[str] | None = None) -> PlanReport:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--ep", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=16384, help="packed tokens per rank per micro-step")
+    parser.add_argument("--patches", type=int, default=0, help="vision patches per rank per micro-step")
+    parser.add_argument("--loss-chunk", type=int, default=4096, help="tokens per chunk of the fused lm_head loss")
+    parser.add_argument("--stage", choices=["sft", "grpo"], default="sft", help="whose loss buffers to count")
+    parser.add_argument("--gpu-memory-gib", type=float, default=0.0, help="one GPU's memory: check that the plan fits")
+    parser.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPU offload of params, grads, AdamW state")
     parser.add_argument("--ac", choices=["none", "full", "selective"], default="full")
     parser.add_argument("--param-dtype", choices=sorted(_BYTES), default="bfloat16")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
-    parallel = ParallelConfig(
-        dp_shard=args.fsdp, tp=args.tp, ep=args.ep, activation_checkpoint=args.ac, param_dtype=args.param_dtype
-    )
+    parallel = ParallelConfig(dp_shard=args.fsdp, tp=args.tp, ep=args.ep, activation_checkpoint=args.ac,
+                              param_dtype=args.param_dtype, cpu_offload=args.cpu_offload)
     try:
-        report = plan(args.model, world_size=args.world_size, parallel=parallel, tokens_per_rank=args.tokens)
+        report = plan(args.model, world_size=args.world_size, parallel=parallel, tokens_per_rank=args.tokens,
+                      patches_per_rank=args.patches, loss_chunk=args.loss_chunk, stage=args.stage,
+                      gpu_memory_gib=args.gpu_memory_gib)
     except ValueError as e:
         parser.error(str(e))
     print(json.dumps(asdict(report), indent=2) if args.json else "\n".join(report.lines()))

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from osvl.config.recipe import Recipe
-from osvl.rl.trajectory import Prompt, Trajectory
+from osvl.rl.trajectory import Prompt
 from osvl.trainer.metrics import read_metrics
 
 SUMMARY_KEYS = ("reward", "accuracy", "fatal_rate", "clamped_frac")
@@ -83,10 +83,11 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
     from osvl.data.tokenizer import load_tokenizer
     from osvl.model import build_model
     from osvl.rl.rewards import score_batch
-    from osvl.rollout import LocalEngine, stream_groups
+    from osvl.rollout import LocalEngine
     from osvl.trainer.grpo_data import load_prompts, reward_scoring, rollout_configs
     from osvl.trainer.policy import build_policy, policy_arch
     from osvl.trainer.tool_env import stage_environment, stage_renderer
+    from osvl.trainer.validation import collect_rollouts, summary_means, summary_sums
 
     pretrained = "" if checkpoint == "init" else checkpoint
     recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, pretrained=pretrained),
@@ -103,35 +104,14 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
     engine = engine_wrapper(engine) if engine_wrapper else engine  # tests script the policy
     agent, workers = rollout_configs(recipe, greedy=True, group_size=1, max_retries=0)
 
-    async def collect(env) -> list:
-        out = []
-        async for group in stream_groups(prompts, engine, env, renderer, agent, workers):
-            out += group.trajectories
-        return out
-
     started = time.perf_counter()
     with stage_environment(recipe, 0) as env:
-        trajectories = asyncio.run(collect(env))
+        trajectories = asyncio.run(collect_rollouts(prompts, engine, env, renderer, agent, workers))
     scored = score_batch(trajectories, *reward_scoring(recipe))
-    rewards = [t.reward for t in scored if t.reward is not None and t.reward.scored]
     statuses = Counter(s.tool_result.status.value for t in scored for s in t.steps if s.tool_result is not None)
-    n = max(len(rewards), 1)
-    return {"checkpoint": checkpoint, "prompts": len(prompts), "scored": len(rewards),
-            "accuracy": sum(p.acc for p in rewards) / n, "reward": sum(p.total for p in rewards) / n,
-            "reward_fmt": sum(p.fmt for p in rewards) / n,
-            "answered": sum(t.final_answer is not None for t in scored) / max(len(scored), 1),
-            "grounded": sum(map(answer_is_grounded, scored)) / max(len(scored), 1),
-            "fatal_rate": sum(t.fatal_step >= 0 for t in scored) / max(len(scored), 1),
-            "turns_mean": sum(len(t.steps) for t in scored) / max(len(scored), 1),
-            "tool_statuses": dict(statuses), "wall_s": time.perf_counter() - started}
-
-
-def answer_is_grounded(trajectory: Trajectory) -> bool:
-    """Whether the final answer is stated word for word in one of the rollout's own tool
-    observations: an answer read from the tools, right or wrong, rather than recalled."""
-    answer = (trajectory.final_answer or "").strip()
-    stated = re.compile(rf"(?<!\w){re.escape(answer)}(?!\w)")
-    return bool(answer) and any(stated.search(step.observation_text) for step in trajectory.steps)
+    sums = summary_sums(scored)
+    return {"checkpoint": checkpoint, "prompts": len(prompts), "scored": int(sums["scored"]),
+            **summary_means(sums), "tool_statuses": dict(statuses), "wall_s": time.perf_counter() - started}
 
 
 _ASKED = re.compile(r"(?:What is|In what year is) the (.+?) of ")

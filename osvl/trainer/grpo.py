@@ -45,10 +45,12 @@ from osvl.trainer.grpo_data import (
 )
 from osvl.trainer.metrics import peak_memory_gib
 from osvl.trainer.policy import lm_head_weight
+from osvl.trainer.router_losses import RouterLosses
 from osvl.trainer.preflight import check_grpo_recipe, preflight
 from osvl.trainer.serving import EngineWrapper, Serving, build_serving
 from osvl.trainer.stage import Stage, StageResult, all_reduce_sums, stage_inputs, start_stage
 from osvl.trainer.tool_env import EnvironmentFactory, FaultInjectingRunner, stage_environment
+from osvl.trainer.validation import Validator
 
 __all__ = ["check_grpo_recipe", "run_grpo", "step_faults"]
 
@@ -120,13 +122,15 @@ def rollout_step(stage: Stage, prompts: list[Prompt], serving: Serving, env: Too
 
 
 def train_minibatch(stage: Stage, batches: Sequence[PackedBatch], sums: dict[str, torch.Tensor | float],
-                    first: bool) -> None:
-    """Forward, fused loss and backward of this rank's micro-batches of one mini-batch, then the
-    optimizer step. Metric sums stay on the device (``sums``); nothing here reads back to the host."""
+                    router_losses: RouterLosses, first: bool) -> None:
+    """Forward, fused loss (and the MoE router losses) and backward of this rank's micro-batches of one
+    mini-batch, then the optimizer step. Metric sums stay on the device (``sums``)."""
     g, model = stage.recipe.grpo, stage.model
     norms = global_normalizers(batches)
     train_vision = not stage.recipe.model.freeze_vision
+    router_losses.start(batches)
     for b in batches:
+        router_losses.prepare(b)
         hidden = model(b.input_ids, cu_seqlens=b.cu_seqlens, position_ids=b.position_ids,
                        pixel_values=b.pixel_values, image_grid_thw=b.image_grid_thw, return_hidden=True)
         out = linear_grpo_loss(
@@ -182,6 +186,8 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
                         max_steps=g.max_steps, epochs=g.epochs, updates_per_step=minis)
     version = stage.state.get("policy_version", 0)  # optimizer steps taken: the engines' weight version
     recorder = RolloutRecorder(stage.run_dir / "rollouts")
+    router_losses = RouterLosses(stage.model, recipe.moe, recipe.parallel.tp)
+    validator = Validator(recipe, renderer, rank, stage.dp_size) if recipe.validation.path else None
     advantage_config = AdvantageConfig(mode=g.fatal_mode, estimator=g.estimator)
     final_loss = float("nan")
     end = stage.total if stop_after is None else min(stage.total, stage.step + stop_after)
@@ -209,7 +215,7 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
                     batches, pad = rank_minibatch(members, recipe.data.max_tokens, stage.dp_size, stage.dp_rank,
                                                   renderer)
                     padding.append(pad)
-                    train_minibatch(stage, batches, sums, first=m == 0)
+                    train_minibatch(stage, batches, sums, router_losses, first=m == 0)
                     version += 1
                 t3 = time.perf_counter()
                 sync = serving.sync.sync(stage.model, version)
@@ -220,8 +226,12 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
                 if rank == 0:
                     recorder.write(stage.step, rolled.scored)
                 record = step_record(stage, summed, rolled, stats, padding, version, sync, (t0, t1, t2, t3, t4))
+                record.update(router_losses.metrics())
                 final_loss = record["loss"]
-                if stage.step % recipe.metrics.log_every == 0 or stage.step == end:
+                validating = validator is not None and validator.due(stage.step, stage.total)
+                if validating:
+                    record.update(validator.run(serving.engine, env, runner.run))
+                if stage.step % recipe.metrics.log_every == 0 or stage.step == end or validating:
                     stage.metrics.log(stage.step, stage.total, record)
                 stage.extra_state = {"policy_version": version}
                 stage.maybe_save()

@@ -75,13 +75,17 @@ def load_prompts(source: str | Path | DataConfig, stats: FileStats | None = None
 
 
 def rollout_configs(recipe: Recipe, *, greedy: bool = False, group_size: int | None = None,
-                    max_retries: int | None = None) -> tuple[AgentConfig, RolloutConfig]:
-    """The agent loop and rollout workers of the recipe's GRPO stage. Evaluation reuses them with
-    ``greedy`` decoding (temperature 0, no top-p) and its own group size and retry budget, so its
-    prompts, tools and turn budget are the training ones."""
+                    max_retries: int | None = None, temperature: float | None = None,
+                    top_p: float | None = None) -> tuple[AgentConfig, RolloutConfig]:
+    """The agent loop and rollout workers of the recipe's GRPO stage. Evaluation reuses them with its
+    own sampling (``greedy``: temperature 0, no top-p; or ``temperature`` / ``top_p``), group size and
+    retry budget, so its prompts, tools and turn budget are the training ones."""
     g, r = recipe.grpo, recipe.rollout
-    sampling = SamplingParams(temperature=0.0 if greedy else g.temperature, top_p=1.0 if greedy else g.top_p,
-                              max_new_tokens=g.max_response_tokens)
+    if greedy and (temperature is not None or top_p is not None):
+        raise ValueError("greedy decoding takes no temperature or top_p")
+    temperature = 0.0 if greedy else g.temperature if temperature is None else temperature
+    top_p = 1.0 if greedy else g.top_p if top_p is None else top_p
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=g.max_response_tokens)
     agent = AgentConfig(max_turns=r.max_turns, max_total_tokens=g.max_prompt_tokens + g.max_response_tokens,
                         sampling=sampling, fatal=FatalConfig(k=g.fatal_k))
     workers = RolloutConfig(group_size=g.group_size if group_size is None else group_size,

@@ -13,6 +13,7 @@ from osvl.trainer.flops import mfu, packed_batch_flops
 from osvl.trainer.loss import sft_loss
 from osvl.trainer.metrics import peak_memory_gib
 from osvl.trainer.policy import lm_head_weight
+from osvl.trainer.router_losses import RouterLosses
 from osvl.trainer.sft_data import load_sft_sequences, rank_microbatches
 from osvl.trainer.stage import StageResult, all_reduce_sums, stage_inputs, start_stage
 
@@ -30,6 +31,7 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
     stage = start_stage(recipe, rank, world_size, arch, num_items=len(sequences), batch_size=recipe.sft.global_batch,
                         max_steps=recipe.sft.max_steps, epochs=recipe.sft.epochs)
     model, stream = stage.model, stage.stream
+    router_losses = RouterLosses(model, recipe.moe, recipe.parallel.tp)
     train_vision = not recipe.model.freeze_vision
     loss_value = float("nan")
     end = stage.total if stop_after is None else min(stage.total, stage.step + stop_after)
@@ -40,7 +42,9 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
         t_data = time.perf_counter()
         model.train()
         loss = torch.zeros(())
+        router_losses.start(batches)
         for batch in batches:
+            router_losses.prepare(batch)
             micro = _forward_loss(model, batch, max(valid_tokens, 1), recipe.sft.loss_chunk)
             micro.backward()
             loss += micro.detach()
@@ -62,7 +66,8 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
                       "tokens_per_s": sums["tokens"] / elapsed, "padding_frac": padding, "valid_tokens": valid_tokens,
                       "step_time_s": elapsed, "epoch": stream.cursor.epoch, "model_tflops": sums["flops"] / 1e12,
                       "time_data_s": t_data - start, "time_forward_backward_s": t_backward - t_data,
-                      "time_optimizer_s": t_optimizer - t_backward, "memory_peak_gib": peak_memory_gib()}
+                      "time_optimizer_s": t_optimizer - t_backward, "memory_peak_gib": peak_memory_gib(),
+                      **router_losses.metrics()}
             utilisation = mfu(sums["flops"], elapsed, world_size, stage.peak_tflops)
             if utilisation is not None:
                 record["mfu"] = utilisation

@@ -96,6 +96,15 @@ def test_ep_needs_moe():
         load_recipe("grpo_8b", ["parallel.ep=8"])
 
 
+def test_expert_parallel_beside_tensor_parallel_is_refused_and_router_losses_need_moe():
+    with pytest.raises(ValueError, match="parallel.ep: ep=8 with tp=4 needs sequence parallelism"):
+        load_recipe("grpo_30b_moe", ["parallel.tp=4", "parallel.dp_shard=16"])
+    with pytest.raises(ValueError, match="moe.aux_loss_coef: router losses need an MoE preset"):
+        load_recipe("grpo_8b", ["moe.aux_loss_coef=0.01"])
+    with pytest.raises(ValueError, match="moe: z_loss_coef must be >= 0"):
+        load_recipe("grpo_30b_moe", ["moe.z_loss_coef=-1"])
+
+
 def test_sft_batch_must_split_over_data_parallel_ranks():
     with pytest.raises(ValueError, match="sft.global_batch 100 must be a multiple of the data-parallel size 256"):
         load_recipe("sft_8b", ["sft.global_batch=100"])

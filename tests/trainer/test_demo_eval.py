@@ -10,7 +10,8 @@ from osvl.config import load_recipe
 from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory
 from osvl.rollout import ReplayEngine
 from osvl.synth.records import write_prompts
-from osvl.trainer.demo import answer_is_grounded, evaluate_policy, main, summary_lines
+from osvl.trainer.demo import evaluate_policy, main, summary_lines
+from osvl.trainer.validation import answer_is_grounded
 from osvl.world.__main__ import main as world_main
 from tests.trainer.fixtures import write_sft_data
 from tests.trainer.test_report import fake_run

@@ -151,9 +151,23 @@ def test_metrics_jsonl_and_progress_line(tmp_path):
 def test_dry_run_plans_grpo_30b_moe():
     lines = dry_run(load_recipe("grpo_30b_moe"))
     text = "\n".join(lines)
-    assert "world 64 = dp_shard 16 x tp 4 (ep 8)" in text
+    assert "world 64 = dp_shard 64 x tp 1 (ep 8)" in text
     per_rank = float(next(line for line in lines if line.startswith("per-rank params")).split()[2])
     assert 100 < per_rank < 1000  # 31B params over 64 ranks with EP 8: hundreds of millions, not billions
+    assert "74596 tokens/rank" in text and "fits: yes" in text
+    assert "74096 tokens fits in one micro-batch" in text
+
+
+def test_dry_run_says_what_would_make_a_plan_fit():
+    """grpo_32b fits only with its CPU offload; without it the dry run says no and names the fixes."""
+    lines = dry_run(load_recipe("grpo_32b", ["parallel.cpu_offload=false"]))
+    verdict = next(line for line in lines if line.startswith("fits:"))
+    assert verdict.startswith("fits: NO")
+    advice = "\n".join(lines[lines.index(verdict) + 1:])
+    assert "with parallel.cpu_offload=true" in advice and "(fits)" in advice
+    budget = int(advice.split("data.max_tokens <= ")[1].split()[0])
+    assert 0 < budget < 74576
+    assert next(line for line in dry_run(load_recipe("grpo_32b")) if line.startswith("fits:")).startswith("fits: yes")
 
 
 def test_cli_errors_before_any_process_group(capsys):
