@@ -97,7 +97,27 @@ def request_from_json(body: Any, engine: LocalEngine) -> GenerationRequest:
     for url in urls:
         data = base64.b64decode(url.split(",", 1)[1] if url.startswith("data:") else url)
         images.append(process_image(decode_image(data), engine.image_config))
-    return GenerationRequest(ids, images, sampling)
+    return GenerationRequest(reexpand_image_pads(ids, images, engine.tokenizer.special.image_pad), images, sampling)
+
+
+def reexpand_image_pads(ids: list[int], images: Sequence, pad_id: int) -> list[int]:
+    """Each run of image pads re-expanded to the pad count of the server's own processing of its
+    image, as SGLang's Qwen-VL processor does: a client whose image settings differ sees another
+    prompt length, never a silent mismatch between pads and pixels."""
+    out, run = [], 0
+    for token in [*ids, None]:
+        if token == pad_id:
+            run += 1
+            continue
+        if run:
+            index = sum(1 for i, t in enumerate(out) if t == pad_id and (i == 0 or out[i - 1] != pad_id))
+            if index >= len(images):
+                raise ValueError(f"{index + 1} image-pad runs but {len(images)} image(s) in image_data")
+            out += [pad_id] * images[index].num_tokens
+            run = 0
+        if token is not None:
+            out.append(token)
+    return out
 
 
 def finish_reason(result: GenerationResult, request: GenerationRequest, engine: LocalEngine) -> dict[str, Any]:

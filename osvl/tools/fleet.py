@@ -11,6 +11,7 @@ an exception.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +101,7 @@ class ToolServerFleet:
                     if member.down_since is None:
                         member.down_since = time.monotonic()
                     member.failures.append(result.error or "")
+                result = dataclasses.replace(result, error=f"{member.url}: {result.error}")
         with self._lock:
             self.stats.completed += 1
         return result

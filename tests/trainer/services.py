@@ -1,7 +1,7 @@
 """The service processes of the GRPO serving-topology tests, each started as its own process:
 
     python -m tests.trainer.services sglang MODEL_DIR READY_FILE   # scripted SGLang-protocol server
-    python -m tests.trainer.services tools READY_FILE              # tool server with the echo/refuse tools
+    python -m tests.trainer.services tools READY_FILE [PORT]       # tool server with the echo/refuse tools
 
 The SGLang-protocol server runs the loopback server over the checkpoint with the tests' scripted
 policy (forced decoding: scripted ids, the served model's own logprobs); the tool server serves
@@ -32,14 +32,14 @@ def serve_sglang(model_dir: str, ready: str) -> None:
     threading.Event().wait()
 
 
-def serve_tools(ready: str) -> None:
+def serve_tools(ready: str, port: str = "0") -> None:
     from osvl.tools import PoolConfig, ToolPool, ToolRegistry, ToolsConfig
     from osvl.tools.server import ToolServer
     from tests.tools.fault_tools import fault_specs
 
     registry = ToolRegistry(fault_specs())
     with ToolPool(ToolsConfig(), PoolConfig(num_workers=1, preload=registry.targets())) as pool:
-        server = ToolServer(registry, pool).start()
+        server = ToolServer(registry, pool, port=int(port)).start()
         _ready(ready, server.url)
         threading.Event().wait()
 
