@@ -40,7 +40,7 @@ def loss_metrics(
     else:
         abs_diff = mean((result.logp - old_logprobs.float()).abs())
     if plan.is_weight is None:
-        is_weight_mean = torch.where(count > 0, 1.0, 0.0).to(device=valid.device, dtype=torch.float32)
+        is_weight_mean = (count > 0).float()
         is_capped_frac = torch.zeros((), device=valid.device)
     else:
         is_weight_mean, is_capped_frac = mean(plan.is_weight), mean(plan.is_capped)

@@ -14,7 +14,7 @@ Two ways in, both resolved once per batch in `plan_grpo_loss` (inputs.py):
 The weight scales the clipped surrogate only: the KL and entropy terms are not importance
 weighted (as in TRL and verl). Since w >= 0, w * max(-r A, -clip(r) A) = max(-r wA, -clip(r) wA)
 (and likewise under the dual clip), so the weight is folded into each token's advantage and the
-fused kernels run unchanged.
+fused kernels run unchanged. (A token whose weight is 0 then counts as unclipped in `clip_frac`.)
 """
 
 from __future__ import annotations
