@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from osvl_kernels.autograd import loss_with_grads
+from osvl_kernels.importance import RolloutCorrection
 from osvl_kernels.inputs import LossHyper, LossPlan, check_logits_inputs, plan_grpo_loss
 from osvl_kernels.token_pass import TokenPassResult, token_pass
 
@@ -38,6 +39,11 @@ def loss_metrics(
         abs_diff = torch.zeros((), device=valid.device)
     else:
         abs_diff = mean((result.logp - old_logprobs.float()).abs())
+    if plan.is_weight is None:
+        is_weight_mean = (count > 0).float()
+        is_capped_frac = torch.zeros((), device=valid.device)
+    else:
+        is_weight_mean, is_capped_frac = mean(plan.is_weight), mean(plan.is_capped)
     return {
         "clip_frac": mean(result.clipped),
         "dual_clip_frac": mean(result.dual_clipped),
@@ -49,6 +55,8 @@ def loss_metrics(
         "num_fatal_seqs": plan.is_fatal.sum(),
         "num_clamped_seqs": plan.clamped.sum(),
         "logprob_abs_diff_mean": abs_diff,
+        "is_weight_mean": is_weight_mean,  # importance weight of the policy-gradient term (1 without one)
+        "is_capped_frac": is_capped_frac,  # share of valid tokens whose weight the correction truncated/masked
     }
 
 
@@ -105,16 +113,24 @@ def grpo_loss(
     inplace_grad: bool = False,
     backend: str = "auto",
     validate: bool = True,
+    kl_max: float | None = None,
+    kl_is_weighted: bool = False,
+    is_weights: torch.Tensor | None = None,
+    behavior_logprobs: torch.Tensor | None = None,
+    rollout_correction: RolloutCorrection | None = None,
 ) -> GRPOLossOutput:
     """Fatal-aware GRPO loss over packed logits [T, V]; row t scores target_ids[t].
 
     The gradient w.r.t. `logits` is written during this call (closed form) and handed to autograd;
     with `inplace_grad=True` it overwrites `logits` itself (the logits are consumed), so no second
     [T, V] buffer exists. `validate=False` skips the value checks that need a host sync.
+    `kl_max` / `kl_is_weighted` shape the KL term (see LossHyper). Importance weights of the
+    policy-gradient term: `is_weights` [T], or `behavior_logprobs` [T] (the sampling engine's
+    log-probs) with a `rollout_correction` (see importance.py).
     See reference.py for the exact semantics.
     """
     check_logits_inputs(logits, target_ids)
-    hyper = LossHyper(eps_low, eps_high, dual_clip, kl_coef, entropy_coef, temperature)
+    hyper = LossHyper(eps_low, eps_high, dual_clip, kl_coef, entropy_coef, temperature, kl_max, kl_is_weighted)
     plan = plan_grpo_loss(
         num_tokens_total=logits.shape[0],
         device=logits.device,
@@ -139,6 +155,9 @@ def grpo_loss(
         num_tokens=num_tokens,
         max_response_len=max_response_len,
         validate=validate,
+        is_weights=is_weights,
+        behavior_logprobs=behavior_logprobs,
+        rollout_correction=rollout_correction,
     )
     grad = None
     if logits.requires_grad:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from osvl_kernels.advantages import check_advantage_args, group_scores
+from osvl_kernels.importance import RolloutCorrection, rollout_is_weights
 
-LOSS_AGGREGATIONS = ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm")
+LOSS_AGGREGATIONS = ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm", "token-sum")
 BACKENDS = ("auto", "triton", "torch")
 # Dtypes the entry points accept for logits / hidden states (fp64 for reference-precision tests).
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -26,7 +27,12 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 @dataclass(frozen=True)
 class LossHyper:
-    """Scalar hyper-parameters of the per-token objective (identical on every backend and rank)."""
+    """Scalar hyper-parameters of the per-token objective (identical on every backend and rank).
+
+    kl_max: the k3 estimate is clamped to <= kl_max (no gradient where it is), as verl clamps
+    its k3 / low_var_kl at 10. kl_is_weighted: the KL term is multiplied by the ratio
+    pi/pi_old (DeepSeek-V3.2's importance-sampling-corrected KL; TRL's use_bias_correction_kl).
+    """
 
     eps_low: float = 0.2
     eps_high: float = 0.28
@@ -34,6 +40,8 @@ class LossHyper:
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     temperature: float = 1.0
+    kl_max: float | None = None
+    kl_is_weighted: bool = False
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.eps_low < 1.0):
@@ -48,6 +56,8 @@ class LossHyper:
             value = getattr(self, name)
             if value != value or value in (float("inf"), float("-inf")):
                 raise ValueError(f"{name} must be finite, got {value}")
+        if self.kl_max is not None and not (0.0 < self.kl_max < float("inf")):
+            raise ValueError(f"kl_max must be a finite number > 0 (or None), got {self.kl_max}")
 
 
 @dataclass
@@ -56,10 +66,12 @@ class LossPlan:
 
     valid: torch.Tensor  # [T] bool: loss_mask and before the fatal step
     weight: torch.Tensor  # [T] fp32: aggregation weight of each token, 0 where not valid
-    token_advantage: torch.Tensor  # [T] fp32
+    token_advantage: torch.Tensor  # [T] fp32, times the importance weight when there is one
     advantages: torch.Tensor  # [S] fp32 (or [T] when the caller passed token advantages)
     is_fatal: torch.Tensor  # [S] bool
     clamped: torch.Tensor  # [S] bool: fatal with a negative pre-clamp advantage (set to 0)
+    is_weight: torch.Tensor | None = None  # [T] fp32 importance weight of the policy-gradient term (1 if invalid)
+    is_capped: torch.Tensor | None = None  # [T] bool: a rollout correction truncated or masked the weight
 
 
 def _check_1d(name: str, x: torch.Tensor | None, length: int, kinds: str, device: torch.device) -> None:
@@ -136,8 +148,14 @@ def plan_grpo_loss(
     num_tokens: int | torch.Tensor | None,
     max_response_len: int | None,
     validate: bool,
+    is_weights: torch.Tensor | None = None,
+    behavior_logprobs: torch.Tensor | None = None,
+    rollout_correction: RolloutCorrection | None = None,
 ) -> LossPlan:
-    """Checks every input (raising ValueError before any work) and resolves the per-token plan."""
+    """Checks every input (raising ValueError before any work) and resolves the per-token plan.
+
+    Importance weights (importance.py) come either as `is_weights` [T] or from
+    `behavior_logprobs` [T] with a `rollout_correction`; they multiply each token's advantage."""
     T = num_tokens_total
     if loss_agg not in LOSS_AGGREGATIONS:
         raise ValueError(f"unknown loss_agg {loss_agg!r}; expected one of {LOSS_AGGREGATIONS}")
@@ -158,6 +176,7 @@ def plan_grpo_loss(
         raise ValueError("fatal_step needs token_step (the step index of every token)")
     if kl_coef != 0.0 and ref_logprobs is None:
         raise ValueError("kl_coef != 0 needs ref_logprobs")
+    _check_importance_inputs(T, device, old_logprobs, is_weights, behavior_logprobs, rollout_correction)
     if advantages is not None:
         if rewards is not None or group_ids is not None:
             raise ValueError("pass either advantages or rewards + group_ids, not both")
@@ -175,7 +194,7 @@ def plan_grpo_loss(
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             raise ValueError(f"{name} must be > 0, got {value}")
     if validate:
-        _check_values(T, vocab_size, cu_seqlens, target_ids, loss_mask, fatal_step, token_step, rewards)
+        _check_values(T, vocab_size, cu_seqlens, target_ids, loss_mask, fatal_step, token_step, rewards, is_weights)
 
     # --- resolve the plan (device-side, no synchronisation) ---
     cu = cu_seqlens.long()
@@ -200,6 +219,15 @@ def plan_grpo_loss(
         adv = torch.where(clamped, torch.zeros_like(scores), scores)
         token_advantage = adv[seq_id]
 
+    is_weight = is_capped = None
+    if is_weights is not None:
+        is_weight = torch.where(valid, is_weights.detach().float(), torch.ones_like(is_weights, dtype=torch.float32))
+        is_capped = torch.zeros_like(valid)
+    elif behavior_logprobs is not None:
+        is_weight, is_capped = rollout_is_weights(old_logprobs, behavior_logprobs, valid, seq_id, S, rollout_correction)
+    if is_weight is not None:
+        token_advantage = token_advantage * is_weight
+
     per_seq_valid = torch.zeros(S, dtype=torch.float32, device=device).index_add_(0, seq_id, valid.float())
     num_seqs_f = float(S) if num_seqs is None else num_seqs
     if loss_agg == "token-mean":
@@ -207,6 +235,8 @@ def plan_grpo_loss(
         weight = valid.float() / denom
     elif loss_agg == "seq-mean-token-sum":
         weight = valid.float() / num_seqs_f
+    elif loss_agg == "token-sum":
+        weight = valid.float()
     elif loss_agg == "seq-mean-token-mean":
         weight = valid.float() / (per_seq_valid.clamp_min(1.0)[seq_id] * num_seqs_f)
     else:
@@ -218,7 +248,29 @@ def plan_grpo_loss(
         advantages=adv,
         is_fatal=is_fatal,
         clamped=clamped,
+        is_weight=is_weight,
+        is_capped=is_capped,
     )
+
+
+def _check_importance_inputs(
+    T: int,
+    device: torch.device,
+    old_logprobs: torch.Tensor | None,
+    is_weights: torch.Tensor | None,
+    behavior_logprobs: torch.Tensor | None,
+    rollout_correction: RolloutCorrection | None,
+) -> None:
+    _check_1d("is_weights", is_weights, T, "float", device)
+    _check_1d("behavior_logprobs", behavior_logprobs, T, "float", device)
+    if is_weights is not None and behavior_logprobs is not None:
+        raise ValueError("pass either is_weights or behavior_logprobs + rollout_correction, not both")
+    if (behavior_logprobs is None) != (rollout_correction is None):
+        raise ValueError("behavior_logprobs and rollout_correction go together (one was given without the other)")
+    if rollout_correction is not None and not isinstance(rollout_correction, RolloutCorrection):
+        raise ValueError(f"rollout_correction must be a RolloutCorrection, got {type(rollout_correction).__name__}")
+    if behavior_logprobs is not None and old_logprobs is None:
+        raise ValueError("behavior_logprobs needs old_logprobs (the weight is exp(old_logprobs - behavior_logprobs))")
 
 
 def _check_values(
@@ -230,6 +282,7 @@ def _check_values(
     fatal_step: torch.Tensor | None,
     token_step: torch.Tensor | None,
     rewards: torch.Tensor | None,
+    is_weights: torch.Tensor | None = None,
 ) -> None:
     """Value checks gathered into one host transfer."""
     cu = cu_seqlens.long()
@@ -241,6 +294,9 @@ def _check_values(
         torch.ones((), dtype=torch.bool, device=cu.device) if fatal_step is None else (fatal_step >= -1).all(),
         torch.ones((), dtype=torch.bool, device=cu.device) if token_step is None else (token_step >= 0).all(),
         torch.ones((), dtype=torch.bool, device=cu.device) if rewards is None else torch.isfinite(rewards).all(),
+        torch.ones((), dtype=torch.bool, device=cu.device)
+        if is_weights is None
+        else (torch.isfinite(is_weights) & (is_weights >= 0) | ~loss_mask).all(),
     ]
     ok = torch.stack([c.reshape(()) for c in checks]).tolist()
     messages = [
@@ -251,6 +307,7 @@ def _check_values(
         "fatal_step must be -1 (non-fatal) or a step index >= 0",
         "token_step must be >= 0",
         "rewards must be finite",
+        "is_weights of loss tokens must be finite and >= 0",
     ]
     for good, message in zip(ok, messages):
         if not good:

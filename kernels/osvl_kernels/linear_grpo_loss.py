@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from osvl_kernels.grpo_loss import GRPOLossOutput, grpo_loss_output
+from osvl_kernels.importance import RolloutCorrection
 from osvl_kernels.inputs import LossHyper, check_linear_inputs, plan_grpo_loss
 from osvl_kernels.token_pass import TokenPassResult, resolve_backend, token_pass
 from osvl_kernels.vocab_parallel import vocab_parallel_token_pass, vocab_shard
@@ -128,6 +129,11 @@ def linear_grpo_loss(
     vocab_start: int | None = None,
     chunk_size: int | None = None,
     grad_weight_accum_dtype: torch.dtype | None = None,
+    kl_max: float | None = None,
+    kl_is_weighted: bool = False,
+    is_weights: torch.Tensor | None = None,
+    behavior_logprobs: torch.Tensor | None = None,
+    rollout_correction: RolloutCorrection | None = None,
 ) -> GRPOLossOutput:
     """`grpo_loss` on logits = hidden @ weight.T, computed a chunk of tokens at a time.
 
@@ -144,12 +150,13 @@ def linear_grpo_loss(
     `chunk_size` is tokens per chunk; None sizes it from the problem (see `lm_head_chunk_rows`).
     `grad_weight_accum_dtype`: None accumulates dW in the weight's dtype (fp32 inside each
     chunk's GEMM, one rounding per chunk); torch.float32 keeps an fp32 accumulator instead.
+    KL shaping and importance weights: as in `grpo_loss`.
     """
     check_linear_inputs(hidden, weight, target_ids)
     chunk_rows = lm_head_chunk_rows(weight.shape[0], weight.shape[1], hidden.dtype, chunk_size)
     accum_dtype = grad_weight_accum_dtype_for(weight.dtype, grad_weight_accum_dtype)
     resolve_backend(backend, hidden.device)
-    hyper = LossHyper(eps_low, eps_high, dual_clip, kl_coef, entropy_coef, temperature)
+    hyper = LossHyper(eps_low, eps_high, dual_clip, kl_coef, entropy_coef, temperature, kl_max, kl_is_weighted)
     shard = vocab_shard(weight.shape[0], tp_group, hidden.device, vocab_start, validate)
     T = hidden.shape[0]
     plan = plan_grpo_loss(
@@ -176,6 +183,9 @@ def linear_grpo_loss(
         num_tokens=num_tokens,
         max_response_len=max_response_len,
         validate=validate,
+        is_weights=is_weights,
+        behavior_logprobs=behavior_logprobs,
+        rollout_correction=rollout_correction,
     )
     old = None if old_logprobs is None else old_logprobs.detach()
     ref = None if ref_logprobs is None else ref_logprobs.detach()

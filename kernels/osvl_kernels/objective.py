@@ -5,7 +5,8 @@ torch backends and the vocab-parallel path call these functions. Conventions (ma
   ratio  = exp(logp - old)              (old = logp itself when on-policy, so ratio = 1)
   l      = max(-ratio*A, -clip(ratio, 1-eps_low, 1+eps_high)*A)  (ties take the unclipped branch)
   dual   = for A < 0, l = min(l, -dual_clip*A)
-  kl     = exp(ref - logp) - (ref - logp) - 1    (k3)
+  kl     = exp(ref - logp) - (ref - logp) - 1    (k3), then min(kl, kl_max) when kl_max is set
+           (no gradient where clamped), then ratio*kl when kl_is_weighted
   loss_t = l + kl_coef*kl - entropy_coef*H
 """
 
@@ -25,7 +26,7 @@ class TokenTerms:
     ratio: torch.Tensor
     clipped: torch.Tensor  # bool: the PPO clip bound was active
     dual_clipped: torch.Tensor  # bool: the dual-clip cap was active
-    kl: torch.Tensor
+    kl: torch.Tensor  # the KL term as it enters the loss (clamped, ratio-weighted when asked)
 
 
 def token_terms(
@@ -52,8 +53,16 @@ def token_terms(
         delta = ref_logp.float() - logp
         ratio_ref = torch.exp(delta)
         kl = ratio_ref - delta - 1.0
+        dkl = 1.0 - ratio_ref
+        if hyper.kl_max is not None:
+            over = kl > hyper.kl_max
+            kl = torch.where(over, torch.full_like(kl, hyper.kl_max), kl)
+            dkl = torch.where(over, torch.zeros_like(dkl), dkl)
+        if hyper.kl_is_weighted:  # d(ratio*kl)/dlogp = ratio*kl + ratio*dkl
+            dkl = ratio * (kl + dkl)
+            kl = ratio * kl
         loss = loss + hyper.kl_coef * kl
-        dloss = dloss + hyper.kl_coef * (1.0 - ratio_ref)
+        dloss = dloss + hyper.kl_coef * dkl
     return TokenTerms(
         loss=loss, dloss_dlogp=dloss, ratio=ratio, clipped=~use_unclipped, dual_clipped=dual_clipped, kl=kl
     )

@@ -75,8 +75,17 @@ def reference_grpo_loss(
     num_seqs: int | None = None,
     num_tokens: int | None = None,
     max_response_len: int | None = None,
+    kl_max: float | None = None,
+    kl_is_weighted: bool = False,
+    is_weights: torch.Tensor | None = None,
+    behavior_logprobs: torch.Tensor | None = None,
+    rollout_correction=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns (loss, logprobs [T], advantages) in float64; `loss` is differentiable w.r.t. `logits`."""
+    """Returns (loss, logprobs [T], advantages) in float64; `loss` is differentiable w.r.t. `logits`.
+
+    The importance weight of a token (`is_weights`, or exp(old - behavior) of the token or of its
+    whole sequence under `rollout_correction`, truncated or masked outside [low, high]) scales its
+    clipped policy-gradient term only."""
     z = logits.to(torch.float64) / temperature
     T = z.shape[0]
     bounds = [int(x) for x in cu_seqlens.tolist()]
@@ -97,6 +106,30 @@ def reference_grpo_loss(
         )
         per_token_adv = False
 
+    def is_valid(i: int, t: int) -> bool:
+        return bool(loss_mask[t]) and not (is_fatal[i] and int(token_step[t]) >= fatal[i])
+
+    def capped_weight(log_ratio: float) -> float:
+        w = math.exp(log_ratio)
+        low = rollout_correction.low or 0.0
+        if rollout_correction.mode == "truncate":
+            return min(max(w, low), rollout_correction.high)
+        return w if low <= w <= rollout_correction.high else 0.0
+
+    token_is_weight = [1.0] * T
+    if is_weights is not None:
+        token_is_weight = [float(w) for w in is_weights.tolist()]
+    elif behavior_logprobs is not None:
+        for i in range(S):
+            diffs = {}
+            for t in range(bounds[i], bounds[i + 1]):
+                if is_valid(i, t):
+                    d = float(old_logprobs[t]) - float(behavior_logprobs[t])
+                    diffs[t] = 0.0 if math.isnan(d) else d
+            for t in diffs:
+                log_ratio = sum(diffs.values()) if rollout_correction.level == "sequence" else diffs[t]
+                token_is_weight[t] = capped_weight(log_ratio)
+
     logp_all = torch.log_softmax(z, dim=-1)
     probs = logp_all.exp()
     logprobs = torch.zeros(T, dtype=torch.float64)
@@ -106,9 +139,7 @@ def reference_grpo_loss(
         total = z.new_zeros(())
         count = 0
         for t in range(bounds[i], bounds[i + 1]):
-            if not bool(loss_mask[t]):
-                continue
-            if is_fatal[i] and int(token_step[t]) >= fatal[i]:
+            if not is_valid(i, t):
                 continue
             count += 1
             logp = logp_all[t, int(target_ids[t])]
@@ -122,9 +153,15 @@ def reference_grpo_loss(
             if dual_clip is not None and float(a) < 0:
                 cap = -dual_clip * a
                 loss_t = torch.where(loss_t > cap, cap, loss_t)
+            loss_t = token_is_weight[t] * loss_t
             if kl_coef:
                 delta = ref_logprobs[t].to(torch.float64) - logp
-                loss_t = loss_t + kl_coef * (torch.exp(delta) - delta - 1)
+                kl = torch.exp(delta) - delta - 1
+                if kl_max is not None:
+                    kl = torch.clamp(kl, max=kl_max)
+                if kl_is_weighted:
+                    kl = ratio * kl
+                loss_t = loss_t + kl_coef * kl
             if entropy_coef:
                 entropy = -(probs[t] * logp_all[t]).sum()
                 loss_t = loss_t - entropy_coef * entropy
@@ -142,6 +179,8 @@ def reference_grpo_loss(
         loss = sum(s / max(n, 1) for s, n in zip(seq_sums, seq_counts)) / S_norm
     elif loss_agg == "seq-mean-token-sum-norm":
         loss = sum(seq_sums) / (S_norm * max_response_len)
+    elif loss_agg == "token-sum":
+        loss = sum(seq_sums) + z.new_zeros(())
     else:
         raise ValueError(loss_agg)
     return loss, logprobs, adv

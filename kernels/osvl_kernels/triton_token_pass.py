@@ -117,8 +117,9 @@ def _token_pass_kernel(
     grad_ptr, grad_row_stride,
     values_ptr, flags_ptr,  # [5, T] fp32 (logp, entropy, loss, ratio, kl), [2, T] u8 (clipped, dual)
     num_rows, n_cols,
-    inv_temp, clip_low, clip_high, dual_clip, kl_coef, entropy_coef,
+    inv_temp, clip_low, clip_high, dual_clip, kl_coef, entropy_coef, kl_max,
     ON_POLICY: tl.constexpr, HAS_DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
+    HAS_KL_MAX: tl.constexpr, KL_IS_WEIGHTED: tl.constexpr,
     WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -156,8 +157,16 @@ def _token_pass_kernel(
             delta = tl.load(ref_ptr + row).to(tl.float32) - logp
             ratio_ref = tl.exp(delta)
             kl = ratio_ref - delta - 1.0
+            dkl = 1.0 - ratio_ref
+            if HAS_KL_MAX:
+                over = kl > kl_max
+                kl = tl.where(over, kl_max, kl)
+                dkl = tl.where(over, 0.0, dkl)
+            if KL_IS_WEIGHTED:
+                dkl = ratio * (kl + dkl)
+                kl = ratio * kl
             loss = loss + kl_coef * kl
-            dloss = dloss + kl_coef * (1.0 - ratio_ref)
+            dloss = dloss + kl_coef * dkl
             tl.store(values_ptr + 4 * num_rows + row, kl)
         else:
             tl.store(values_ptr + 4 * num_rows + row, 0.0)
@@ -321,7 +330,9 @@ def token_pass_triton(
             T, V,
             1.0 / hyper.temperature, 1.0 - hyper.eps_low, 1.0 + hyper.eps_high,
             0.0 if hyper.dual_clip is None else hyper.dual_clip, hyper.kl_coef, hyper.entropy_coef,
+            0.0 if hyper.kl_max is None else hyper.kl_max,
             ON_POLICY=old is None, HAS_DUAL_CLIP=hyper.dual_clip is not None, HAS_KL=has_kl,
+            HAS_KL_MAX=hyper.kl_max is not None, KL_IS_WEIGHTED=hyper.kl_is_weighted,
             WRITE_GRAD=grad_out is not None, BLOCK_V=block, num_warps=num_warps,
         )
     logp, entropy, loss, ratio, kl = values.unbind(0)

@@ -13,7 +13,7 @@ from osvl_kernels.token_pass import TokenPassResult
 from tests.kernels.packed import random_packed_batch
 
 BACKENDS = ["torch", "triton"]
-AGGS = ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm"]
+AGGS = ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm", "token-sum"]
 LOSS_KEYS = ("target_ids", "cu_seqlens", "loss_mask", "old_logprobs", "rewards", "group_ids", "fatal_step", "token_step", "ref_logprobs")
 
 

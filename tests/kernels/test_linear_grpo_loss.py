@@ -26,7 +26,7 @@ BACKENDS = ["torch"] + (["triton"] if importlib.util.find_spec("osvl_kernels.tri
 # The plan-level semantics (aggregation, estimator, options) are backend-independent and run on
 # "torch"; the Triton interpreter is slow, so it covers one representative case per axis.
 TRITON = BACKENDS[1:]
-AGGS = ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm"]
+AGGS = ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm", "token-sum"]
 LOSS_KEYS = ("target_ids", "cu_seqlens", "loss_mask", "old_logprobs", "rewards", "group_ids", "fatal_step", "token_step", "ref_logprobs")
 MATMUL_OPS = ("mm", "addmm", "matmul", "bmm", "baddbmm", "addmv", "mv", "dot", "linear")
 

@@ -100,8 +100,9 @@ def test_summary_puts_the_stage_evaluations_first(tmp_path):
                                     "fatal_rate": 0.0, "turns_mean": 3.0, "scored": 20}))
         evals.append((label, path))
     lines = summary_lines(sft, grpo, 1, evals)
-    assert lines[1].startswith("  init  accuracy 0.000") and lines[3].startswith("  grpo  accuracy 0.100")
-    assert "after (grpo) is higher than before (init): 0.000 -> 0.100" in lines[4]
+    assert lines[1].startswith("  init  accuracy 0.000 [0.000, 0.161]")  # Wilson 95%, 0 of 20
+    assert lines[3].startswith("  grpo  accuracy 0.100 [0.028, 0.301]")  # 2 of 20
+    assert "after (grpo) is higher than before (init): 0.000 -> 0.100  (95% intervals overlap)" in lines[4]
     curated = tmp_path / "curated.json"
     curated.write_text(json.dumps({**json.loads((tmp_path / "init.json").read_text()), "scored": 32}))
     lines = summary_lines(sft, grpo, 1, evals, [("grpo", curated)])
@@ -190,6 +191,8 @@ def test_answer_prior_guesses_the_most_frequent_answer_to_the_asked_attribute(tm
                                     "fatal_rate": 0.0, "turns_mean": 3.0, "scored": 32}))
         evals.append((label, path))
     lines = summary_lines(sft_run, grpo_run, 1, evals, prior=prior)
-    assert "accuracy 0.200; grpo is NOT above it" in lines[4]
+    assert "accuracy 0.200; grpo is NOT above it (the prior is inside grpo's 95% interval)" in lines[4]
     prior.write_text(json.dumps({"accuracy": 0.1, "prompts": 4}))
-    assert "grpo is above it" in summary_lines(sft_run, grpo_run, 1, evals, prior=prior)[4]
+    assert "grpo is above it (the prior is inside" in summary_lines(sft_run, grpo_run, 1, evals, prior=prior)[4]
+    prior.write_text(json.dumps({"accuracy": 0.02, "prompts": 4}))  # below 4 of 32's interval [0.050, 0.281]
+    assert "grpo is above it (the prior is outside" in summary_lines(sft_run, grpo_run, 1, evals, prior=prior)[4]

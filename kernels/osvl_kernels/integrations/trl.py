@@ -4,14 +4,21 @@ TRL 1.0-1.13 route `compute_loss` through `compute_liger_loss` when `use_liger_k
 calls `self.liger_loss(_input=last_hidden [B, L, H], lin_weight, selected_token_ids [B, L],
 attention_mask=loss mask [B, L], advantages [B], bias, old_per_token_logps, ref_per_token_logps,
 vllm_is_ratio, num_items_in_batch)` and reads back `(loss, [kl if beta != 0, clip_ratio])`.
-(TRL >= 1.14 removed that hook.) Usage::
+TRL 1.14 removed that hook (1.14-1.16 keep `use_liger_kernel` only for chunked log-probs), so
+1.13 is the newest release this adapter can serve; it is tested on 1.13.0. Usage::
 
     trainer = GRPOTrainer(..., args=GRPOConfig(use_liger_kernel=True, ...))
     OsvlFusedLinearGRPOLoss.install(trainer)
 
 The padded batch is packed (the loss mask drops padding and tool tokens) and handed to
-`linear_grpo_loss`, so neither padding rows nor [B, L, V] logits are ever computed. Nothing here
-imports TRL.
+`linear_grpo_loss`, so neither padding rows nor [B, L, V] logits are ever computed. Semantics are
+TRL's own `_compute_loss` for loss types grpo, bnpo, dr_grpo and dapo at token-level importance
+sampling, including: the vLLM importance-sampling ratio (any `vllm_importance_sampling_mode`)
+on the policy-gradient term; `use_bias_correction_kl` (the KL times pi/pi_old) when beta != 0;
+`delta` (INTELLECT-2's upper bound on the ratio for negative advantages, which is osvl's dual
+clip when delta > 1 + epsilon_high); `cast_lm_head_to_fp32` (half hidden states are upcast to
+the fp32 head, as TRL's non-fused path does; TRL's fused path instead rounds the head to the
+hidden dtype). Nothing here imports TRL.
 """
 
 from __future__ import annotations
@@ -32,11 +39,18 @@ TRL_LOSS_AGG = {
     "dr_grpo": "seq-mean-token-sum-norm",  # / (B * max_completion_length)
     "dapo": "token-mean",  # over num_items_in_batch / world_size
 }
+# Refused, with the reason: these change the surrogate itself, not its aggregation.
+TRL_REFUSED_LOSS_TYPES = {
+    "cispo": "a detached, clipped ratio times log-prob (no PPO clip)",
+    "sapo": "a sigmoid gate instead of the PPO clip",
+    "vespo": "a sequence-level gamma weight instead of the PPO clip",
+    "luspo": "sequence-level importance sampling",
+}
 
 
 class OsvlFusedLinearGRPOLoss(torch.nn.Module):
     """Same constructor keywords and call signature as TRL's `FusedLinearGRPOLoss` for the loss
-    types osvl implements; anything else is a ValueError at construction or call time."""
+    types osvl implements; anything else is a ValueError naming the GRPOConfig field to change."""
 
     def __init__(
         self,
@@ -53,12 +67,23 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
         **ignored: Any,
     ) -> None:
         super().__init__()
+        if loss_type in TRL_REFUSED_LOSS_TYPES:
+            raise ValueError(
+                f"GRPOConfig.loss_type={loss_type!r} ({TRL_REFUSED_LOSS_TYPES[loss_type]}) is not implemented by "
+                f"osvl; use one of {tuple(TRL_LOSS_AGG)}"
+            )
         if loss_type not in TRL_LOSS_AGG:
-            raise ValueError(f"loss_type {loss_type!r} is not supported by osvl; expected one of {tuple(TRL_LOSS_AGG)}")
+            raise ValueError(f"GRPOConfig.loss_type={loss_type!r} is unknown; osvl implements {tuple(TRL_LOSS_AGG)}")
         if importance_sampling_level != "token":
-            raise ValueError(f"only importance_sampling_level='token' is supported, got {importance_sampling_level!r}")
-        if delta is not None or use_bias_correction_kl:
-            raise ValueError("delta (two-sided clip) and use_bias_correction_kl are not supported by osvl")
+            raise ValueError(
+                f"GRPOConfig.importance_sampling_level={importance_sampling_level!r} (GSPO) is not implemented by "
+                "osvl; set importance_sampling_level='token'"
+            )
+        if delta is not None and not delta > 1.0 + epsilon_high:
+            raise ValueError(
+                f"GRPOConfig.delta={delta} must be > 1 + epsilon_high = {1.0 + epsilon_high} for osvl (it is then "
+                "osvl's dual clip); set a larger delta or delta=None"
+            )
         if loss_type == "dr_grpo" and not max_completion_length:
             raise ValueError("loss_type='dr_grpo' needs max_completion_length")
         self.beta = beta
@@ -67,6 +92,9 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
         self.loss_type = loss_type
         self.max_completion_length = max_completion_length
         self.temperature = temperature
+        self.delta = delta
+        # TRL applies the correction only to the KL term, which exists only when beta != 0.
+        self.use_bias_correction_kl = use_bias_correction_kl
         self.use_ref_model = use_ref_model
 
     @classmethod
@@ -89,8 +117,13 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
     @classmethod
     def install(cls, trainer: Any) -> "OsvlFusedLinearGRPOLoss":
         """Replace `trainer.liger_loss`; the trainer must run with `use_liger_kernel=True`."""
-        if not getattr(trainer, "use_liger_kernel", False) or not hasattr(trainer, "liger_loss"):
-            raise ValueError("the GRPOTrainer must be built with use_liger_kernel=True (TRL 1.0-1.13)")
+        if not getattr(trainer, "use_liger_kernel", False):
+            raise ValueError("the GRPOTrainer must be built with GRPOConfig(use_liger_kernel=True) (TRL 1.0-1.13)")
+        if not hasattr(trainer, "liger_loss"):
+            raise ValueError(
+                f"this GRPOTrainer ({type(trainer).__module__}) has no fused-loss hook `liger_loss`: TRL 1.14 removed "
+                "it, so osvl's loss plugs into TRL 1.0-1.13 only (tested on 1.13.0)"
+            )
         trainer.liger_loss = cls.from_trainer(trainer)
         return trainer.liger_loss
 
@@ -126,46 +159,71 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         if bias is not None or ref_bias is not None:
             raise ValueError("lm_head bias is not supported by linear_grpo_loss")
-        if vllm_is_ratio is not None:
-            raise ValueError("vllm_is_ratio (vLLM importance-sampling correction) is not supported by osvl")
         if _input.dim() != 3:
             raise ValueError(f"_input must be the last hidden state [B, L, H], got {tuple(_input.shape)}")
-        if selected_token_ids.shape != _input.shape[:2] or attention_mask.shape != _input.shape[:2]:
+        B, L = _input.shape[:2]
+        if selected_token_ids.shape != (B, L) or attention_mask.shape != (B, L):
             raise ValueError(
                 f"selected_token_ids {tuple(selected_token_ids.shape)} and attention_mask "
-                f"{tuple(attention_mask.shape)} must be [B, L] = {tuple(_input.shape[:2])}"
+                f"{tuple(attention_mask.shape)} must be [B, L] = {(B, L)}"
             )
-        if advantages.shape != _input.shape[:1]:
-            raise ValueError(f"advantages must be [B={_input.shape[0]}], got {tuple(advantages.shape)}")
+        if advantages.shape != (B,):
+            raise ValueError(f"advantages must be [B={B}], got {tuple(advantages.shape)}")
+        if vllm_is_ratio is not None and (vllm_is_ratio.dim() != 2 or vllm_is_ratio.shape not in ((B, L), (B, 1))):
+            raise ValueError(f"vllm_is_ratio must be [B, L] = {(B, L)} or [B, 1], got {tuple(vllm_is_ratio.shape)}")
         layout = pack_layout(attention_mask)
         targets = pack(selected_token_ids, layout)
+        hidden = pack(_input, layout)
+        if hidden.dtype != lin_weight.dtype and lin_weight.dtype == torch.float32:
+            hidden = hidden.float()  # cast_lm_head_to_fp32: fp32 logits from half hidden states
         ref = None
         if self.beta != 0.0:
             if ref_per_token_logps is not None:
                 ref = pack(ref_per_token_logps, layout).float()
             elif ref_input is not None and ref_weight is not None:
-                ref = linear_token_logprobs(
-                    pack(ref_input, layout).detach(), ref_weight.detach(), targets, temperature=self.temperature
-                )
+                ref_hidden = pack(ref_input, layout).detach()
+                ref_hidden = ref_hidden.to(ref_weight.dtype) if ref_weight.dtype == torch.float32 else ref_hidden
+                ref = linear_token_logprobs(ref_hidden, ref_weight.detach(), targets, temperature=self.temperature)
+        old = None if old_per_token_logps is None else pack(old_per_token_logps, layout).float()
+        is_weights = None
+        if vllm_is_ratio is not None:
+            is_weights = pack(vllm_is_ratio.detach().float().expand(B, L), layout)
         out = linear_grpo_loss(
-            pack(_input, layout),
+            hidden,
             lin_weight,
             targets,
             layout.cu_seqlens,
             torch.ones_like(targets, dtype=torch.bool),
-            old_logprobs=None if old_per_token_logps is None else pack(old_per_token_logps, layout).float(),
+            old_logprobs=old,
             advantages=advantages.float(),
             ref_logprobs=ref,
             eps_low=self.epsilon_low,
             eps_high=self.epsilon_high,
+            dual_clip=self.delta,
             kl_coef=self.beta if ref is not None else 0.0,
+            kl_is_weighted=self.use_bias_correction_kl and ref is not None,
             temperature=self.temperature,
             estimator="grpo",
             loss_agg=TRL_LOSS_AGG[self.loss_type],
             num_tokens=self._num_tokens(layout.cu_seqlens[-1], num_items_in_batch),
             max_response_len=self.max_completion_length if self.loss_type == "dr_grpo" else None,
+            is_weights=is_weights,
         )
-        metrics = [out.metrics["clip_frac"]]
+        metrics = [self._clip_ratio(out.logprobs, old, advantages, layout.cu_seqlens)]
         if self.beta != 0.0:
             metrics.insert(0, out.metrics["kl_mean"])
         return out.loss, metrics
+
+    def _clip_ratio(
+        self, logp: torch.Tensor, old: torch.Tensor | None, advantages: torch.Tensor, cu_seqlens: torch.Tensor
+    ) -> torch.Tensor:
+        """TRL's clip_ratio: tokens whose ratio left the clip range on the side their advantage
+        pushes it, whatever the importance weight, over the loss tokens."""
+        num_tokens = logp.shape[0]
+        if old is None:
+            return torch.zeros((), device=logp.device)
+        with torch.no_grad():
+            ratio = torch.exp(logp - old)
+            adv = torch.repeat_interleave(advantages.float(), cu_seqlens.diff().long(), output_size=num_tokens)
+            clipped = ((ratio < 1.0 - self.epsilon_low) & (adv < 0)) | ((ratio > 1.0 + self.epsilon_high) & (adv > 0))
+            return clipped.float().sum() / max(num_tokens, 1)

@@ -1,30 +1,31 @@
-"""verl (0.9.x) adapter: a registered policy loss, a fatal-aware advantage estimator, and the
-fused lm_head + GRPO loss on verl's remove-padding layout.
+"""verl (0.9.x) adapter: a registered policy loss, a fatal-aware advantage estimator with the
+trainer hook that feeds it, and the fused lm_head + GRPO loss on verl's remove-padding layout.
 
 Nothing here imports verl until `register_verl()` runs, so `osvl_kernels` stays torch + triton.
+Wiring and the full configuration: README, "Using the kernels in your trainer"; runnable:
+examples/verl_grpo.py.
 
-Wiring (every Ray worker must register, so use verl's external-module hook)::
-
-    VERL_USE_EXTERNAL_MODULES=osvl_kernels.integrations.verl_plugin
-    algorithm.adv_estimator=osvl_fatal_grpo            # group z-score (or Dr.GRPO) + one-sided clamp
-    algorithm.norm_adv_by_std_in_grpo=true             # false -> "drgrpo" estimator
-    actor_rollout_ref.actor.policy_loss.loss_mode=osvl_fatal_grpo
-    actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio_high=0.28
-    actor_rollout_ref.actor.clip_ratio_c=3.0           # dual clip (osvl applies it only for A < 0)
-    actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean
-
-Fatal masking reaches the policy loss through `response_mask` (tokens at and after the fatal step
-are zero). verl's `compute_advantage` passes no per-trajectory flags to estimators, so the clamp
-needs `is_fatal`: call `fatal_grpo_advantage(..., is_fatal=...)` from the trainer's advantage step
-(without it the estimator is plain group-relative, and says so by clamping nothing).
+Fatal-aware advantages. verl 0.9.1 hands a registered estimator only token_level_rewards,
+response_mask, index (uid) and the algorithm config (per-sample data reaches only its built-in
+"gdpo", and the v1 trainer's advantage step reads a fixed field list), so a per-sample fatal flag
+cannot reach an estimator through configuration alone. The reward function returns the flag in
+its result dict (`{"score": r, "osvl_fatal": True}`: verl keeps it in each sample's
+`extra_fields["reward_extra_info"]`); the registered v1 trainer modes "osvl_fatal_<mode>"
+(`trainer.v1.trainer_mode=osvl_fatal_sync`, ...) read those flags before verl's advantage step and
+hand them to the "osvl_fatal_grpo" estimator, which raises if it gets none.
 
 Semantics follow osvl, not verl, where they differ: a group of one gets advantage 0 (verl: the raw
-reward), the dual clip never touches A >= 0 tokens, sequences with no valid token still count in the
-local sequence normaliser, and the log-ratio is not clamped to [-20, 20].
+reward), sequences with no valid token still count in the local sequence normaliser when verl
+gives no global_batch_size, and the log-ratio is not clamped to [-20, 20] (it only matters for
+|log pi - log pi_old| > 20). Where verl and osvl agree (the dual clip acts only for A < 0; the KL
+estimate is clamped at 10; token-sum is scaled by dp_size) the losses and gradients are verl's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -36,7 +37,15 @@ from osvl_kernels.objective import token_terms
 
 POLICY_LOSS_NAME = "osvl_fatal_grpo"
 ADV_ESTIMATOR_NAME = "osvl_fatal_grpo"
-VERL_KL_TYPES = ("k3", "low_var_kl")  # both are the k3 estimator (low_var_kl adds a [-10, 10] clamp)
+# verl 0.9.1's kl_penalty computes both as the k3 estimator, clamped to [-10, 10] (k3 >= 0, so only
+# the upper bound acts, and it zeroes the gradient where it does); "+" (straight-through k2) and
+# the other estimators are refused.
+VERL_KL_TYPES = ("k3", "low_var_kl")
+VERL_KL_MAX = 10.0
+# The key a reward function's result dict uses for the fatal flag, and the trainer-mode prefix.
+FATAL_KEY = "osvl_fatal"
+FATAL_TRAINER_PREFIX = "osvl_fatal_"
+_FATAL_FLAGS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("osvl_fatal_flags", default=None)
 
 
 def _cfg(config: Any, key: str, default: Any) -> Any:
@@ -69,12 +78,21 @@ def global_normalizers(config: Any, loss_agg_mode: str, response_len: int) -> di
         raise ValueError("verl global_batch_info needs batch_num_tokens when dp_size > 1")
     if dp_size > 1 and loss_agg_mode.startswith("seq-mean") and num_seqs is None:
         raise ValueError("verl global_batch_info needs global_batch_size when dp_size > 1")
+    if loss_agg_mode == "token-sum":
+        return {"num_tokens": None, "num_seqs": None, "max_response_len": None}
     scale = info.get("loss_scale_factor") or _cfg(config, "loss_scale_factor", None)
     return {
         "num_tokens": None if num_tokens is None else num_tokens / dp_size,
         "num_seqs": None if num_seqs is None else num_seqs / dp_size,
         "max_response_len": int(scale) if scale else response_len,
     }
+
+
+def token_sum_scale(config: Any, loss_agg_mode: str) -> float:
+    """verl's token-sum is the local token sum times dp_size (DP averaging then gives the global sum)."""
+    if loss_agg_mode != "token-sum":
+        return 1.0
+    return float(dict(_cfg(config, "global_batch_info", {}) or {}).get("dp_size") or 1)
 
 
 def osvl_policy_loss(
@@ -125,7 +143,7 @@ def osvl_policy_loss(
     logp = log_prob.reshape(-1).float()
     terms = token_terms(logp, plan.token_advantage, old_log_prob.reshape(-1), None, clip_hyper(config))
     per_token = terms.loss if rollout_is_weights is None else terms.loss * rollout_is_weights.reshape(-1).float()
-    loss = (plan.weight * per_token).sum()
+    loss = (plan.weight * per_token).sum() * token_sum_scale(config, loss_agg_mode)
     valid = plan.valid.float()
     denom = valid.sum().clamp_min(1.0)
     metrics = {
@@ -156,8 +174,11 @@ def fatal_grpo_advantage(
     is_fatal: torch.Tensor | None = None,
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """verl advantage estimator "osvl_fatal_grpo": `group_advantages` broadcast over response tokens.
+    """verl advantage estimator "osvl_fatal_grpo": `group_advantages` broadcast over response tokens,
+    fatal samples clamped to A >= 0.
 
+    The flags come from `is_fatal` [B] or, inside verl, from the "osvl_fatal_<mode>" trainer
+    (`fatal_flags`); without either this raises rather than silently clamping nothing.
     Returns (advantages, returns), both [B, R] and zero outside `response_mask`, as verl expects.
     """
     if token_level_rewards.dim() != 2 or token_level_rewards.shape != response_mask.shape:
@@ -168,6 +189,16 @@ def fatal_grpo_advantage(
     if norm_adv_by_std_in_grpo is None:
         norm_adv_by_std_in_grpo = bool(_cfg(config, "norm_adv_by_std_in_grpo", True))
     rewards = token_level_rewards.sum(dim=-1).float()
+    if is_fatal is None:
+        is_fatal = _FATAL_FLAGS.get()
+    if is_fatal is None:
+        raise ValueError(
+            f"the {ADV_ESTIMATOR_NAME} estimator got no fatal flags: run verl with "
+            f"trainer.v1.trainer_mode={FATAL_TRAINER_PREFIX}<mode> (e.g. {FATAL_TRAINER_PREFIX}sync) and a reward "
+            f"function that returns {{'score': ..., '{FATAL_KEY}': bool}}, or pass is_fatal"
+        )
+    if is_fatal.shape != rewards.shape:
+        raise ValueError(f"is_fatal must be [B={rewards.shape[0]}], got {tuple(is_fatal.shape)}")
     groups = group_ids_from_index(index, rewards.device)
     if groups.numel() != rewards.numel():
         raise ValueError(f"index has {groups.numel()} entries for {rewards.numel()} samples")
@@ -175,7 +206,7 @@ def fatal_grpo_advantage(
         adv = group_advantages(
             rewards,
             groups,
-            None if is_fatal is None else is_fatal.to(rewards.device).bool(),
+            is_fatal.to(rewards.device).bool(),
             estimator="grpo" if norm_adv_by_std_in_grpo else "drgrpo",
             eps=epsilon,
         )
@@ -217,14 +248,18 @@ def verl_fused_policy_loss(
     temperature: float = 1.0,
     ref_log_prob: torch.Tensor | None = None,
     tp_group: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The actor loss straight from the final hidden states: lm_head, log-probs, PPO clip, KL and
     entropy in `linear_grpo_loss`, never materialising [T, V] logits.
 
     Inputs are verl's remove-padding layout: `hidden_states` [T, H] (or [1, T, H]) from the
     backbone, `input_ids_rmpad_rolled` [T], `cu_seqlens` = input_ids.offsets(), `response_lens`
-    [B]; `old_log_probs`/`advantages`/`response_mask`/`ref_log_prob` are verl's padded [B, R]
-    response fields. KL (`use_kl_loss`, k3) and entropy (`entropy_coeff`) follow the actor config.
+    [B]; `old_log_probs`/`advantages`/`response_mask`/`ref_log_prob`/`rollout_is_weights` are
+    verl's padded [B, R] response fields. KL (`use_kl_loss`, k3 clamped at 10 as verl does),
+    entropy (`entropy_coeff`), aggregation and `global_batch_info` follow the actor config, and
+    rollout_is_weights scale the policy-gradient term, as in verl's `ppo_loss`.
+    `verl_fused_ppo_loss` reads all of these from verl's micro-batch.
     """
     if hidden_states.dim() == 3:
         if hidden_states.shape[0] != 1:
@@ -238,6 +273,10 @@ def verl_fused_policy_loss(
             raise ValueError(f"fused osvl loss supports kl_loss_type in {VERL_KL_TYPES}, got {kl_type!r}")
         if ref_log_prob is None:
             raise ValueError("use_kl_loss=True needs ref_log_prob")
+    if rollout_is_weights is not None and rollout_is_weights.shape != response_mask.shape:
+        raise ValueError(
+            f"rollout_is_weights shape {tuple(rollout_is_weights.shape)} != response_mask {tuple(response_mask.shape)}"
+        )
     mode = loss_agg_mode or _cfg(config, "loss_agg_mode", "token-mean")
     hyper = clip_hyper(
         config,
@@ -264,11 +303,13 @@ def verl_fused_policy_loss(
         eps_high=hyper.eps_high,
         dual_clip=hyper.dual_clip,
         kl_coef=hyper.kl_coef,
+        kl_max=VERL_KL_MAX,
         entropy_coef=hyper.entropy_coef,
         temperature=temperature,
         loss_agg=mode,
         **global_normalizers(config, mode, response_mask.shape[1]),
         tp_group=tp_group,
+        is_weights=None if rollout_is_weights is None else packed(rollout_is_weights.detach().float()),
     )
     m = out.metrics
     valid = loss_mask.float()
@@ -279,7 +320,100 @@ def verl_fused_policy_loss(
         "actor/entropy": m["entropy_mean"],
         "actor/kl_loss": m["kl_mean"],
     }
-    return out.loss, metrics
+    scale = token_sum_scale(config, mode)
+    return (out.loss * scale if scale != 1.0 else out.loss), metrics
+
+
+def verl_fused_ppo_loss(
+    config: Any, hidden_states: torch.Tensor, lm_head_weight: torch.Tensor, data: Any, tp_group: Any = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """verl's `ppo_loss(config, model_output, data)` (verl/workers/utils/losses.py) computed from the
+    final hidden states instead of `model_output`'s log-probs: same micro-batch TensorDict (nested
+    input_ids / prompts / responses, response fields, dp_size / batch_num_tokens / global_batch_size,
+    temperature), same global_batch_info, same loss. The engine's forward has to hand over the
+    hidden states and the lm_head weight (see README: verl's engines compute log-probs inside the
+    model forward, so this needs a `forward_step` override)."""
+    input_ids = data["input_ids"]
+    if not getattr(input_ids, "is_nested", False):
+        raise ValueError("verl_fused_ppo_loss needs verl's no-padding micro-batch (nested input_ids)")
+    info = {key: _non_tensor(data, key) for key in ("dp_size", "batch_num_tokens", "global_batch_size")}
+    config.global_batch_info.update(info, loss_scale_factor=_cfg(config, "loss_scale_factor", None))
+    fields = ["response_mask", "old_log_probs", "advantages"]
+    fields += [key for key in ("rollout_is_weights", "ref_log_prob") if key in data.keys()]
+    padded = data.select(*fields).to_padded_tensor()
+    temperature = _non_tensor(data, "temperature")
+    if isinstance(temperature, torch.Tensor):
+        if not bool((temperature == temperature.reshape(-1)[0]).all()):
+            raise ValueError("the fused loss needs one temperature for the micro-batch (verl: use_fused_kernels too)")
+        temperature = float(temperature.reshape(-1)[0])
+    return verl_fused_policy_loss(
+        hidden_states,
+        lm_head_weight,
+        torch.roll(input_ids.values(), shifts=-1, dims=0),
+        input_ids.offsets(),
+        data["responses"].offsets().diff(),
+        padded["old_log_probs"],
+        padded["advantages"],
+        padded["response_mask"],
+        config=config,
+        temperature=float(temperature),
+        ref_log_prob=padded.get("ref_log_prob", None),
+        tp_group=tp_group,
+        rollout_is_weights=padded.get("rollout_is_weights", None),
+    )
+
+
+def _non_tensor(data: Any, key: str) -> Any:
+    value = data[key]
+    return getattr(value, "data", value) if not isinstance(value, torch.Tensor) else value
+
+
+def fatal_flags_from_extra_fields(extra_fields: list[Any], key: str = FATAL_KEY) -> torch.Tensor:
+    """[B] bool fatal flags from verl's per-sample `extra_fields` (each a dict whose
+    "reward_extra_info" holds what the reward function returned). A sample without the key is
+    not fatal; a value that is not a bool (or 0/1) is an error."""
+    flags = []
+    for i, fields in enumerate(extra_fields):
+        info = (fields or {}).get("reward_extra_info", {}) if isinstance(fields, dict) else {}
+        value = info.get(key, False) if isinstance(info, dict) else False
+        if hasattr(value, "item"):
+            value = value.item()
+        if value not in (True, False):  # also accepts 0 / 1
+            raise ValueError(f"sample {i}: reward_extra_info[{key!r}] must be a bool, got {value!r}")
+        flags.append(bool(value))
+    return torch.tensor(flags, dtype=torch.bool)
+
+
+@contextlib.contextmanager
+def fatal_flags(flags: torch.Tensor) -> Iterator[None]:
+    """The flags the "osvl_fatal_grpo" estimator reads while this context is open (one batch, in
+    the order verl hands the estimator its samples)."""
+    token = _FATAL_FLAGS.set(flags)
+    try:
+        yield
+    finally:
+        _FATAL_FLAGS.reset(token)
+
+
+def fatal_aware_trainer(base: type, kv_batch_get: Callable[..., Any] | None = None) -> type:
+    """A verl v1 trainer class (subclass of `base`, e.g. PPOTrainerSync) whose advantage step
+    first reads each sample's fatal flag from the TransferQueue field "extra_fields"."""
+
+    class FatalAwareTrainer(base):
+        def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
+            get = kv_batch_get
+            if get is None:
+                import transfer_queue as tq
+
+                get = tq.kv_batch_get
+            data = get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+            flags = fatal_flags_from_extra_fields(list(data["extra_fields"]))
+            metrics["osvl/fatal_frac"] = flags.float().mean().item() if flags.numel() else 0.0
+            with fatal_flags(flags):
+                return super()._compute_advantage(batch, metrics)
+
+    FatalAwareTrainer.__name__ = FatalAwareTrainer.__qualname__ = f"OsvlFatal{base.__name__}"
+    return FatalAwareTrainer
 
 
 def register_verl() -> None:
@@ -288,3 +422,19 @@ def register_verl() -> None:
 
     core_algos.register_policy_loss(POLICY_LOSS_NAME)(osvl_policy_loss)
     core_algos.register_adv_est(ADV_ESTIMATOR_NAME)(fatal_grpo_advantage)
+
+
+def register_verl_trainers() -> list[str]:
+    """Register "osvl_fatal_<mode>" for every v1 trainer mode verl has (idempotent); returns the
+    names. Needs verl's v1 trainer stack (transfer_queue) importable."""
+    from verl.trainer.ppo.v1 import trainer_base
+
+    names = []
+    for mode, cls in list(trainer_base.TRAINER_REGISTRY.items()):
+        if mode.startswith(FATAL_TRAINER_PREFIX):
+            continue
+        name = FATAL_TRAINER_PREFIX + mode
+        if name not in trainer_base.TRAINER_REGISTRY:
+            trainer_base.register_trainer(name)(fatal_aware_trainer(cls))
+        names.append(name)
+    return names

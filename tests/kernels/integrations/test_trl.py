@@ -28,7 +28,7 @@ def padded_batch(seed: int, B: int = 4, L: int = 7, H: int = 16, V: int = 37) ->
     )
 
 
-def run(loss_module, batch: dict, num_items_in_batch=None):
+def run(loss_module, batch: dict, num_items_in_batch=None, vllm_is_ratio=None):
     x = batch["_input"].clone().requires_grad_()
     w = batch["lin_weight"].clone().requires_grad_()
     loss, metrics = loss_module(
@@ -40,7 +40,7 @@ def run(loss_module, batch: dict, num_items_in_batch=None):
         bias=None,
         old_per_token_logps=batch["old_per_token_logps"],
         ref_per_token_logps=batch["ref_per_token_logps"],
-        vllm_is_ratio=None,
+        vllm_is_ratio=vllm_is_ratio,
         num_items_in_batch=num_items_in_batch,
     )
     loss.backward()
@@ -49,15 +49,34 @@ def run(loss_module, batch: dict, num_items_in_batch=None):
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("beta", [0.0, 0.05])
-def test_matches_trl_fused_linear_grpo_loss(loss_type, beta):
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_matches_trl_fused_linear_grpo_loss(loss_type, beta, bias_correction):
     batch = padded_batch(1)
     kw = dict(beta=beta, epsilon_low=0.2, epsilon_high=0.28, loss_type=loss_type,
-              max_completion_length=9, temperature=0.9)
+              max_completion_length=9, temperature=0.9, use_bias_correction_kl=bias_correction)
     trl_loss = FusedLinearGRPOLoss(compiled=False, use_ref_model=beta != 0.0, chunk_size=2, **kw)
     ours = OsvlFusedLinearGRPOLoss(**kw)
     num_items = torch.tensor(13.0) if loss_type == "dapo" else None
     expected = run(trl_loss, batch, num_items)
     got = run(ours, batch, num_items)
+    assert_same(got, expected, beta)
+
+
+@pytest.mark.parametrize("shape", ["token", "sequence"])
+def test_vllm_is_ratio_and_delta_match_trl_fused_loss(shape):
+    batch = padded_batch(5)
+    g = torch.Generator().manual_seed(3)
+    ratio = torch.rand(4, 7 if shape == "token" else 1, generator=g) * 2.0
+    ratio[1, 0] = 0.0  # masked by vllm_importance_sampling_mode="*_mask"
+    kw = dict(beta=0.05, epsilon_low=0.2, epsilon_high=0.28, loss_type="dapo", delta=1.5, use_bias_correction_kl=True)
+    expected = run(FusedLinearGRPOLoss(compiled=False, chunk_size=2, **kw), batch, torch.tensor(13.0), ratio)
+    got = run(OsvlFusedLinearGRPOLoss(**kw), batch, torch.tensor(13.0), ratio)
+    assert_same(got, expected, 0.05)
+    unweighted = run(OsvlFusedLinearGRPOLoss(**kw), batch, torch.tensor(13.0))
+    assert not torch.allclose(got[0], unweighted[0])
+
+
+def assert_same(got, expected, beta):
     torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-6)
     assert len(got[1]) == len(expected[1]) == (2 if beta else 1)
     for g, e in zip(got[1], expected[1]):
@@ -101,7 +120,7 @@ def test_ref_logprobs_from_ref_input_and_weight():
 
 class _Args:
     delta = None
-    use_bias_correction_kl = False
+    use_bias_correction_kl = True  # GRPOConfig's default
 
 
 class _Trainer:
@@ -121,15 +140,22 @@ def test_install_replaces_the_trainer_loss_with_its_settings():
     loss = OsvlFusedLinearGRPOLoss.install(trainer)
     assert trainer.liger_loss is loss
     assert (loss.loss_type, loss.max_completion_length, loss.temperature, loss.epsilon_high) == ("dr_grpo", 64, 0.7, 0.28)
+    assert loss.use_bias_correction_kl is True
     with pytest.raises(ValueError, match="use_liger_kernel=True"):
         OsvlFusedLinearGRPOLoss.install(_Trainer(use_liger_kernel=False))
+    newer = _Trainer()
+    del newer.liger_loss  # TRL >= 1.14: use_liger_kernel only chunks the log-probs
+    with pytest.raises(ValueError, match="TRL 1.14 removed"):
+        OsvlFusedLinearGRPOLoss.install(newer)
 
 
 def test_unsupported_options_raise_value_error():
     for kw, msg in [
-        (dict(loss_type="cispo"), "not supported"),
-        (dict(importance_sampling_level="sequence"), "token"),
-        (dict(delta=2.0), "delta"),
+        (dict(loss_type="cispo"), "loss_type='cispo'.*not implemented"),
+        (dict(loss_type="vespo"), "loss_type='vespo'.*not implemented"),
+        (dict(loss_type="typo"), "unknown"),
+        (dict(importance_sampling_level="sequence"), "importance_sampling_level='sequence'"),
+        (dict(delta=1.1), r"delta=1.1 must be > 1 \+ epsilon_high"),
         (dict(loss_type="dr_grpo"), "max_completion_length"),
     ]:
         with pytest.raises(ValueError, match=msg):
@@ -139,8 +165,8 @@ def test_unsupported_options_raise_value_error():
     call = {k: batch[k] for k in ("_input", "lin_weight", "selected_token_ids", "attention_mask", "advantages")}
     with pytest.raises(ValueError, match="bias"):
         loss(**call, bias=torch.zeros(37, dtype=torch.float32))
-    with pytest.raises(ValueError, match="vllm_is_ratio"):
-        loss(**call, vllm_is_ratio=torch.ones(4, 7))
+    with pytest.raises(ValueError, match=r"vllm_is_ratio must be \[B, L\]"):
+        loss(**call, vllm_is_ratio=torch.ones(4, 3))
     with pytest.raises(ValueError, match=r"advantages must be \[B=4\]"):
         loss(**{**call, "advantages": torch.zeros(4, 7)})
     with pytest.raises(ValueError, match="last hidden state"):

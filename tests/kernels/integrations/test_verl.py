@@ -8,6 +8,9 @@ import torch
 from tensordict import TensorDict
 from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
+from verl.utils import tensordict_utils as tu
+from verl.workers.config.actor import PolicyLossConfig
+from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
 import osvl_kernels.integrations.verl_plugin  # noqa: F401  (registers, as VERL_USE_EXTERNAL_MODULES does)
@@ -15,10 +18,14 @@ from osvl_kernels import group_advantages
 from osvl_kernels.integrations.verl import (
     ADV_ESTIMATOR_NAME,
     POLICY_LOSS_NAME,
+    fatal_aware_trainer,
+    fatal_flags,
+    fatal_flags_from_extra_fields,
     fatal_grpo_advantage,
     osvl_policy_loss,
     responses_to_packed,
     verl_fused_policy_loss,
+    verl_fused_ppo_loss,
 )
 
 
@@ -46,7 +53,10 @@ def test_registered_in_verl_registries():
     assert core_algos.get_adv_estimator_fn(ADV_ESTIMATOR_NAME) is fatal_grpo_advantage
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+VERL_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum"]
+
+
+@pytest.mark.parametrize("mode", VERL_MODES)
 def test_policy_loss_matches_verl_vanilla(mode):
     """Where osvl and verl agree (no empty rows, |log-ratio| < 20) the losses and gradients match."""
     batch = response_batch(0)
@@ -67,16 +77,22 @@ def test_policy_loss_matches_verl_vanilla(mode):
         torch.testing.assert_close(torch.as_tensor(m_ours[key]).float(), torch.tensor(float(m_theirs[key])))
 
 
-def test_policy_loss_uses_verl_global_batch_info():
+@pytest.mark.parametrize("mode", VERL_MODES)
+def test_policy_loss_uses_verl_global_batch_info(mode):
     batch = response_batch(1)
-    config = actor_config(loss_agg_mode="token-mean")
+    config = actor_config(loss_agg_mode=mode)
     config.global_batch_info.update(dp_size=2, batch_num_tokens=40, global_batch_size=8, loss_scale_factor=None)
     weights = torch.rand(4, 6)
-    loss, _ = osvl_policy_loss(**batch, loss_agg_mode="token-mean", config=config, rollout_is_weights=weights)
-    theirs, _ = core_algos.compute_policy_loss_vanilla(**batch, loss_agg_mode="token-mean", config=config,
+    loss, _ = osvl_policy_loss(**batch, loss_agg_mode=mode, config=config, rollout_is_weights=weights)
+    theirs, _ = core_algos.compute_policy_loss_vanilla(**batch, loss_agg_mode=mode, config=config,
                                                         rollout_is_weights=weights)
     torch.testing.assert_close(loss, theirs)
-    config.global_batch_info.update(batch_num_tokens=None)
+
+
+def test_policy_loss_needs_global_batch_info_under_dp():
+    batch = response_batch(1)
+    config = actor_config(loss_agg_mode="token-mean")
+    config.global_batch_info.update(dp_size=2, batch_num_tokens=None, global_batch_size=8, loss_scale_factor=None)
     with pytest.raises(ValueError, match="batch_num_tokens"):
         osvl_policy_loss(**batch, loss_agg_mode="token-mean", config=config)
 
@@ -86,7 +102,7 @@ def test_policy_loss_bad_shapes_raise_value_error():
     with pytest.raises(ValueError, match="advantages shape"):
         osvl_policy_loss(**{**batch, "advantages": batch["advantages"][:, :3]}, config=actor_config())
     with pytest.raises(ValueError, match="unknown loss_agg"):
-        osvl_policy_loss(**batch, loss_agg_mode="token-sum", config=actor_config())
+        osvl_policy_loss(**batch, loss_agg_mode="token-max", config=actor_config())
 
 
 def test_advantage_estimator_with_verl_kwargs_and_fatal_clamp():
@@ -106,10 +122,17 @@ def test_advantage_estimator_with_verl_kwargs_and_fatal_clamp():
     assert torch.equal(adv, returns)
     assert adv[1].min() >= 0 and adv[5].min() >= 0  # fatal and below the mean: clamped to 0
     verl_adv, _ = core_algos.compute_grpo_outcome_advantage(token_rewards, mask, uids)
-    no_clamp, _ = estimator(token_level_rewards=token_rewards, response_mask=mask, config=None, index=uids)
+    no_clamp, _ = estimator(token_level_rewards=token_rewards, response_mask=mask, config=None, index=uids,
+                            is_fatal=torch.zeros(B, dtype=torch.bool))
     torch.testing.assert_close(no_clamp, verl_adv)
     with pytest.raises(ValueError, match="index"):
-        estimator(token_level_rewards=token_rewards, response_mask=mask, config=None)
+        estimator(token_level_rewards=token_rewards, response_mask=mask, config=None, is_fatal=is_fatal)
+    # verl's compute_advantage passes no flags: silently clamping nothing was the bug.
+    with pytest.raises(ValueError, match="trainer_mode=osvl_fatal_"):
+        estimator(token_level_rewards=token_rewards, response_mask=mask, config=None, index=uids)
+    with pytest.raises(ValueError, match=r"is_fatal must be \[B=6\]"):
+        estimator(token_level_rewards=token_rewards, response_mask=mask, config=None, index=uids,
+                  is_fatal=is_fatal[:4])
 
 
 def verl_rmpad_batch(seed: int, H: int = 8, V: int = 23) -> dict:
@@ -192,3 +215,134 @@ def test_fused_hook_bad_inputs_raise_value_error():
         verl_fused_policy_loss(b["hidden"][None].expand(2, -1, -1), *args[1:], config=actor_config())
     with pytest.raises(ValueError, match="cu_seqlens must be"):
         responses_to_packed(b["old"], b["cu"][:-1], b["response_lens"])
+
+
+def verl_micro_batch(b: dict, *, temperature: float, dp_size: int, batch_num_tokens, global_batch_size,
+                     rollout_is_weights=None) -> TensorDict:
+    """The micro-batch TensorDict verl's engine hands `ppo_loss` (no-padding mode): nested
+    input_ids / prompts / responses, nested response fields, global counts as non-tensor data."""
+    def nested(values, lens):  # as verl builds them (response_to_nested)
+        return torch.nested.as_nested_tensor(list(values.split(lens.tolist())), layout=torch.jagged)
+
+    mask = b["response_mask"]
+    starts = b["cu"][:-1]
+    prompts = torch.cat([b["input_ids"][s: s + p] for s, p in zip(starts.tolist(), b["prompt_lens"].tolist())])
+    responses = torch.cat([b["input_ids"][s + p: s + p + r] for s, p, r in
+                           zip(starts.tolist(), b["prompt_lens"].tolist(), b["response_lens"].tolist())])
+    fields = {
+        "input_ids": nested(b["input_ids"], b["prompt_lens"] + b["response_lens"]),
+        "prompts": nested(prompts, b["prompt_lens"]),
+        "responses": nested(responses, b["response_lens"]),
+        "response_mask": nested(mask[mask].long(), b["response_lens"]),
+        "old_log_probs": nested(b["old"][mask], b["response_lens"]),
+        "advantages": nested(b["advantages"][mask], b["response_lens"]),
+        "ref_log_prob": nested(b["ref"][mask], b["response_lens"]),
+    }
+    if rollout_is_weights is not None:
+        fields["rollout_is_weights"] = nested(rollout_is_weights[mask], b["response_lens"])
+    data = TensorDict(fields, batch_size=[3])
+    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
+                         global_batch_size=global_batch_size, temperature=temperature)
+    return data
+
+
+@pytest.mark.parametrize("loss_mode", [POLICY_LOSS_NAME, "vanilla"])
+@pytest.mark.parametrize("mode", VERL_MODES)
+def test_fused_ppo_loss_equals_verl_ppo_loss(loss_mode, mode):
+    """verl's own ppo_loss (log-probs from full logits) vs the fused loss on the same micro-batch:
+    a reference policy far from the current one (verl clamps the KL estimate at 10), entropy,
+    rollout IS weights, data parallel global counts and every aggregation."""
+    b = verl_rmpad_batch(3)
+    with torch.no_grad():
+        true = torch.log_softmax((b["hidden"] @ b["weight"].T) / 0.8, -1).gather(1, b["rolled"][:, None])[:, 0]
+        g = torch.Generator().manual_seed(9)
+        b["ref"] = verl_padded(true, b) + 4.0 * torch.randn(b["ref"].shape, generator=g)
+        delta = b["ref"] - verl_padded(true, b)
+        k3 = delta.exp() - delta - 1
+        assert (k3[b["response_mask"]] > 10).any() and (k3[b["response_mask"]] < 10).any()
+    weights = torch.rand(3, 4, generator=g) * 2
+    data = verl_micro_batch(b, temperature=0.8, dp_size=2, batch_num_tokens=13, global_batch_size=5,
+                            rollout_is_weights=weights)
+
+    def config():
+        return actor_config(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
+                            kl_loss_type="low_var_kl", policy_loss=PolicyLossConfig(loss_mode=loss_mode))
+
+    h, w = b["hidden"].clone().requires_grad_(), b["weight"].clone().requires_grad_()
+    loss, metrics = verl_fused_ppo_loss(config(), h, w, data)
+    loss.backward()
+
+    h2, w2 = b["hidden"].clone().requires_grad_(), b["weight"].clone().requires_grad_()
+    logp_all = torch.log_softmax((h2 @ w2.T) / 0.8, dim=-1)
+    seq_lens = b["prompt_lens"] + b["response_lens"]
+    model_output = {
+        "log_probs": torch.nested.nested_tensor_from_jagged(logp_all.gather(1, b["rolled"][:, None])[:, 0], lengths=seq_lens),
+        "entropy": torch.nested.nested_tensor_from_jagged(-(logp_all.exp() * logp_all).sum(-1), lengths=seq_lens),
+    }
+    expected, _ = ppo_loss(config(), model_output, data)
+    expected.backward()
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h.grad, h2.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(w.grad, w2.grad, rtol=1e-4, atol=1e-6)
+    assert set(metrics) >= {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/kl_loss"}
+
+
+def test_fused_ppo_loss_refuses_mixed_temperatures_and_padded_batches():
+    b = verl_rmpad_batch(4)
+    data = verl_micro_batch(b, temperature=0.8, dp_size=1, batch_num_tokens=None, global_batch_size=None)
+    tu.assign_non_tensor(data, temperature=torch.tensor([0.8, 0.8, 1.0]))
+    with pytest.raises(ValueError, match="one temperature"):
+        verl_fused_ppo_loss(actor_config(), b["hidden"], b["weight"], data)
+    padded = TensorDict({"input_ids": torch.zeros(3, 5, dtype=torch.long)}, batch_size=[3])
+    with pytest.raises(ValueError, match="nested input_ids"):
+        verl_fused_ppo_loss(actor_config(), b["hidden"], b["weight"], padded)
+
+
+def test_fatal_flags_from_reward_extra_info():
+    extra = [{"reward_extra_info": {"osvl_fatal": True, "acc": 0.0}}, {"reward_extra_info": {"acc": 1.0}},
+             {}, None, {"reward_extra_info": {"osvl_fatal": np.bool_(False)}}, {"reward_extra_info": {"osvl_fatal": 1}}]
+    assert fatal_flags_from_extra_fields(extra).tolist() == [True, False, False, False, False, True]
+    with pytest.raises(ValueError, match=r"sample 0: reward_extra_info\['osvl_fatal'\] must be a bool"):
+        fatal_flags_from_extra_fields([{"reward_extra_info": {"osvl_fatal": "yes"}}])
+
+
+class _VerlAdvantageStep:
+    """Stands in for verl's v1 PPOTrainer: its `_compute_advantage` calls the registered estimator
+    with the keyword arguments verl's compute_advantage passes (no per-sample data)."""
+
+    def __init__(self, rewards: torch.Tensor, uids):
+        self.rewards, self.uids = rewards, uids
+
+    def _compute_advantage(self, batch, metrics):
+        token_rewards = torch.zeros(len(self.uids), 3)
+        token_rewards[:, -1] = self.rewards
+        estimator = core_algos.get_adv_estimator_fn(ADV_ESTIMATOR_NAME)
+        adv, _ = estimator(token_level_rewards=token_rewards, response_mask=torch.ones(len(self.uids), 3),
+                           config=None, index=self.uids)
+        return adv
+
+
+def test_fatal_aware_trainer_feeds_the_estimator_the_reward_functions_flags():
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.2])
+    uids = np.array(["p", "p", "p", "p"], dtype=object)
+    extra = [{"reward_extra_info": {"osvl_fatal": f}} for f in (False, True, False, False)]
+    requests = []
+
+    def kv_batch_get(keys, partition_id, select_fields):
+        requests.append((keys, partition_id, select_fields))
+        return {"extra_fields": extra}
+
+    batch = type("KVBatchMeta", (), {"keys": ["p_0_0", "p_1_0", "p_2_0", "p_3_0"], "partition_id": "train"})()
+    metrics = {}
+    trainer = fatal_aware_trainer(_VerlAdvantageStep, kv_batch_get=kv_batch_get)(rewards, uids)
+    adv = trainer._compute_advantage(batch, metrics)
+    expected = group_advantages(rewards, torch.zeros(4, dtype=torch.long), torch.tensor([False, True, False, False]))
+    torch.testing.assert_close(adv[:, 0], expected)
+    assert adv[1, 0] == 0.0  # fatal, below the group mean: clamped
+    assert requests == [(batch.keys, "train", ["extra_fields"])]
+    assert metrics["osvl/fatal_frac"] == 0.25
+    with pytest.raises(ValueError, match="no fatal flags"):  # the flags do not outlive the step
+        _VerlAdvantageStep(rewards, uids)._compute_advantage(batch, {})
+    with fatal_flags(torch.zeros(4, dtype=torch.bool)):
+        plain = _VerlAdvantageStep(rewards, uids)._compute_advantage(batch, {})
+    assert plain[1, 0] < 0
