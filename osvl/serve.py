@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from osvl.config import Recipe, load_recipe
 from osvl.data.image import ImageConfig
@@ -138,19 +139,32 @@ def _wait_ready(path: Path, process: subprocess.Popen, what: str, timeout_s: flo
     raise RuntimeError(f"{what} did not come up within {timeout_s:.0f}s")
 
 
-def launch_loopback(recipe: Recipe, recipe_arg: str, directory: Path) -> tuple[list[subprocess.Popen], list[str]]:
-    """The CPU form on this machine: returns the processes and the trainer's ``--set`` overrides."""
+def _port(url: str, what: str) -> str:
+    port = urlsplit(url).port
+    if port is None:
+        raise ValueError(f"{what} {url!r} names no port for the loopback service to listen on")
+    return str(port)
+
+
+def launch_loopback(recipe: Recipe, directory: Path, any_ports: bool = False) -> tuple[list[subprocess.Popen], list[str]]:
+    """The CPU form on this machine, listening where the recipe's URLs point (``any_ports``: free
+    ports instead); returns the processes and the trainer's ``--set`` overrides for their URLs."""
+    r, t = recipe.rollout, recipe.tools
     if not recipe.model.pretrained:
         raise ValueError("model.pretrained must name the HF checkpoint the loopback server serves")
-    if not recipe.tools.world_dir:
+    if not t.world_dir:
         raise ValueError("tools.world_dir must name the offline world the loopback tool server serves")
-    specs = [("SGLang loopback", [sys.executable, "-m", "osvl.rollout.loopback", "--model-path", recipe.model.pretrained,
-                                  "--port", "0", "--max-batch", str(recipe.rollout.max_in_flight)]),
-             ("tool server", [sys.executable, "-m", "osvl.tools.server", "--world", recipe.tools.world_dir,
-                              "--port", "0", "--workers", str(recipe.tools.workers)])]
     llm = "llm" in (recipe.judges.accuracy, recipe.judges.query)
+    ports = ["0"] * 3 if any_ports else [
+        _port(r.sglang_urls[0], "rollout.sglang_urls[0]") if r.sglang_urls else "30000",
+        _port(t.servers[0], "tools.servers[0]") if t.servers else str(TOOL_PORT),
+        _port(recipe.judges.url, "judges.url") if llm and recipe.judges.url else str(JUDGE_PORT)]
+    specs = [("SGLang loopback", [sys.executable, "-m", "osvl.rollout.loopback", "--model-path", recipe.model.pretrained,
+                                  "--port", ports[0], "--max-batch", str(r.max_in_flight)]),
+             ("tool server", [sys.executable, "-m", "osvl.tools.server", "--world", t.world_dir,
+                              "--port", ports[1], "--workers", str(t.workers)])]
     if llm:
-        specs.append(("loopback judge", [sys.executable, "-m", "osvl.rl.loopback_judge", "--port", "0"]))
+        specs.append(("loopback judge", [sys.executable, "-m", "osvl.rl.loopback_judge", "--port", ports[2]]))
     processes, urls = [], []
     try:
         for i, (what, argv) in enumerate(specs):
@@ -178,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--router", action="store_true", help="put an sglang-router in front of the servers")
     parser.add_argument("--engine", choices=("sglang", "loopback"), default="sglang")
     parser.add_argument("--launch", action="store_true", help="start the services here (loopback engine only)")
+    parser.add_argument("--any-ports", action="store_true",
+                        help="with --launch: free ports instead of the recipe's (the printed --set overrides point there)")
     args = parser.parse_args(argv)
     try:
         recipe = load_recipe(args.recipe, args.overrides)
@@ -190,10 +206,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--engine loopback starts the CPU form on this machine: add --launch")
         with tempfile.TemporaryDirectory(prefix="osvl-serve-") as directory:
             try:
-                processes, overrides = launch_loopback(recipe, args.recipe, Path(directory))
+                processes, overrides = launch_loopback(recipe, Path(directory), args.any_ports)
             except (ValueError, RuntimeError) as error:
                 parser.error(str(error))
-            sets = " ".join(f"--set {shlex.quote(o)}" for o in overrides)
+            sets = " ".join(f"--set {shlex.quote(o)}" for o in [*args.overrides, *overrides])
             print(f"services up; train with:\n  torchrun --standalone --nproc_per_node 2 -m osvl.train "
                   f"--recipe {args.recipe} {sets}", flush=True)
             stop = [False]

@@ -1,7 +1,8 @@
 """Rollouts: engines (local torch with a KV cache, SGLang over HTTP), the ReAct agent loop,
 grouped streaming with deadlines and retries (in the caller's process or in worker processes),
 engine server processes, weight sync, logprob parity, the recorder, and the reserved vision ids
-no engine output may carry."""
+no engine output may carry. The SGLang-protocol loopback server (``osvl.rollout.loopback``) runs
+as its own process (``python -m osvl.rollout.loopback``), so it is not imported here."""
 
 from osvl.rollout.agent import (
     Action,
@@ -21,7 +22,6 @@ from osvl.rollout.engine import (
 )
 from osvl.rollout.engine_process import ProcessEngine, ProcessEngineConfig
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
-from osvl.rollout.loopback import LoopbackServer
 from osvl.rollout.parity import ParityReport, logprob_parity, trainer_logprobs
 from osvl.rollout.recorder import RolloutRecorder
 from osvl.rollout.reserved import UnusableToken, find_unusable, reserved_vision_ids
@@ -43,7 +43,7 @@ from osvl.rollout.workers import (
 
 __all__ = [
     "Action", "AgentConfig", "Engine", "EngineError", "GenerationRequest", "GenerationResult", "Group",
-    "LocalEngine", "LoopbackServer", "ParityReport", "ProcessEngine", "ProcessEngineConfig", "ReplayEngine",
+    "LocalEngine", "ParityReport", "ProcessEngine", "ProcessEngineConfig", "ReplayEngine",
     "RolloutConfig", "RolloutMetrics", "RolloutRecorder", "RolloutSetup", "RolloutWorkerPool", "SGLangConfig",
     "SGLangEngine", "SamplingParams", "StopKind", "UnusableToken", "WorkerPoolConfig", "WorkerPoolStats",
     "derive_seed", "find_unusable", "is_stale", "logprob_parity", "malformed_step", "parse_action",
