@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from osvl_kernels import linear_grpo_loss
 
-from osvl.config.recipe import Recipe
+from osvl.config.recipe import PAPER_PRESETS, Recipe
 from osvl.data.chat import ChatRenderer
 from osvl.data.packing import pack_microbatch, train_sequence
 from osvl.model import Qwen3VLConfig, config_from_hf
@@ -69,6 +69,10 @@ def check_grpo_recipe(recipe: Recipe, dp_size: int) -> None:
     if not t.servers and t.backend == "online" and not t.config_file:
         raise ValueError("tools.backend = 'online' needs tools.config_file (the online back-ends, keys named by "
                          "*_key_env fields) or tools.servers (tool servers that hold them)")
+    if recipe.rollout.engine == "local" and recipe.model.preset in PAPER_PRESETS:
+        raise ValueError(f"rollout.engine = 'local' keeps an unsharded generation copy of the policy in every trainer "
+                         f"rank, the CPU form only; serve {recipe.model.preset} with rollout.engine = 'sglang' "
+                         f"(python -m osvl.serve --recipe ... prints the servers' commands)")
     if not t.servers and t.backend == "offline" and not t.world_dir:
         raise ValueError("tools.world_dir must name a world directory for the offline backends (or set tools.servers)")
 

@@ -165,3 +165,41 @@ def test_a_killed_tool_server_gives_typed_infra_errors_and_the_steps_complete(se
     assert failed and all("tool server" in (r.error or "") for r in failed)
     assert any(r.status is ToolStatus.OK for r in later)  # the surviving server kept serving
     assert len(read_metrics(root / "run")) == 3
+
+
+def sync_paths_body(rank: int, world: int, overrides: list[str], disk_url: str, dist_url: str, weights: str) -> None:
+    """One sync of the FSDP-sharded policy through each path (collective on both ranks)."""
+    import asyncio
+
+    from osvl.rollout import SGLangConfig, SGLangEngine
+    from osvl.rollout.weight_sync import DiskSync, DistributedSync
+    from osvl.trainer.policy import build_policy
+
+    recipe = load_recipe("tiny_grpo", overrides)
+    tokenizer = load_tokenizer(recipe.data.tokenizer)
+    model = build_policy(recipe, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special), world)
+    with asyncio.Runner() as runner:
+        DiskSync(SGLangEngine(SGLangConfig((disk_url,))), weights, torch.float32, runner.run).sync(model, 5)
+        broadcast = DistributedSync(SGLangEngine(SGLangConfig((dist_url,))), torch.float32, runner.run,
+                                    bucket_bytes=1 << 16, master_address="127.0.0.1")
+        broadcast.sync(model, 5)
+        broadcast.close()
+
+
+def test_disk_and_distributed_sync_of_fsdp_shards_give_identical_server_weights(tmp_path):
+    from osvl.model import from_pretrained
+    from osvl.rollout.loopback import LoopbackServer, engine_from_checkpoint
+
+    overrides = grpo_overrides(tmp_path, tmp_path / "run", "model.preset=small")
+    served = _served_checkpoint(tmp_path, overrides)  # seed-7 weights; the policy is seeded by job.seed
+    engines = [engine_from_checkpoint(served), engine_from_checkpoint(served)]
+    with LoopbackServer(engines[0]) as disk, LoopbackServer(engines[1]) as broadcast:
+        run_ranks(sync_paths_body, 2, overrides, disk.url, broadcast.url, str(tmp_path / "weights"))
+        assert disk.weight_version == broadcast.weight_version == "5"
+    written = from_pretrained(tmp_path / "weights" / "v000005", dtype=torch.float32).state_dict()
+    a, b = engines[0].model.state_dict(), engines[1].model.state_dict()
+    assert set(a) == set(b) == set(written)
+    for name in a:
+        assert torch.equal(a[name], b[name]) and torch.equal(a[name], written[name]), name
+    before = engine_from_checkpoint(served).model.state_dict()
+    assert not all(torch.equal(a[name], before[name]) for name in a)  # the servers did change weights
