@@ -129,8 +129,10 @@ def train_minibatch(stage: Stage, batches: Sequence[PackedBatch], sums: dict[str
     norms = global_normalizers(batches)
     train_vision = not stage.recipe.model.freeze_vision
     router_losses.start(batches)
+    device = next(model.parameters()).device
     for b in batches:
-        router_losses.prepare(b)
+        router_losses.prepare(b)  # reads host-side counts
+        b = b.to(device)  # packed on the host; the forward runs where the shards live
         hidden = model(b.input_ids, cu_seqlens=b.cu_seqlens, position_ids=b.position_ids,
                        pixel_values=b.pixel_values, image_grid_thw=b.image_grid_thw, return_hidden=True)
         out = linear_grpo_loss(

@@ -19,6 +19,7 @@ from osvl.trainer.stage import StageResult, all_reduce_sums, stage_inputs, start
 
 
 def _forward_loss(model, batch: PackedBatch, normalizer: int, chunk: int) -> torch.Tensor:
+    batch = batch.to(next(model.parameters()).device)  # packed on the host; the forward runs where the shards live
     hidden = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, position_ids=batch.position_ids,
                    pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw, return_hidden=True)
     return sft_loss(hidden, lm_head_weight(model), batch.target_ids, batch.loss_mask, normalizer, chunk)
