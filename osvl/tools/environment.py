@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from osvl.rl.trajectory import ToolCall, ToolResult, ToolStatus
 from osvl.tools.cache import ToolCache
-from osvl.tools.errors import CallParseError, ToolError
+from osvl.tools.errors import CallParseError, ToolError, error_status
 from osvl.tools.pool import Job
 from osvl.tools.registry import ToolRegistry, parse_tool_call
 from osvl.tools.visual_context import VisualContext
@@ -36,7 +36,8 @@ class ToolEnvironment:
         self.cache = cache
 
     def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> Job | ToolResult:
-        """A job ready for the pool, or the ``parse_error``/``tool_error`` that stops the call here."""
+        """A job ready for the pool, or the ``parse_error``/``invalid_arguments``/``tool_error`` that stops
+        the call here."""
         if deadline_s is not None and not deadline_s > 0:
             raise ValueError(f"deadline_s must be positive, got {deadline_s}")
         name = ""
@@ -46,10 +47,8 @@ class ToolEnvironment:
             call = self.registry.parse(call)
             spec = self.registry.get(call.name)
             images = [context.resolve(call.arguments[arg]) for arg in spec.image_args]
-        except CallParseError as err:
-            return ToolResult(status=ToolStatus.PARSE_ERROR, tool=name, error=str(err))
-        except ToolError as err:
-            return ToolResult(status=ToolStatus.TOOL_ERROR, tool=name, error=str(err))
+        except (CallParseError, ToolError) as err:
+            return ToolResult(status=error_status(err), tool=name, error=str(err))
         return Job(
             tool=spec.name,
             target=spec.target,

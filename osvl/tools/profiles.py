@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from osvl.rl.trajectory import ToolCall, ToolResult, ToolStatus
+from osvl.rl.trajectory import ToolCall, ToolResult
 from osvl.tools.cache import ToolCache
 from osvl.tools.catalog import builtin_specs
 from osvl.tools.environment import RawCall, ToolEnvironment, ToolRunner
-from osvl.tools.errors import CallParseError, ToolError
+from osvl.tools.errors import CallParseError, InvalidArguments, ToolError, error_status
 from osvl.tools.limits import ToolLimits
 from osvl.tools.pool import Job
 from osvl.tools.python_interpreter import python_interpreter_spec
@@ -30,7 +30,7 @@ from osvl.tools.visit import visit_spec
 from osvl.tools.visual_context import VisualContext
 
 PROFILES = ("paper", "release")
-_IMAGE_REF = re.compile(r"img_([1-9][0-9]*)")
+_IMAGE_REF = re.compile(r"img_([1-9][0-9]{0,5})")  # far more images than a context may hold
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def image_index(reference: Any) -> int:
     """``"img_3"`` -> 2; anything else is the policy's mistake."""
     match = _IMAGE_REF.fullmatch(reference) if isinstance(reference, str) else None
     if match is None:
-        raise ToolError(f"image reference must look like 'img_1' (the question image), got {reference!r}")
+        raise InvalidArguments(f"image reference must look like 'img_1' (the question image), got {reference!r:.80}")
     return int(match[1]) - 1
 
 
@@ -132,7 +132,7 @@ def translate_release_call(tool: ReleaseTool, arguments: Mapping[str, Any]) -> T
     if tool.one_of:
         present = [k for k in tool.one_of if k in arguments]
         if len(present) != 1:
-            raise CallParseError(f"{tool.name} needs exactly one of {list(tool.one_of)}, got {present or 'none'}")
+            raise InvalidArguments(f"{tool.name} needs exactly one of {list(tool.one_of)}, got {present or 'none'}")
     out: dict[str, Any] = dict(tool.fixed)
     box: dict[str, int] = {}
     for name, value in given.items():
@@ -149,7 +149,7 @@ def translate_release_call(tool: ReleaseTool, arguments: Mapping[str, Any]) -> T
             out[arg.to] = value
     if box:
         if box["width"] <= 0 or box["height"] <= 0:
-            raise ToolError(f"crop width and height must be positive, got {box['width']} x {box['height']}")
+            raise InvalidArguments(f"crop width and height must be positive, got {box['width']} x {box['height']}")
         out["boxes"] = [[box["x"], box["y"], box["x"] + box["width"], box["y"] + box["height"]]]
     return ToolCall(name=tool.osvl, arguments=out)
 
@@ -173,7 +173,8 @@ class ToolProfile:
         return [tool.schema() for tool in self.release_tools.values()]
 
     def translate(self, raw: str | Mapping[str, Any] | ToolCall) -> ToolCall:
-        """The osvl call for a model's call; ``CallParseError``/``ToolError`` say what was wrong."""
+        """The osvl call for a model's call; ``CallParseError``/``InvalidArguments``/``ToolError`` say what
+        was wrong."""
         return self._translate(parse_tool_call(_arguments_key(raw), self.registry.limits))
 
     def _translate(self, call: ToolCall) -> ToolCall:
@@ -194,10 +195,8 @@ class ToolProfile:
             call = parse_tool_call(_arguments_key(raw), self.registry.limits)
             name = call.name
             return self._translate(call)
-        except CallParseError as err:
-            return ToolResult(status=ToolStatus.PARSE_ERROR, tool=name, error=str(err))
-        except ToolError as err:
-            return ToolResult(status=ToolStatus.TOOL_ERROR, tool=name, error=str(err))
+        except (CallParseError, ToolError) as err:
+            return ToolResult(status=error_status(err), tool=name, error=str(err))
 
     def present(self, result: ToolResult) -> ToolResult:
         """Rewrite osvl's "New image at index 2." note into the release's ``img_3`` references."""
@@ -213,7 +212,7 @@ def _arguments_key(raw: str | Mapping[str, Any] | ToolCall) -> str | Mapping[str
     if isinstance(raw, str):
         try:
             decoded = json.loads(raw)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # not JSON, or numbers Python will not convert
             return raw  # parse_tool_call reports it
         raw = decoded if isinstance(decoded, Mapping) else raw
     if isinstance(raw, Mapping) and "parameters" in raw and "arguments" not in raw:

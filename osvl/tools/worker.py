@@ -19,7 +19,7 @@ import numpy as np
 
 from osvl.rl.trajectory import ToolStatus, check_image
 from osvl.tools.config import ToolsConfig
-from osvl.tools.errors import BackendError, CallParseError, ToolError
+from osvl.tools.errors import BackendError, CallParseError, ToolError, error_status
 from osvl.tools.registry import ToolOutput
 
 OUT_OF_MEMORY = "the tool ran out of memory"
@@ -58,12 +58,8 @@ def run_job(target: str, arguments: Mapping[str, Any], images: list[np.ndarray],
     """Run one tool call; every failure becomes a status with a message, never an exception."""
     try:
         output = resolve_target(target)(arguments, images, config)
-    except ToolError as err:
-        return ToolStatus.TOOL_ERROR, "", [], str(err)
-    except CallParseError as err:
-        return ToolStatus.PARSE_ERROR, "", [], str(err)
-    except BackendError as err:
-        return ToolStatus.INFRA_ERROR, "", [], str(err)
+    except (ToolError, CallParseError, BackendError) as err:
+        return error_status(err), "", [], str(err)
     except MemoryError:
         return ToolStatus.INFRA_ERROR, "", [], OUT_OF_MEMORY
     except Exception as err:  # a bug or a broken backend is our fault, not the policy's

@@ -1,0 +1,60 @@
+"""Decoding JSON the model wrote (a tool call, its arguments) into values or typed errors.
+
+``json.loads`` alone raises ``ValueError`` for integers of 4300+ digits, ``RecursionError`` for deep
+nesting, and accepts ``NaN``/``Infinity`` and numbers that overflow to ``inf``: none of that may
+reach a tool or crash a rollout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from osvl.tools.errors import CallParseError, InvalidArguments
+
+MAX_NUMBER_CHARS = 40  # a JSON number token longer than this is no argument any tool takes
+
+
+class UnusableNumber(str):
+    """A JSON number no tool can take (too long to convert, or non-finite), kept as its source text.
+
+    Decoding goes on so the schema can name the argument that holds it (``InvalidArguments``);
+    being a ``str``, a call that records it still serializes."""
+
+    why: str
+
+
+def _unusable(token: str, why: str) -> UnusableNumber:
+    number = UnusableNumber(token if len(token) <= MAX_NUMBER_CHARS else f"{token[:12]}...")
+    number.why = why
+    return number
+
+
+def _parse_int(token: str) -> int | UnusableNumber:
+    if len(token) > MAX_NUMBER_CHARS:
+        return _unusable(token, f"an integer of {len(token.lstrip('-'))} digits, out of range")
+    return int(token)
+
+
+def _parse_float(token: str) -> float | UnusableNumber:
+    value = float(token) if len(token) <= MAX_NUMBER_CHARS else math.inf
+    if not math.isfinite(value):
+        return _unusable(token, f"the number {token[:12]}{'...' if len(token) > 12 else ''}, out of range")
+    return value
+
+
+def _parse_constant(token: str) -> UnusableNumber:
+    return _unusable(token, f"the non-finite number {token}, which is not valid JSON")
+
+
+def loads_call_json(text: str, what: str) -> Any:
+    """``json.loads`` for model-written JSON: syntax errors are ``CallParseError``, nesting too deep is
+    ``InvalidArguments``; numbers no tool can take decode to ``UnusableNumber`` for the schema to
+    name. Nothing else escapes."""
+    try:
+        return json.loads(text, parse_constant=_parse_constant, parse_int=_parse_int, parse_float=_parse_float)
+    except json.JSONDecodeError as err:
+        raise CallParseError(f"{what} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except RecursionError:
+        raise InvalidArguments(f"{what} is nested too deeply") from None
