@@ -24,6 +24,7 @@ from osvl.tools.errors import CallParseError, InvalidArguments, ToolError, error
 from osvl.tools.limits import ToolLimits
 from osvl.tools.pool import Job
 from osvl.tools.python_interpreter import python_interpreter_spec
+from osvl.tools.sandbox import SandboxConfig
 from osvl.tools.registry import ToolRegistry, ToolSpec, parse_tool_call
 from osvl.tools.schema import check_arguments
 from osvl.tools.visit import visit_spec
@@ -157,13 +158,14 @@ def translate_release_call(tool: ReleaseTool, arguments: Mapping[str, Any]) -> T
 class ToolProfile:
     """What the model sees (``tool_schemas``) and how its calls reach osvl's tools (``translate``)."""
 
-    def __init__(self, name: str, limits: ToolLimits | None = None, python_interpreter: bool = False) -> None:
+    def __init__(self, name: str, limits: ToolLimits | None = None, python_interpreter: bool = False,
+                 sandbox: SandboxConfig | None = None) -> None:
         if name not in PROFILES:
             raise ValueError(f"unknown tool profile {name!r}; expected one of {PROFILES}")
         self.name = name
         specs: list[ToolSpec] = [*builtin_specs(limits or ToolLimits()), visit_spec(limits)]
         if python_interpreter:
-            specs.append(python_interpreter_spec())
+            specs.append(python_interpreter_spec(sandbox=sandbox or SandboxConfig()))
         self.registry = ToolRegistry(specs, limits)
         self.release_tools = {t.name: t for t in RELEASE_TOOLS if t.osvl in self.registry}
 
@@ -223,8 +225,9 @@ def _arguments_key(raw: str | Mapping[str, Any] | ToolCall) -> str | Mapping[str
 _INDEX_NOTE = re.compile(r"New images? at index ([0-9]+(?:, [0-9]+)*)\.")
 
 
-def tool_profile(name: str, limits: ToolLimits | None = None, python_interpreter: bool = False) -> ToolProfile:
-    return ToolProfile(name, limits, python_interpreter)
+def tool_profile(name: str, limits: ToolLimits | None = None, python_interpreter: bool = False,
+                 sandbox: SandboxConfig | None = None) -> ToolProfile:
+    return ToolProfile(name, limits, python_interpreter, sandbox)
 
 
 class ProfiledEnvironment(ToolEnvironment):
@@ -238,17 +241,20 @@ class ProfiledEnvironment(ToolEnvironment):
     def tool_schemas(self) -> list[dict[str, Any]]:
         return self.profile.tool_schemas()
 
-    def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> Job | ToolResult:
+    def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
+                end_to_end_s: float | None = None) -> Job | ToolResult:
         call = self.profile.prepare(raw)
         if isinstance(call, ToolResult):
             return call
-        return super().prepare(call, context, deadline_s)
+        return super().prepare(call, context, deadline_s, end_to_end_s)
 
-    async def execute(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> ToolResult:
-        return self.profile.present(await super().execute(raw, context, deadline_s))
+    async def execute(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
+                      end_to_end_s: float | None = None) -> ToolResult:
+        return self.profile.present(await super().execute(raw, context, deadline_s, end_to_end_s))
 
-    def execute_sync(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> ToolResult:
-        return self.profile.present(super().execute_sync(raw, context, deadline_s))
+    def execute_sync(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
+                     end_to_end_s: float | None = None) -> ToolResult:
+        return self.profile.present(super().execute_sync(raw, context, deadline_s, end_to_end_s))
 
 
 def profile_environment(profile: ToolProfile, pool: ToolRunner, cache: ToolCache | None = None) -> ToolEnvironment:

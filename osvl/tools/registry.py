@@ -2,8 +2,9 @@
 
 A ``ToolSpec`` names its implementation as ``"module:function"`` so that spawned worker
 processes can import it without pickling code. Implementations have the signature
-``fn(arguments, images, config) -> ToolOutput`` where ``images`` are the images named by the
-spec's ``image_args``, resolved from the visual context in that order.
+``fn(arguments, images, config, **options) -> ToolOutput`` where ``images`` are the images named by
+the spec's ``image_args``, resolved from the visual context in that order, and ``options`` are the
+spec's own fixed settings (e.g. the interpreter's sandbox limits), never the policy's.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class ToolSpec:
     image_args: tuple[str, ...] = ()  # integer arguments that index the visual context
     deadline_s: float = 30.0  # default per-call deadline
     cacheable: bool = False  # worth recording (online, slow, deterministic given inputs)
+    options: Mapping[str, Any] = field(default_factory=dict)  # keyword arguments of every call (picklable)
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -50,6 +52,9 @@ class ToolSpec:
         if self.parameters.get("type") != "object":
             raise ValueError(f"tool {self.name}: parameters must be an object schema")
         check_schema(self.parameters, self.name)
+        bad = [key for key in self.options if not (isinstance(key, str) and key.isidentifier())]
+        if bad:
+            raise ValueError(f"tool {self.name}: option names must be identifiers, got {bad}")
         for arg in self.image_args:
             if self.parameters["properties"].get(arg, {}).get("type") != "integer":
                 raise ValueError(f"tool {self.name}: image argument {arg!r} must be an integer property")
