@@ -188,6 +188,9 @@ class ToolsConfig:
     backend: Literal["offline", "online"] = "offline"
     profile: ToolProfileName = "paper"  # paper: osvl's tool schema; release: the released checkpoints' names/arguments
     python_interpreter: bool = False  # register the sandboxed python_interpreter tool (off by default)
+    # the boundary it runs behind; unsafe_no_boundary (a Python audit hook only) must be chosen by name
+    python_sandbox: Literal["namespaces", "sandbox_fusion", "unsafe_no_boundary"] = "namespaces"
+    sandbox_fusion_url: str = ""  # SandboxFusion base URL (POST {url}/run_code) for python_sandbox = sandbox_fusion
     world_dir: str = ""  # the embedded mini-world for the offline backend
     workers: int = 4
     call_deadline_s: float = 60.0
@@ -199,6 +202,9 @@ class ToolsConfig:
         _positive(self, "workers", "call_deadline_s")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must lie in [0, 1], got {self.fault_rate}")
+        if self.python_sandbox == "sandbox_fusion" and not self.sandbox_fusion_url.startswith(("http://", "https://")):
+            raise ValueError(f"python_sandbox 'sandbox_fusion' needs an http(s) sandbox_fusion_url, got "
+                             f"{self.sandbox_fusion_url!r}")
 
 
 @dataclass(frozen=True)
