@@ -48,13 +48,13 @@ def _parse_constant(token: str) -> UnusableNumber:
     return _unusable(token, f"the non-finite number {token}, which is not valid JSON")
 
 
-def loads_call_json(text: str, what: str) -> Any:
-    """``json.loads`` for model-written JSON: syntax errors are ``CallParseError``, nesting too deep is
-    ``InvalidArguments``; numbers no tool can take decode to ``UnusableNumber`` for the schema to
-    name. Nothing else escapes."""
+def loads_call_json(text: str, what: str, syntax_error: type[Exception] = CallParseError) -> Any:
+    """``json.loads`` for model-written JSON: syntax errors raise ``syntax_error`` (``CallParseError`` for
+    a whole call, ``InvalidArguments`` for an arguments string), nesting too deep is ``InvalidArguments``;
+    numbers no tool can take decode to ``UnusableNumber`` for the schema to name. Nothing else escapes."""
     try:
         return json.loads(text, parse_constant=_parse_constant, parse_int=_parse_int, parse_float=_parse_float)
     except json.JSONDecodeError as err:
-        raise CallParseError(f"{what} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+        raise syntax_error(f"{what} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
     except RecursionError:
         raise InvalidArguments(f"{what} is nested too deeply") from None

@@ -141,7 +141,7 @@ def parse_tool_call(raw: str | Mapping[str, Any] | ToolCall, limits: ToolLimits 
     if isinstance(arguments, str):  # OpenAI style: arguments as a JSON string
         if len(arguments) > limits.max_call_chars:
             raise InvalidArguments(f"arguments are {len(arguments)} characters; the limit is {limits.max_call_chars}")
-        arguments = loads_call_json(arguments, "arguments") if arguments.strip() else {}
+        arguments = loads_call_json(arguments, "arguments", InvalidArguments) if arguments.strip() else {}
     if not isinstance(arguments, Mapping):
         raise InvalidArguments("tool call 'arguments' must be a JSON object")
     return ToolCall(name=name, arguments=dict(arguments))

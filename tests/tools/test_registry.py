@@ -83,6 +83,7 @@ def test_malformed_calls_are_parse_errors(raw, message):
         ('{"name": "sharpen", "arguments": {"image": 0, "amount": -1e400}}', "out of range"),
         ('{"name": "ocr", "arguments": [1]}', "'arguments' must be a JSON object"),
         ('{"name": "ocr", "arguments": "[1]"}', "'arguments' must be a JSON object"),
+        ('{"name": "ocr", "arguments": "{image: 0"}', "arguments is not valid JSON"),
         ('{"name": "ocr", "arguments": {"image": 1' + "0" * 5000 + "}}", "5001 digits"),  # int() refuses 4300+
         ('{"name": "ocr", "arguments": {"image": ' + "9" * 400 + "}}", "out of range"),
         ('{"name": "crop", "arguments": {"image": 0, "boxes": [[0, 0, 5, 1' + "0" * 400 + "]]}}", "'boxes[0][3]' is an"),
