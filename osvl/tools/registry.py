@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from osvl.rl.trajectory import ToolCall
-from osvl.tools.call_json import loads_call_json
+from osvl.tools.call_json import loads_call_json, reject_unusable
 from osvl.tools.errors import CallParseError, InvalidArguments
 from osvl.tools.limits import ToolLimits
 from osvl.tools.schema import check_arguments, check_schema
@@ -144,4 +144,6 @@ def parse_tool_call(raw: str | Mapping[str, Any] | ToolCall, limits: ToolLimits 
         arguments = loads_call_json(arguments, "arguments", InvalidArguments) if arguments.strip() else {}
     if not isinstance(arguments, Mapping):
         raise InvalidArguments("tool call 'arguments' must be a JSON object")
-    return ToolCall(name=name, arguments=dict(arguments))
+    arguments = dict(arguments)
+    reject_unusable(arguments, "")
+    return ToolCall(name=name, arguments=arguments)

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from osvl.tools.errors import InvalidArguments
-from osvl.tools.call_json import UnusableNumber
 
 _SUPPORTED_KEYS = frozenset(
     {
@@ -90,8 +89,6 @@ def _json_type(value: Any) -> str:
 
 
 def _check_value(schema: Mapping[str, Any], value: Any, path: str) -> Any:
-    if isinstance(value, UnusableNumber):
-        raise InvalidArguments(f"argument '{path}' is {value.why}")
     kind = schema["type"]
     actual = _json_type(value)
     if actual == "integer" and abs(value) > MAX_SAFE_INTEGER:

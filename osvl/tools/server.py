@@ -38,7 +38,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from osvl.rl.trajectory import ToolResult, ToolStatus
-from osvl.tools.call_json import loads_call_json
+from osvl.tools.call_json import loads_call_json, reject_unusable
 from osvl.tools.errors import CallParseError, InvalidArguments, ToolError, error_status
 from osvl.tools.image_io import decode_image, encode_png
 from osvl.tools.pool import Job, PoolBusy, PoolClosed, PoolStats, ToolPool
@@ -306,6 +306,10 @@ class ToolServer:
         """The job to run, the typed result that ends the call here, or ``_BadRequest``."""
         if not isinstance(body, dict) or not isinstance(body.get("tool"), str):
             raise _BadRequest(400, "bad_field", "body must be a JSON object with a string 'tool'")
+        try:  # the arguments are the policy's (typed below); a protocol field with such a number is the client's
+            reject_unusable({key: value for key, value in body.items() if key != "arguments"}, "")
+        except InvalidArguments as err:
+            raise _BadRequest(400, "bad_field", f"body field {str(err).removeprefix('argument ')}") from None
         deadline_s = _positive_seconds(body, "deadline_s")
         end_to_end_s = _positive_seconds(body, "end_to_end_s")
         try:

@@ -1,5 +1,4 @@
 import asyncio
-import json
 
 import numpy as np
 import pytest
@@ -146,7 +145,7 @@ def test_unusable_arguments_are_typed_steps_not_a_crash(local_engine, env, rende
     traj = _run(ReplayEngine(local_engine, scripted(turns)), env, renderer, config)
     invalid = ToolStatus.INVALID_ARGUMENTS
     assert traj.statuses == [invalid, invalid, ToolStatus.OK, invalid, ToolStatus.PARSE_ERROR, None]
-    assert "out of range" in traj.steps[0].tool_result.error
-    assert json.dumps(traj.steps[0].tool_call.arguments) == '{"seconds": "100000000000..."}'  # recordable as is
+    assert "'seconds' is an integer of 4401 digits, out of range" in traj.steps[0].tool_result.error
+    assert traj.steps[0].tool_call is None
     assert traj.finish_reason is FinishReason.RESPONSE
     renderer.render_trajectory(traj)

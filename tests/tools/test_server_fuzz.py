@@ -135,8 +135,8 @@ def probes(rng: random.Random) -> list[Probe]:
         "body_nested_deep": lambda: Probe("", request(b"[" * n(50_000, 100_000) + b"]" * 10), bad_400),
         "body_not_an_object": lambda: Probe("", request(rng.choice([b"[]", b'"echo"', b"42", b"null", b"true"])),
                                             bad_400),
-        "tool_not_a_string": lambda: Probe("", request(call_body(tool=rng.choice(["1", "null", "[\"echo\"]", "{}"]))),
-                                           bad_400),
+        "tool_not_a_string": lambda: Probe("", request(call_body(tool=rng.choice(
+            ["1", "null", "[\"echo\"]", "{}", "NaN", "9" * 5000]))), bad_400),
         "deadline_unusable": lambda: Probe("", request(call_body(extra=', "deadline_s": ' + rng.choice(
             ["-1", "0", "NaN", "Infinity", '"soon"', "9" * 5000, "1e999", "true"]))), bad_400),
         "images_not_base64": lambda: Probe("", request(call_body(tool='"echo_image"', arguments='{"image": 0}',
