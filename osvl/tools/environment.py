@@ -49,7 +49,7 @@ class ToolEnvironment:
             spec = self.registry.get(call.name)
             images = [context.resolve(call.arguments[arg]) for arg in spec.image_args]
         except (CallParseError, ToolError) as err:
-            return ToolResult(status=error_status(err), tool=name, error=str(err))
+            return ToolResult(status=error_status(err), tool=name or getattr(err, "tool", ""), error=str(err))
         return Job(
             tool=spec.name,
             target=spec.target,

@@ -16,7 +16,12 @@ class ToolError(Exception):
 
 class InvalidArguments(ToolError):
     """The arguments cannot be decoded or validated (huge or non-finite numbers, nesting too deep,
-    lone surrogates, wrong types, out of range, unknown or missing names)."""
+    lone surrogates, wrong types, out of range, unknown or missing names). ``tool`` names the tool
+    when the failure was found while its call was still being parsed."""
+
+    def __init__(self, message: str, tool: str = "") -> None:
+        super().__init__(message)
+        self.tool = tool
 
 
 class CallParseError(Exception):

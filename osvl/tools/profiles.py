@@ -198,7 +198,7 @@ class ToolProfile:
             name = call.name
             return self._translate(call)
         except (CallParseError, ToolError) as err:
-            return ToolResult(status=error_status(err), tool=name, error=str(err))
+            return ToolResult(status=error_status(err), tool=name or getattr(err, "tool", ""), error=str(err))
 
     def present(self, result: ToolResult) -> ToolResult:
         """Rewrite osvl's "New image at index 2." note into the release's ``img_3`` references."""

@@ -137,7 +137,13 @@ def parse_tool_call(raw: str | Mapping[str, Any] | ToolCall, limits: ToolLimits 
         raise CallParseError("tool call needs a non-empty string 'name'")
     if len(name) > 200 or not _printable_name(name):
         raise CallParseError(f"unknown tool {name[:200]!r}")
-    arguments = raw.get("arguments", {})
+    try:
+        return ToolCall(name=name, arguments=_arguments(raw.get("arguments", {}), limits))
+    except InvalidArguments as err:
+        raise InvalidArguments(str(err), tool=name) from None
+
+
+def _arguments(arguments: Any, limits: ToolLimits) -> dict[str, Any]:
     if isinstance(arguments, str):  # OpenAI style: arguments as a JSON string
         if len(arguments) > limits.max_call_chars:
             raise InvalidArguments(f"arguments are {len(arguments)} characters; the limit is {limits.max_call_chars}")
@@ -146,4 +152,4 @@ def parse_tool_call(raw: str | Mapping[str, Any] | ToolCall, limits: ToolLimits 
         raise InvalidArguments("tool call 'arguments' must be a JSON object")
     arguments = dict(arguments)
     reject_unusable(arguments, "")
-    return ToolCall(name=name, arguments=arguments)
+    return arguments

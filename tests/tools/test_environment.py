@@ -83,3 +83,17 @@ def test_long_observations_are_truncated_with_a_note(fault_env):
     result = fault_env.execute_sync({"name": "echo", "arguments": {"tag": "abcdefghijklmnop"}}, context)
     assert result.status is ToolStatus.OK
     assert result.text.startswith("echo:abcde\n[truncated ") and result.text.endswith(" characters]")
+
+
+def test_a_specs_options_travel_with_its_jobs_and_must_be_named_like_arguments(fault_pool):
+    from osvl.tools import ToolRegistry, ToolSpec
+
+    params = {"type": "object", "properties": {}}
+    spec = ToolSpec("opt", "d", params, "tests.tools.fault_tools:echo_options", options={"limit": 3})
+    env = ToolEnvironment(ToolRegistry([spec]), fault_pool)
+    job = env.prepare({"name": "opt", "arguments": {}}, VisualContext(), end_to_end_s=7.0)
+    assert job.options == {"limit": 3} and job.end_to_end_s == 7.0
+    result = env.execute_sync({"name": "opt", "arguments": {}}, VisualContext())
+    assert result.status is ToolStatus.OK and result.text == '{"limit": 3}'
+    with pytest.raises(ValueError, match="option names must be identifiers"):
+        ToolSpec("opt", "d", params, "m:f", options={"not a name": 1})

@@ -133,16 +133,18 @@ def run_in_namespaces(code: str, limits: SandboxLimits, config: SandboxConfig) -
     seccomp_read, seccomp_write = os.pipe()
     status_read, status_write = os.pipe()
     try:
-        os.write(seccomp_write, program)  # a few hundred bytes: fits the pipe's buffer
-        os.close(seccomp_write)
+        with open(seccomp_write, "wb") as sink:  # a few hundred bytes: fits the pipe's buffer
+            sink.write(program)
         argv = bwrap_argv(bwrap, limits, runtime, config.audit_hook, seccomp_read, status_write)
         outcome = run_child(argv, code, limits, env={"PATH": ENVIRONMENT["PATH"]}, cwd="/",
                             pass_fds=(seccomp_read, status_write))
     finally:
-        for fd in (seccomp_read, status_write):
-            os.close(fd)
-    status = _read_status(status_read)
-    os.close(status_read)
+        os.close(seccomp_read)
+        os.close(status_write)
+    try:
+        status = _read_status(status_read)
+    finally:
+        os.close(status_read)
     if not any("child-pid" in record for record in status) and not outcome.timed_out:
         raise SandboxUnavailable(f"bubblewrap could not create the sandbox (exit status {outcome.exit_code}): "
                                  f"{outcome.stderr.strip()[-500:] or 'no message'}")
