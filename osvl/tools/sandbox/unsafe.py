@@ -13,7 +13,6 @@ leaves no runaway child behind.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import re
 import shutil
@@ -29,12 +28,12 @@ from osvl.tools.sandbox.process import diagnose, run_child
 SCRATCH_PREFIX = "osvl-py-"
 _SCRATCH_NAME = re.compile(rf"{SCRATCH_PREFIX}(\d+)-")
 PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: between fork and exec only the call runs
 
 
 def _die_with_parent(parent: int) -> None:
     """In the child before exec: SIGKILL when the parent dies; and if it already has, die now."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)
 
