@@ -237,11 +237,14 @@ class ToolServer:
     async def _reply(self, request: web.Request, status: int, payload: Any) -> web.StreamResponse:
         """Write the answer here, under the write timeout: a client that does not read is dropped."""
         response = web.Response(status=status, body=_dumps(payload), content_type="application/json")
+
+        async def write() -> None:
+            await response.prepare(request)
+            await response.write_eof()
+
         try:
-            async with asyncio.timeout(self.limits.write_timeout_s):
-                await response.prepare(request)
-                await response.write_eof()
-        except (TimeoutError, ConnectionError):
+            await asyncio.wait_for(write(), self.limits.write_timeout_s)
+        except (asyncio.TimeoutError, ConnectionError):
             if request.transport is not None:
                 request.transport.abort()
         return response
@@ -272,7 +275,7 @@ class ToolServer:
         backstop = prepared.end_to_end_s + self.limits.max_queue_wait_s
         try:
             result = await asyncio.wait_for(asyncio.wrap_future(future), backstop)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             future.cancel()
             return await self._error(request, 504, "deadline", f"{prepared.tool} got no answer within {backstop:g}s")
         payload = await asyncio.to_thread(result_to_json, result)
@@ -285,9 +288,8 @@ class ToolServer:
             raise _BadRequest(413, "too_large", f"a body of {request.content_length} bytes exceeds "
                                                 f"{self.limits.max_request_bytes}")
         try:
-            async with asyncio.timeout(self.limits.body_timeout_s):
-                raw = await request.read()
-        except TimeoutError:
+            raw = await asyncio.wait_for(request.read(), self.limits.body_timeout_s)
+        except asyncio.TimeoutError:
             raise _BadRequest(408, "timeout", f"the body did not arrive within {self.limits.body_timeout_s:g}s") from None
         except web.HTTPRequestEntityTooLarge:
             raise _BadRequest(413, "too_large", f"the body exceeds {self.limits.max_request_bytes} bytes") from None
