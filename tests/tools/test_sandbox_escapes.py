@@ -379,8 +379,12 @@ def _victim_state(pid: int) -> str:
     return "?"
 
 
-def _host_sysv_keys() -> str:
-    return Path("/proc/sysvipc/shm").read_text()
+def _host_file(path: str) -> str:
+    """A host /proc table ("" on a kernel built without it: then nothing can appear there either)."""
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        return ""
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -404,8 +408,8 @@ def test_escape_attempt_has_no_effect_outside(case, sandboxed_pool, host):
     assert pool.stats.crashes == 0 and pool.stats.restarts == 0
     assert host["victim"].poll() is None and _victim_state(host["victim"].pid) in ("S", "R"), f"{case} hit the victim"
     assert not Path(f"/dev/shm/osvl-escape-{TOKEN}").exists(), f"{case} created host shared memory"
-    assert "5c0ffee" not in _host_sysv_keys().lower(), f"{case} created host System V shared memory"
-    assert f"osvl-escape-{TOKEN}" not in Path("/proc/keys").read_text(), f"{case} added a host key"
+    assert "96534510" not in _host_file("/proc/sysvipc/shm"), f"{case} created host System V shared memory"
+    assert f"osvl-escape-{TOKEN}" not in _host_file("/proc/keys"), f"{case} added a host key"
     assert socket.gethostname() == host["hostname"], f"{case} renamed the host"
     assert not Path(f"/usr/lib/osvl-escape-{TOKEN}").exists(), f"{case} wrote into /usr"
     if case == "proc_host_pids_visible" and "RESULT" in result.text:
