@@ -1,8 +1,10 @@
 """``torchrun --nproc_per_node N -m osvl.train --recipe NAME [--set key=value ...] [--dry-run]``
 
 The recipe is loaded and validated before any process group starts, so a typo fails in a second
-on every rank with the key path. ``--dry-run`` stops there and, for recipes with a target world
-size (the paper recipes), runs the meta-device memory planner on a fake group of that size.
+on every rank with the key path. ``--dry-run`` stops there: it runs the stage's own recipe checks
+(the same function and messages as the stage), the meta-device memory planner on a fake group of
+the recipe's world size (paper recipes), and the serving plan (SGLang memory, weight-sync bytes);
+``--preflight`` adds the probes of the servers, judges and tool servers the recipe names.
 """
 
 from __future__ import annotations
@@ -12,12 +14,19 @@ import os
 import sys
 
 from osvl.config import Recipe, load_recipe
+from osvl.config.recipe import PAPER_PRESETS
 
 
-def dry_run(recipe: Recipe) -> list[str]:
-    """Validation summary, plus the per-rank memory plan when the recipe names a world size."""
+def dry_run(recipe: Recipe, preflight: bool = False) -> list[str]:
+    """The stage's own recipe checks, the per-rank memory plan when the recipe names a world size,
+    the serving side (memory, weight-sync bytes), and with ``preflight`` the service probes."""
     lines = [f"recipe {recipe.job.name}: stage {recipe.job.stage}, model {recipe.model.preset}, "
              f"parallel {recipe.parallel}"]
+    if recipe.job.stage == "grpo":
+        from osvl.trainer.preflight import check_grpo_recipe, dry_run_lines
+
+        check_grpo_recipe(recipe, recipe.data_parallel_size(recipe.job.world_size or 1))
+        lines += dry_run_lines(recipe)
     if recipe.job.world_size:
         from osvl.parallel.plan import plan
 
@@ -26,6 +35,15 @@ def dry_run(recipe: Recipe) -> list[str]:
         lines += report.lines()
     else:
         lines.append("no job.world_size: the topology is whatever torchrun starts (tiny CPU recipe)")
+    if recipe.job.stage == "grpo" and recipe.rollout.engine == "sglang" and recipe.model.preset in PAPER_PRESETS:
+        from osvl.model.presets import preset
+        from osvl.trainer.serving import serving_plan
+
+        lines += serving_plan(recipe, preset(recipe.model.preset)).lines()
+    if preflight and recipe.job.stage == "grpo":
+        from osvl.trainer.preflight import check_services
+
+        lines += [f"pre-flight: {line}" for line in check_services(recipe)]
     return lines
 
 
@@ -35,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe value, e.g. --set grpo.eps_high=0.3 (repeatable)")
     parser.add_argument("--dry-run", action="store_true", help="validate and plan memory; start nothing")
+    parser.add_argument("--preflight", action="store_true",
+                        help="with --dry-run: also probe the servers, judges and tool servers the recipe names")
     args = parser.parse_args(argv)
     try:
         recipe = load_recipe(args.recipe, args.overrides)
@@ -43,13 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if args.dry_run:
         if rank == 0:
-            print("\n".join(dry_run(recipe)))
+            try:
+                print("\n".join(dry_run(recipe, args.preflight)))
+            except ValueError as error:
+                parser.error(str(error))
         return 0
     if recipe.job.world_size and recipe.job.world_size != world:
         parser.error(f"recipe {recipe.job.name} targets job.world_size={recipe.job.world_size} but "
                      f"{world} processes were started (use --set job.world_size={world} to run it smaller)")
     if recipe.job.stage == "grpo":
-        from osvl.trainer.grpo import check_grpo_recipe
+        from osvl.trainer.preflight import check_grpo_recipe
 
         try:
             check_grpo_recipe(recipe, recipe.data_parallel_size(world))

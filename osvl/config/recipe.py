@@ -169,23 +169,43 @@ class GRPOConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: Literal["local", "sglang"] = "local"
-    sglang_urls: tuple[str, ...] = ()
+    engine: Literal["local", "sglang"] = "local"  # local: an in-process engine per rank (CPU form)
+    sglang_urls: tuple[str, ...] = ()  # where /generate goes: the servers, or one sglang-router URL
+    sglang_update_urls: tuple[str, ...] = ()  # the servers that take weight updates; () = sglang_urls
+    weight_sync: Literal["disk", "distributed"] = "disk"  # disk: HF safetensors in weights_dir; distributed: broadcast
+    weights_dir: str = ""  # shared by trainer and servers; "" = <run_dir>/weights (last 2 versions kept)
+    weight_sync_bucket_mb: int = 512  # distributed: bytes per /update_weights_from_distributed bucket
+    weight_sync_master_addr: str = "127.0.0.1"  # distributed: where the servers reach trainer rank 0
+    weight_sync_port: int = 0  # distributed: the update group's store port; 0 = any free port
+    request_timeout_s: float = 600.0  # one engine HTTP request
+    max_logprob_diff: float = 0.05  # pre-flight: mean |engine - trainer| logprob allowed on a probe
+    server_tp: int = 1  # each SGLang server's tensor-parallel size (osvl.serve, the serving memory plan)
+    server_mem_fraction: float = 0.85  # SGLang --mem-fraction-static: share of a server GPU for weights + KV cache
+    server_gpu_gib: float = 96.0  # memory of one server GPU (H20: 96), for the serving memory plan
     max_in_flight: int = 64
     max_turns: int = 16
     trajectory_deadline_s: float = 900.0
     max_retries: int = 2
 
     def __post_init__(self) -> None:
-        _positive(self, "max_in_flight", "max_turns", "trajectory_deadline_s")
-        _non_negative(self, "max_retries")
+        _positive(self, "max_in_flight", "max_turns", "trajectory_deadline_s", "weight_sync_bucket_mb",
+                  "request_timeout_s", "max_logprob_diff", "server_tp", "server_gpu_gib")
+        if not 0.0 < self.server_mem_fraction <= 1.0:
+            raise ValueError(f"server_mem_fraction must lie in (0, 1], got {self.server_mem_fraction}")
+        _non_negative(self, "max_retries", "weight_sync_port")
         if self.engine == "sglang" and not self.sglang_urls:
             raise ValueError("engine 'sglang' needs sglang_urls")
+        for name in ("sglang_urls", "sglang_update_urls"):
+            bad = [u for u in getattr(self, name) if not u.startswith(("http://", "https://"))]
+            if bad:
+                raise ValueError(f"{name} must be http(s) base URLs, got {bad}")
 
 
 @dataclass(frozen=True)
 class ToolsConfig:
-    backend: Literal["offline", "online"] = "offline"
+    backend: Literal["offline", "online"] = "offline"  # offline: the embedded world; online: config_file's APIs
+    servers: tuple[str, ...] = ()  # osvl.tools.server URLs; when set, calls go there instead of a local pool
+    config_file: str = ""  # online back-ends: a TOML file as `osvl.eval --tools` reads (keys via *_key_env)
     profile: ToolProfileName = "paper"  # paper: osvl's tool schema; release: the released checkpoints' names/arguments
     python_interpreter: bool = False  # register the sandboxed python_interpreter tool (off by default)
     # the boundary it runs behind; unsafe_no_boundary (a Python audit hook only) must be chosen by name
@@ -205,6 +225,9 @@ class ToolsConfig:
         if self.python_sandbox == "sandbox_fusion" and not self.sandbox_fusion_url.startswith(("http://", "https://")):
             raise ValueError(f"python_sandbox 'sandbox_fusion' needs an http(s) sandbox_fusion_url, got "
                              f"{self.sandbox_fusion_url!r}")
+        bad = [u for u in self.servers if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"servers must be http(s) base URLs, got {bad}")
 
 
 @dataclass(frozen=True)
@@ -213,13 +236,18 @@ class JudgesConfig:
     query: Literal["heuristic", "llm"] = "heuristic"
     url: str = ""  # OpenAI-compatible chat endpoint for the llm judges
     model: str = ""
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the key ("" or unset = no key)
     alpha: float = 0.8  # weight of accuracy against query quality in the composite reward
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # one judge request
+    max_attempts: int = 5  # per verdict; past them the sample is unscored, never 0
+    max_concurrency: int = 32  # judge calls in flight per rank
+    cache_size: int = 100_000  # verdicts kept, keyed by judge prompt version, question and answer
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
-        _positive(self, "timeout_s")
+        _positive(self, "timeout_s", "max_attempts", "max_concurrency")
+        _non_negative(self, "cache_size")
         if "llm" in (self.accuracy, self.query) and not (self.url and self.model):
             raise ValueError("llm judges need url and model")
 

@@ -67,6 +67,32 @@ def system_text(tools: Sequence[Mapping[str, Any]], system_prompt: str = "") -> 
     return f"<|im_start|>system\n{prefix}{TOOLS_HEADER}{lines}{TOOLS_FOOTER}<|im_end|>\n"
 
 
+def parse_system_text(text: str) -> tuple[str, list[dict[str, Any]]]:
+    """``(system_prompt, tools)`` that :func:`system_text` renders as ``text``; ValueError when no
+    pair renders it exactly."""
+    open_, close = "<|im_start|>system\n", "<|im_end|>\n"
+    if not text:
+        return "", []
+    if not (text.startswith(open_) and text.endswith(close)):
+        raise ValueError(f"not a system turn: {text[:80]!r}")
+    body = text[len(open_): -len(close)]
+    prompt, tools = body, []
+    at = body.rfind(TOOLS_HEADER)
+    if at != -1 and body.endswith(TOOLS_FOOTER):
+        lines = body[at + len(TOOLS_HEADER): -len(TOOLS_FOOTER)]
+        try:
+            tools = [json.loads(line) for line in lines.split("\n")[1:]] if lines.startswith("\n") else None
+        except json.JSONDecodeError:
+            tools = None
+        if tools:
+            prompt = body[:at].removesuffix("\n\n") if at else ""
+        else:
+            tools = []
+    if system_text(tools, prompt) != text:
+        raise ValueError(f"system turn is not in osvl's format (prompt, then the tool schema): {text[:120]!r}")
+    return prompt, tools
+
+
 @dataclass
 class Segment:
     """Renderer-owned ids and the images whose pad tokens they contain, in order."""

@@ -93,6 +93,22 @@ class ImageConfig:
             "size": {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
         }
 
+    def to_video_preprocessor_config(self) -> dict:
+        """The ``video_preprocessor_config.json`` dict: transformers' ``AutoProcessor`` (so SGLang and
+        vLLM) needs one to build the Qwen3-VL processor. osvl trains on no video; the patching is the
+        vision tower's, the frame sampling and per-video token budget Qwen3-VL's (128 to 768 merged
+        patches), rescaled to this patch grid."""
+        return {
+            "video_processor_type": "Qwen3VLVideoProcessor",
+            "processor_class": "Qwen3VLProcessor",
+            "do_convert_rgb": True, "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255,
+            "do_normalize": True, "image_mean": list(self.image_mean), "image_std": list(self.image_std),
+            "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+            "merge_size": self.merge_size,
+            "size": {"shortest_edge": 128 * self.factor**2, "longest_edge": 768 * self.factor**2},
+            "do_sample_frames": True, "fps": 2, "min_frames": 4, "max_frames": 768,
+        }
+
 
 @dataclass(frozen=True)
 class ProcessedImage:

@@ -9,6 +9,10 @@
         --bench fvqa=fvqa_test.parquet --mode agentic --tools online.toml --tool-profile release \\
         --system-prompt my_prompt.txt --out runs/fvqa
 
+The system turn: a checkpoint osvl exported is shown the system prompt and tool schema it was
+trained with (read from its chat template; ``--tool-profile`` defaults to the profile of those
+tools); ``--system-prompt FILE`` replaces the prompt (an empty file: none). Other checkpoints get
+the mode's shipped prompt and, in agentic mode, the offered tools' schema.
 ``--bench NAME=FILE`` reads FILE with the loader called NAME (see ``osvl.eval.benchmarks``);
 ``LABEL:NAME=FILE`` runs it under another label. Re-running with the same ``--out`` resumes:
 judged items are skipped, unjudged ones are re-judged, failed generations are redone.
@@ -28,9 +32,11 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
-from osvl.config.loader import read_prompt_file
+from osvl.data.chat import system_text
 from osvl.eval.benchmarks import (
     FORMATS,
     BenchmarkFormat,
@@ -63,7 +69,9 @@ from osvl.eval.tools import (
     tool_sections,
 )
 from osvl.tools.config import ToolsConfig
-from osvl.tools.profiles import PROFILES
+from osvl.tools.profiles import PROFILES, tool_profile
+
+SHIPPED_PROMPTS = {"direct": "direct_system.v1.txt", "rag": "direct_system.v1.txt", "agentic": "agent_system.v1.txt"}
 
 
 def parse_bench(spec: str) -> tuple[str, str, Path]:
@@ -93,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     tools = p.add_argument_group("tools (rag and agentic modes)")
     tools.add_argument("--tools", metavar="FILE.toml", help="tool back-end config (see osvl.eval.tools); flags "
                                                             "below override it")
-    tools.add_argument("--tool-profile", choices=PROFILES, default="paper",
-                       help="tool schema the model sees: osvl's (paper) or the OpenSearch-VL release's names")
+    tools.add_argument("--tool-profile", choices=PROFILES,
+                       help="tool schema the model sees: osvl's (paper) or the OpenSearch-VL release's names; "
+                            "default: the profile an osvl-exported checkpoint was trained with, else paper")
     tools.add_argument("--python-interpreter", action="store_true", help="offer the sandboxed python_interpreter")
     tools.add_argument("--python-sandbox", choices=("namespaces", "sandbox_fusion", "unsafe_no_boundary"),
                        default="namespaces", help="the boundary python_interpreter runs behind (unsafe_no_boundary: "
@@ -113,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     tools.add_argument("--image-search-url", help="reverse-image search API URL")
     tools.add_argument("--image-search-key-env", metavar="VAR")
     tools.add_argument("--image-upload-url", help="image host for reverse-image search by URL")
-    p.add_argument("--system-prompt", metavar="FILE", help="system prompt text replacing the mode's shipped prompt "
-                                                           "(a released checkpoint's own prompt)")
+    p.add_argument("--system-prompt", metavar="FILE",
+                   help="system prompt replacing the checkpoint's own (an osvl export's) or the mode's shipped one "
+                        "(a released checkpoint's own prompt); an empty file means no system prompt")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--judge-url", help="OpenAI-compatible base URL; default: the offline normalized-match judge")
     p.add_argument("--judge-model", default="gpt-4o")
@@ -133,21 +143,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_engine(args: argparse.Namespace) -> tuple[object, ModelDir]:
+def read_model_dir(args: argparse.Namespace) -> ModelDir:
+    """The checkpoint directory (``--checkpoint``) or the tokenizer directory of ``--engine`` runs."""
+    if args.checkpoint:
+        return load_model_dir(args.checkpoint)
+    if not args.tokenizer:
+        raise ValueError("--engine needs --tokenizer (the renderer tokenizes prompts on this side)")
+    return load_model_dir(args.tokenizer, require_config=False)
+
+
+def build_engine(args: argparse.Namespace, model_dir: ModelDir) -> object:
     if args.checkpoint:
         import torch
 
         from osvl.model import from_pretrained
         from osvl.rollout.local_engine import LocalEngine
 
-        model_dir = load_model_dir(args.checkpoint)
         model = from_pretrained(args.checkpoint, dtype=getattr(torch, args.dtype))
-        return LocalEngine(model, model_dir.tokenizer, model_dir.image_config, max_batch=args.concurrency), model_dir
+        return LocalEngine(model, model_dir.tokenizer, model_dir.image_config, max_batch=args.concurrency)
     from osvl.rollout.sglang import SGLangConfig, SGLangEngine
 
-    if not args.tokenizer:
-        raise ValueError("--engine needs --tokenizer (the renderer tokenizes prompts on this side)")
-    return SGLangEngine(SGLangConfig(urls=tuple(args.engine))), load_model_dir(args.tokenizer, require_config=False)
+    return SGLangEngine(SGLangConfig(urls=tuple(args.engine)))
 
 
 def build_judge(args: argparse.Namespace) -> AnswerJudge:
@@ -191,14 +207,68 @@ def tool_environment(args: argparse.Namespace) -> Iterator[ProfiledEnvironment |
         yield ProfiledEnvironment(ToolEnvironment(profile.registry, pool), profile)
 
 
-def read_system_prompt(path: str | None, default: str) -> str:
-    """The user's prompt file (a released checkpoint's own wording), else the shipped prompt."""
+def read_system_prompt(path: str | None) -> str | None:
+    """The ``--system-prompt`` file's text (``""`` for an empty file: no system prompt); None without it."""
     if path is None:
-        return system_prompt(default)
-    return read_prompt_file(path, "--system-prompt")
+        return None
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--system-prompt file not found: {file}")
+    return file.read_text(encoding="utf-8").strip()
 
 
-def build_answerer(args: argparse.Namespace, engine, model_dir: ModelDir, env: ProfiledEnvironment | None) -> Answerer:
+@dataclass(frozen=True)
+class SystemTurn:
+    """What the evaluated model's system turn shows, and where its prompt came from."""
+
+    prompt: str
+    tools: list[dict[str, Any]]
+    source: Literal["checkpoint", "file", "shipped"]
+
+
+def system_turn(mode: str, model_dir: ModelDir, prompt_file: str | None,
+                offered: Sequence[dict[str, Any]]) -> SystemTurn:
+    """An osvl export's own prompt and shown tool schema (none when its profile showed none), the
+    prompt replaced by ``prompt_file`` if given; other checkpoints get the mode's shipped prompt and,
+    in agentic mode, the ``offered`` tools' schema."""
+    given = read_system_prompt(prompt_file)
+    trained = model_dir.trained_prompt
+    if given is not None:
+        prompt, source = given, "file"
+    elif trained is not None:
+        prompt, source = trained[0], "checkpoint"
+    else:
+        prompt, source = system_prompt(SHIPPED_PROMPTS[mode]), "shipped"
+    if mode != "agentic":
+        tools = []
+    else:
+        tools = list(trained[1]) if trained is not None else list(offered)
+    return SystemTurn(prompt, tools, source)
+
+
+def resolve_tool_profile(requested: str | None, model_dir: ModelDir, python_interpreter: bool) -> str:
+    """``--tool-profile``, else the profile offering the tools an osvl export was trained to call, else paper."""
+    trained = model_dir.trained_prompt
+    names = {tool["function"]["name"] for tool in trained[1]} if trained is not None else set()
+
+    def missing(profile: str) -> set[str]:
+        offered = tool_profile(profile, python_interpreter=python_interpreter).tool_schemas()
+        return names - {tool["function"]["name"] for tool in offered}
+
+    if requested is not None:
+        if missing(requested):
+            raise ValueError(f"--tool-profile {requested} does not offer {sorted(missing(requested))}, tools the "
+                             f"checkpoint was trained to call (its chat template shows them)")
+        return requested
+    matching = [profile for profile in PROFILES if not missing(profile)]
+    if not matching:
+        raise ValueError(f"the checkpoint was trained with tools {sorted(names)} (its chat template shows them), "
+                         f"which no tool profile ({', '.join(PROFILES)}) offers")
+    return matching[0]
+
+
+def build_answerer(args: argparse.Namespace, engine, model_dir: ModelDir, env: ProfiledEnvironment | None,
+                   turn: SystemTurn | None = None) -> Answerer:
     from osvl.data.chat import ChatRenderer
     from osvl.rollout.agent import AgentConfig
     from osvl.rollout.engine import SamplingParams
@@ -206,12 +276,12 @@ def build_answerer(args: argparse.Namespace, engine, model_dir: ModelDir, env: P
     tokenizer, image_config = model_dir.tokenizer, model_dir.image_config
     sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                               stop_token_ids=model_dir.stop_token_ids)
+    if turn is None:
+        turn = system_turn(args.mode, model_dir, args.system_prompt, env.tool_schemas() if env is not None else [])
+    renderer = ChatRenderer(tokenizer, image_config, turn.tools, turn.prompt)
     if args.mode == "agentic":
-        renderer = ChatRenderer(tokenizer, image_config, env.tool_schemas(),
-                                read_system_prompt(args.system_prompt, "agent_system.v1.txt"))
         config = AgentConfig(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens, sampling=sampling)
         return AgenticAnswerer(engine, renderer, env, config)
-    renderer = ChatRenderer(tokenizer, image_config, (), read_system_prompt(args.system_prompt, "direct_system.v1.txt"))
     if args.mode == "rag":
         return RagAnswerer(engine, renderer, sampling, env.env)
     return DirectAnswerer(engine, renderer, sampling)
@@ -244,7 +314,7 @@ def git_commit() -> str | None:
 
 
 def write_summary(out: Path, reports: Sequence[tuple[LoadReport, BenchmarkFormat]], args: argparse.Namespace, judge: AnswerJudge,
-                  stats) -> str:
+                  stats, turn: SystemTurn) -> str:
     records, _ = read_records(out / RECORDS)
     summaries = []
     for report, fmt in reports:
@@ -255,10 +325,11 @@ def write_summary(out: Path, reports: Sequence[tuple[LoadReport, BenchmarkFormat
     table = "\n\n".join([f"# Pass@1 (%) — {args.mode}", pass_table(summaries, args.mode, label),
                          "## Counts and cost", cost_table(summaries)])
     (out / "table.md").write_text(table + "\n", encoding="utf-8")
-    prompt_file = Path(args.system_prompt).read_bytes() if args.system_prompt else None
+    system = system_text(turn.tools, turn.prompt)
     summary = summary_dict(summaries, mode=args.mode, source=source, judge=judge.name, git_commit=git_commit(),
                            tool_profile=args.tool_profile if args.mode != "direct" else None,
-                           system_prompt_sha256=hashlib.sha256(prompt_file).hexdigest() if prompt_file else None,
+                           system_prompt_source=turn.source, system_tools=[t["function"]["name"] for t in turn.tools],
+                           system_turn_sha256=hashlib.sha256(system.encode()).hexdigest() if system else None,
                            run={"generated": stats.generated, "rejudged": stats.rejudged, "skipped": stats.skipped,
                                 "wall_s": stats.wall_s, "max_in_flight": stats.max_in_flight,
                                 "corrupt_record_lines": stats.corrupt_lines},
@@ -275,17 +346,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         judge = build_judge(args)
         if args.mode != "direct":
             tools_config(args)  # a bad tool config fails before the model is loaded
-        read_system_prompt(args.system_prompt, "direct_system.v1.txt")
-        engine, model_dir = build_engine(args)
+        read_system_prompt(args.system_prompt)
+        model_dir = read_model_dir(args)
+        args.tool_profile = resolve_tool_profile(args.tool_profile, model_dir, args.python_interpreter)
+        engine = build_engine(args, model_dir)
         out = Path(args.out)
         with tool_environment(args) as env:
-            answerer = build_answerer(args, engine, model_dir, env)
+            turn = system_turn(args.mode, model_dir, args.system_prompt, env.tool_schemas() if env is not None else [])
+            answerer = build_answerer(args, engine, model_dir, env, turn)
             evaluator = Evaluator(answerer, judge, out, RunConfig(args.concurrency, args.judge_concurrency, args.seed))
             stats = asyncio.run(evaluator.run([item for r, _ in reports for item in r.items]))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(write_summary(out, reports, args, judge, stats))
+    print(write_summary(out, reports, args, judge, stats, turn))
     return 0
 
 

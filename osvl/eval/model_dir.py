@@ -7,7 +7,8 @@ Everything the prompt side needs comes from the directory, never from our defaul
 are cross-checked against ``config.json``, because a released checkpoint whose tokenizer and
 weights disagree on an id would evaluate as garbage without an error. osvl renders Qwen's ChatML
 itself; a chat template (in ``tokenizer_config.json``, ``chat_template.jinja`` or
-``chat_template.json``) is only checked to be ChatML.
+``chat_template.json``) is checked to be ChatML, and one osvl exported also says which system
+prompt and tool schema the policy was trained with (``trained_prompt``), which evaluation shows it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from osvl.data.chat_template import trained_prompt
 from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import Tokenizer, load_tokenizer
 
@@ -37,6 +39,7 @@ class ModelDir:
     model_type: str | None  # None: a tokenizer-only directory (``--engine`` runs)
     stop_token_ids: tuple[int, ...]  # the release's end-of-turn ids, on top of <|im_end|>
     chat_template: str | None
+    trained_prompt: tuple[str, list[dict[str, Any]]] | None = None  # (system prompt, tools) of an osvl export
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -124,9 +127,13 @@ def load_model_dir(path: str | os.PathLike[str], require_config: bool = True) ->
     if template is not None and CHATML_MARKER not in template:
         raise ValueError(f"the chat template in {directory} is not ChatML (no {CHATML_MARKER}); osvl renders "
                          f"Qwen3-VL's ChatML prompts and cannot evaluate this checkpoint faithfully")
+    try:
+        trained = trained_prompt(template) if template is not None else None
+    except ValueError as error:
+        raise ValueError(f"the chat template in {directory}: {error}") from None
     config = _read_json(directory / "config.json")
     if config is None and require_config:
         raise ValueError(f"no config.json in {directory}")
     model_type = _check_config(config, tokenizer, image_config) if config is not None else None
     stop = _stop_ids(tokenizer, tokenizer_config, _read_json(directory / "generation_config.json"))
-    return ModelDir(directory, tokenizer, image_config, model_type, stop, template)
+    return ModelDir(directory, tokenizer, image_config, model_type, stop, template, trained)

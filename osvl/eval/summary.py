@@ -140,10 +140,10 @@ def pass_table(summaries: Sequence[BenchmarkSummary], mode: str, label: str) -> 
 
 def cost_table(summaries: Sequence[BenchmarkSummary]) -> str:
     """Markdown: counts by status and the cost/latency of each benchmark."""
-    head = ("| Benchmark | items | judged | correct | unjudged | infra error | bad input | rejected at load "
-            "| tool calls/item | generated tokens/item | context tokens/item | latency mean/p50/p90 s "
-            "| judge requests |")
-    lines = [head, "|---" * 14 + "|"]
+    headers = ["Benchmark", "items", "judged", "correct", "unjudged", "infra error", "bad input", "rejected at load",
+               "tool calls/item", "generated tokens/item", "context tokens/item", "latency mean/p50/p90 s",
+               "judge requests"]
+    lines = [f"| {' | '.join(headers)} |", "|---" * len(headers) + "|"]
     for s in summaries:
         lines.append(f"| {s.benchmark} | {s.items} | {s.judged} | {s.correct:g} | {s.unjudged} | {s.infra_error} "
                      f"| {s.bad_input} | {s.rejected_at_load} | {s.tool_calls_per_item:.2f} "

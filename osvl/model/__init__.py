@@ -1,9 +1,15 @@
 """Qwen3-VL (dense and MoE) on torchtitan, with HF checkpoint I/O."""
 
 from osvl.model.checkpoint import (
+    HFTensorSpec,
+    ShardFile,
     from_hf_state_dict,
     from_pretrained,
+    hf_tensor_specs,
+    iter_hf_tensors,
+    read_hf_tensors,
     save_pretrained,
+    shard_plan,
     to_hf_state_dict,
 )
 from osvl.model.config import (
@@ -16,8 +22,10 @@ from osvl.model.config import (
 from osvl.model.model import Qwen3VLModel, build_model, model_config, text_position_ids
 
 __all__ = [
+    "HFTensorSpec",
     "Qwen3VLConfig",
     "Qwen3VLModel",
+    "ShardFile",
     "TextConfig",
     "VisionConfig",
     "build_model",
@@ -25,8 +33,12 @@ __all__ = [
     "config_to_hf",
     "from_hf_state_dict",
     "from_pretrained",
+    "hf_tensor_specs",
+    "iter_hf_tensors",
+    "read_hf_tensors",
     "model_config",
     "save_pretrained",
+    "shard_plan",
     "text_position_ids",
     "to_hf_state_dict",
 ]

@@ -4,12 +4,20 @@ Layout differences handled here: HF names, the Conv3d patch embedding (stored 5-
 a Linear), and MoE experts stored fused as ``gate_up_proj`` / ``down_proj``. Released
 Qwen checkpoints keep experts as ``[E, D, 2F]`` / ``[E, F, D]``; transformers >= 5 saves
 ``[E, 2F, D]`` / ``[E, D, F]``. Both load; saves use the released layout.
+
+Saving a sharded model is a streaming collective: :func:`iter_hf_tensors` gathers one decoder
+layer (or vision block) at a time and converts it with :func:`to_hf_state_dict`; each tensor has
+one writing rank (:func:`shard_plan`), so no rank ever holds the whole model. The same stream
+feeds a weight broadcast to inference engines.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -41,6 +49,9 @@ _LAYER_RENAMES = {
 _LAYER_RENAMES_BACK = {v: k for k, v in _LAYER_RENAMES.items()}
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
 _EXPERTS = "moe.routed_experts.inner_experts."
+_AC_WRAPPER = "._checkpoint_wrapped_module"
+_UNIT_KEY = re.compile(r"^(layers\.\d+|visual\.blocks\.\d+)\.")
+INDEX_FILE = "model.safetensors.index.json"
 
 
 def to_hf_state_dict(state: dict[str, torch.Tensor], config: Qwen3VLConfig) -> dict[str, torch.Tensor]:
@@ -138,8 +149,11 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], config: Qwen3VLConfig) -> di
     return out
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    index = path / "model.safetensors.index.json"
+def read_hf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF checkpoint directory by its HF name (all shards, through the index when
+    there is one)."""
+    path = Path(path)
+    index = path / INDEX_FILE
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     else:
@@ -167,7 +181,7 @@ def from_pretrained(
         raise ValueError(f"{path} has no config.json")
     config = config_from_hf(json.loads((path / "config.json").read_text()))
     model = build_model(config, attn_backend=attn_backend, device=device, dtype=dtype, init=False)
-    state = from_hf_state_dict(_read_safetensors(path), config)
+    state = from_hf_state_dict(read_hf_tensors(path), config)
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
@@ -176,47 +190,147 @@ def from_pretrained(
     return model
 
 
+@dataclass(frozen=True)
+class HFTensorSpec:
+    """One tensor of the HF checkpoint, known before anything is gathered."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """One safetensors file of a save: the rank that writes it and its tensors, in write order."""
+
+    name: str
+    owner: int
+    tensors: tuple[str, ...]
+    nbytes: int
+
+
+def _conversion_units(model: Qwen3VLModel) -> list[dict[str, torch.Tensor]]:
+    """The model's state in state-dict order, cut into the units the HF conversion needs whole: one
+    decoder layer (its experts are fused into ``gate_up_proj``), one vision block, or one other tensor."""
+    units: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in model.state_dict().items():
+        key = key.replace(_AC_WRAPPER, "")
+        if key == "lm_head.weight" and model.arch.tie_word_embeddings:
+            continue  # the same tensor as the embedding; HF stores it once
+        unit = _UNIT_KEY.match(key)
+        units.setdefault(unit.group(1) if unit else key, {})[key] = t
+    return list(units.values())
+
+
+def hf_tensor_specs(model: Qwen3VLModel, dtype: torch.dtype | None = None) -> list[HFTensorSpec]:
+    """What :func:`iter_hf_tensors` yields (HF names, shapes, dtypes), in its order. Local: no
+    communication, so every rank knows the whole layout before the first gather."""
+    specs: list[HFTensorSpec] = []
+    for unit in _conversion_units(model):
+        meta = {k: torch.empty(t.shape, dtype=dtype or t.dtype, device="meta") for k, t in unit.items()}
+        specs += [HFTensorSpec(name, tuple(t.shape), t.dtype) for name, t in to_hf_state_dict(meta, model.arch).items()]
+    return specs
+
+
+def _gathered(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    t = t.detach()
+    if dtype is not None:
+        t = t.to(dtype)  # on the local shard: half the bytes on the wire for bf16, same bits as after
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def iter_hf_tensors(model: Qwen3VLModel, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(hf_name, full tensor)`` for the whole model in HF names and the released layout.
+
+    Collective for a sharded (FSDP2 / TP / EP) model: every rank must iterate it to the end, in
+    step (each unit's shards are all-gathered on every rank). At most one conversion unit (a decoder
+    layer or a vision block) is gathered at a time; a yielded tensor is freed once the caller drops
+    it. Tensors are on the model's device, cast to ``dtype`` when given; for an unsharded model they
+    may alias its parameters (read, never write them). Order and names: :func:`hf_tensor_specs`.
+    """
+    for unit in _conversion_units(model):
+        hf = to_hf_state_dict({k: _gathered(t, dtype) for k, t in unit.items()}, model.arch)
+        for name in list(hf):
+            yield name, hf.pop(name)
+
+
+def shard_plan(specs: Sequence[HFTensorSpec], world_size: int, max_shard_bytes: int) -> list[ShardFile]:
+    """Which rank writes which tensors to which file: ranks own consecutive runs of ``specs`` balanced
+    by bytes, each run cut into files of at most ``max_shard_bytes`` (a larger tensor gets its own
+    file). Files follow ``specs`` order, so a file is complete as soon as its last tensor streams by."""
+    if not specs:
+        raise ValueError("a checkpoint needs at least one tensor")
+    if world_size < 1 or max_shard_bytes <= 0:
+        raise ValueError(f"world_size must be >= 1 and max_shard_bytes > 0, got {world_size}, {max_shard_bytes}")
+    total = sum(s.nbytes for s in specs)
+    runs: list[tuple[int, list[HFTensorSpec]]] = []
+    before = size = 0
+    for spec in specs:  # the owner holds the tensor's byte midpoint
+        owner = min(world_size - 1, world_size * (2 * before + spec.nbytes) // max(2 * total, 1))
+        before += spec.nbytes
+        if not runs or runs[-1][0] != owner or size + spec.nbytes > max_shard_bytes:
+            runs.append((owner, []))
+            size = 0
+        runs[-1][1].append(spec)
+        size += spec.nbytes
+    n = len(runs)
+    names = ["model.safetensors"] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    return [ShardFile(name, owner, tuple(s.name for s in run), sum(s.nbytes for s in run))
+            for name, (owner, run) in zip(names, runs, strict=True)]
+
+
+def _rank_and_world() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def save_pretrained(
     model: Qwen3VLModel, path: str | Path, *, dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 2**30
-) -> None:
-    """Write ``config.json`` + safetensors shards (+ index when sharded) in HF layout.
+) -> list[ShardFile]:
+    """Write ``config.json`` + safetensors shards (+ index when more than one) in HF layout.
 
-    For a sharded (FSDP / TP / EP) model every rank must call this (tensors are all-gathered);
-    only rank 0 writes.
+    Collective when ``torch.distributed`` is initialized: every rank calls it, and each writes the
+    files :func:`shard_plan` gives it while the model streams through :func:`iter_hf_tensors`, so a
+    rank holds at most one gathered layer plus the one file it is filling, never the whole model.
+    The tensors are the same whatever the world size and sharding. Rank 0 writes ``config.json`` and
+    the index (and first removes the safetensors of an earlier save at ``path``). ``path`` must be
+    storage every rank sees (one shared directory). Returns the plan once every file is on disk.
     """
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
-    config = model.arch
-    state = {
-        k.replace("._checkpoint_wrapped_module", ""): (t.full_tensor() if isinstance(t, DTensor) else t).detach()
-        for k, t in model.state_dict().items()
-    }
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    hf = to_hf_state_dict(state, config)
-    if dtype is not None:
-        hf = {k: t.to(dtype) for k, t in hf.items()}
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for key in sorted(hf):
-        nbytes = hf[key].numel() * hf[key].element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][key] = hf[key].contiguous().cpu()
-        size += nbytes
-    dtype_name = str(next(iter(hf.values())).dtype).removeprefix("torch.")
-    (path / "config.json").write_text(json.dumps(config_to_hf(config, dtype=dtype_name), indent=2))
-    if len(shards) == 1:
-        save_file(shards[0], str(path / "model.safetensors"), metadata={"format": "pt"})
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards, start=1):
-        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(path / name), metadata={"format": "pt"})
-        weight_map.update({k: name for k in shard})
-    total = sum(t.numel() * t.element_size() for t in hf.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    rank, world = _rank_and_world()
+    specs = hf_tensor_specs(model, dtype)
+    plan = shard_plan(specs, world, max_shard_bytes)
+    if rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        for old in [*path.glob("model*.safetensors"), path / INDEX_FILE]:
+            old.unlink(missing_ok=True)
+    _barrier()
+    file_of = {name: file for file in plan for name in file.tensors}
+    filling: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in iter_hf_tensors(model, dtype):
+        file = file_of[name]
+        if file.owner == rank:
+            shard = filling.setdefault(file.name, {})
+            shard[name] = t.to("cpu").contiguous()
+            if len(shard) == len(file.tensors):
+                save_file(filling.pop(file.name), str(path / file.name), metadata={"format": "pt"})
+        del t
+    if rank == 0:
+        dtype_name = str(dtype or specs[0].dtype).removeprefix("torch.")
+        (path / "config.json").write_text(json.dumps(config_to_hf(model.arch, dtype=dtype_name), indent=2))
+        if len(plan) > 1:
+            index = {"metadata": {"total_size": sum(f.nbytes for f in plan)},
+                     "weight_map": {name: f.name for f in plan for name in f.tensors}}
+            (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    _barrier()
+    return plan

@@ -78,11 +78,12 @@ class LocalEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """In-place copy of the trainer's weights (same names and shapes) before the next batch."""
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int, *, partial: bool = False) -> None:
+        """In-place copy of the trainer's weights (same names and shapes) before the next batch;
+        ``partial`` takes a subset of the parameters (a bucket of a streamed update)."""
         with self._lock:
             missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
-            if missing or unexpected:
+            if unexpected or (missing and not partial):
                 raise ValueError(f"weight update does not match the engine's model: missing {missing[:3]}, "
                                  f"unexpected {unexpected[:3]}")
             self._version = version

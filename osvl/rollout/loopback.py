@@ -1,38 +1,60 @@
-"""A loopback server speaking SGLang's native protocol, backed by the local engine: tests and the
-offline demo exercise the SGLang client without a GPU.
+"""A loopback server speaking SGLang's native protocol, backed by the local engine: the CPU form of
+the serving topology (tests, ``tiny_grpo_services``, ``python -m osvl.serve --engine loopback``).
 
-It answers ``POST /generate``, ``POST /update_weights_from_disk`` and ``GET /health`` with
-SGLang's JSON shapes (the fields are listed in :mod:`osvl.rollout.sglang`). Differences:
-``/update_weights_from_disk`` reads a ``torch.save``'d state dict (SGLang reads an HF checkpoint
-directory), and request fields the local engine cannot honor (prompt logprobs, top-k, penalties,
-``logit_bias``, batches) are refused with HTTP 400 rather than silently ignored.
+Routes, with SGLang's JSON shapes (fields listed in :mod:`osvl.rollout.sglang`):
+
+- ``POST /generate``: concurrent requests are batched by the local engine;
+- ``GET /health``, ``/health_generate``, ``/get_model_info``, ``/get_weight_version``, ``/get_server_info``;
+- ``POST /update_weights_from_disk``: an HF checkpoint directory, as SGLang loads it;
+- ``POST /init_weights_update_group``, ``/update_weights_from_distributed``,
+  ``/destroy_weights_update_group``: the trainer's rank 0 broadcasts HF-named tensors over a
+  process group the server joins (gloo here; NCCL on GPUs);
+- ``POST /get_weights_by_name``, ``/update_weight_version``, ``/flush_cache``.
+
+Request fields the local engine cannot honor (prompt logprobs, top-k, penalties, ``logit_bias``,
+batches) are refused with HTTP 400 rather than silently ignored. A ``script`` turns generation into
+forced decoding (scripted ids, the model's own logprobs; see ``ReplayEngine``), so protocol tests
+know what the policy does. ``logprobs="raw"`` makes the server report pre-temperature logprobs,
+as SGLang does under ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``: the pre-flight must catch that mode.
+
+``python -m osvl.rollout.loopback --model-path DIR [--port P]`` runs it as a process.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import base64
+import datetime
 import json
+import sys
 import threading
 import uuid
+import weakref
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from pathlib import Path
+from typing import Any, Literal, Self
 
 import torch
+import torch.distributed as dist
 
 from osvl.data.image import decode_image, process_image
+from osvl.model.checkpoint import from_hf_state_dict, from_pretrained, to_hf_state_dict
 from osvl.rollout.engine import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
     StopKind,
 )
-from osvl.rollout.local_engine import LocalEngine
+from osvl.rollout.local_engine import LocalEngine, ReplayEngine
 
 SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "stop", "stop_token_ids", "sampling_seed",
                            "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"})
 REQUEST_KEYS = frozenset({"input_ids", "image_data", "sampling_params", "return_logprob", "logprob_start_len",
                           "return_text_in_logprobs", "rid", "stream"})
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
+LogprobMode = Literal["post_temperature", "raw"]
 
 
 def _or_default(params: dict[str, Any], key: str, default: Any) -> Any:
@@ -90,11 +112,12 @@ def finish_reason(result: GenerationResult, request: GenerationRequest, engine: 
 
 
 def response_json(result: GenerationResult, request: GenerationRequest, body: dict[str, Any],
-                  engine: LocalEngine, rid: str) -> dict[str, Any]:
+                  engine: LocalEngine, rid: str, weight_version: str | None = None) -> dict[str, Any]:
     skip = _or_default(_or_default(body, "sampling_params", {}), "skip_special_tokens", True)
     meta: dict[str, Any] = {
         "id": rid, "finish_reason": finish_reason(result, request, engine), "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": len(result.token_ids), "cached_tokens": 0, "weight_version": str(result.policy_version)}
+        "completion_tokens": len(result.token_ids), "cached_tokens": 0,
+        "weight_version": str(result.policy_version) if weight_version is None else weight_version}
     if body.get("return_logprob"):
         with_text = bool(body.get("return_text_in_logprobs"))
         meta["output_token_logprobs"] = [
@@ -104,12 +127,174 @@ def response_json(result: GenerationResult, request: GenerationRequest, body: di
             "output_ids": list(result.token_ids), "meta_info": meta}
 
 
-def _handler(engine: LocalEngine):
+class _UpdateGroup:
+    """The server's end of a weights-update group: receives the trainer's broadcasts (root 0)."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        backend = body.get("backend") or "gloo"
+        if backend != "gloo":
+            raise ValueError(f"the loopback server joins gloo update groups only, got backend {backend!r}")
+        rank, size = int(body["rank_offset"]), int(body["world_size"])
+        if not 0 < rank < size:
+            raise ValueError(f"rank_offset {rank} must lie in [1, world_size {size}) (the trainer is rank 0)")
+        store = dist.TCPStore(str(body["master_address"]), int(body["master_port"]), size, is_master=False,
+                              timeout=datetime.timedelta(seconds=120))
+        self.name = str(body["group_name"])
+        self.group = dist.ProcessGroupGloo(dist.PrefixStore(self.name, store), rank, size,
+                                           datetime.timedelta(seconds=600))
+
+    def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> dict[str, torch.Tensor]:
+        if not (len(names) == len(dtypes) == len(shapes)):
+            raise ValueError(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
+        out = {}
+        for name, dtype, shape in zip(names, dtypes, shapes):
+            tensor = torch.empty(shape, dtype=getattr(torch, str(dtype).removeprefix("torch.")))
+            self.group.broadcast([tensor]).wait()
+            out[name] = tensor
+        return out
+
+
+_ENGINE_LOOPS: weakref.WeakKeyDictionary[LocalEngine, asyncio.AbstractEventLoop] = weakref.WeakKeyDictionary()
+_ENGINE_LOOPS_LOCK = threading.Lock()
+
+
+def _engine_loop(engine: LocalEngine) -> asyncio.AbstractEventLoop:
+    """One event loop per engine, shared by every server in front of it: the engine batches the
+    requests queued on its loop, so all of them must reach the same one."""
+    with _ENGINE_LOOPS_LOCK:
+        loop = _ENGINE_LOOPS.get(engine)
+        if loop is None:
+            loop = _ENGINE_LOOPS[engine] = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, daemon=True, name="osvl-loopback-engine").start()
+        return loop
+
+
+class LoopbackServer:
+    """``with LoopbackServer(engine) as server: server.url``; one thread per connection, generation
+    batched by the engine on its event loop."""
+
+    def __init__(self, engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, *, model_path: str = "",
+                 tokenizer_path: str = "", logprobs: LogprobMode = "post_temperature",
+                 script: Callable[[GenerationRequest], Sequence[int]] | None = None) -> None:
+        if logprobs not in ("post_temperature", "raw"):
+            raise ValueError(f"logprobs must be 'post_temperature' or 'raw', got {logprobs!r}")
+        self.engine, self.model_path, self.tokenizer_path, self.logprobs = engine, model_path, tokenizer_path, logprobs
+        self.replay = ReplayEngine(engine, script) if script is not None else None  # forced decoding (tests)
+        self.weight_version = str(engine.policy_version)
+        self._groups: dict[str, _UpdateGroup] = {}
+        self._staged: dict[str, torch.Tensor] = {}  # HF tensors of an update whose experts are incomplete
+        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
+        self.httpd.daemon_threads = True
+        self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="osvl-sglang-loopback")
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # --- routes ---------------------------------------------------------------------------------
+
+    def generate(self, body: Any) -> dict[str, Any]:
+        request = request_from_json(body, self.engine)
+        if self.replay is not None:
+            result = self.replay.replay(request)
+        else:
+            result = asyncio.run_coroutine_threadsafe(self.engine.generate(request), _engine_loop(self.engine)).result()
+        if self.logprobs == "raw" and result.token_ids:
+            result.logprobs = self.engine.score(request, result.token_ids, temperature=1.0)
+        return response_json(result, request, body, self.engine, body.get("rid") or uuid.uuid4().hex,
+                             self.weight_version)
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": self.weight_version}
+
+    def server_info(self) -> dict[str, Any]:
+        image = self.engine.image_config
+        return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "skip_tokenizer_init": True,
+                "tp_size": 1, "dp_size": 1, "context_length": None, "enable_deterministic_inference": False,
+                "weight_version": self.weight_version, "version": "osvl-loopback",
+                "mm_process_config": {"image": {"min_pixels": image.min_pixels, "max_pixels": image.max_pixels}},
+                "max_batch": self.engine.max_batch}
+
+    def _load_hf(self, tensors: dict[str, torch.Tensor], version: str | None) -> None:
+        """Loads the HF-named tensors that convert on their own; a layer's experts wait for both halves."""
+        self._staged.update(tensors)
+        ready = {k: t for k, t in self._staged.items() if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+        for key in [k for k in self._staged if k.endswith("experts.gate_up_proj")]:
+            down = key.removesuffix("gate_up_proj") + "down_proj"
+            if down in self._staged:
+                ready[key], ready[down] = self._staged[key], self._staged[down]
+        state = from_hf_state_dict(ready, self.engine.model.arch)
+        dtype = next(self.engine.model.parameters()).dtype
+        self.engine.load_weights({k: t.to(dtype) for k, t in state.items()},
+                                 self.engine.policy_version if version is None else int(version), partial=True)
+        for key in ready:
+            del self._staged[key]
+        if version is not None:
+            self.weight_version = version
+
+    def update_from_disk(self, body: dict[str, Any]) -> dict[str, Any]:
+        path = Path(str(body["model_path"]))
+        version = body.get("weight_version")
+        dtype = next(self.engine.model.parameters()).dtype
+        loaded = from_pretrained(path, dtype=dtype)
+        if loaded.arch != self.engine.model.arch:
+            raise ValueError(f"{path} holds another architecture than the served model")
+        self._staged.clear()
+        self.engine.load_weights(loaded.state_dict(), int(version) if version is not None
+                                 else self.engine.policy_version + 1)
+        self.weight_version = str(version) if version is not None else str(self.engine.policy_version)
+        self.model_path = str(path)
+        return {"success": True, "message": f"loaded {path}. Weight version updated to {self.weight_version}.",
+                "num_paused_requests": 0}
+
+    def init_group(self, body: dict[str, Any]) -> dict[str, Any]:
+        group = _UpdateGroup(body)
+        self._groups[group.name] = group
+        return {"success": True, "message": f"joined weights update group {group.name}"}
+
+    def update_from_distributed(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = str(body.get("group_name", ""))
+        if name not in self._groups:
+            raise ValueError(f"no weights update group {name!r}; call /init_weights_update_group first")
+        if body.get("load_format") not in (None, "direct"):
+            raise ValueError(f"load_format {body.get('load_format')!r} is not supported by the loopback server")
+        tensors = self._groups[name].receive(list(body["names"]), list(body["dtypes"]), list(body["shapes"]))
+        version = body.get("weight_version")
+        self._load_hf(tensors, None if version is None else str(version))
+        return {"success": True, "message": f"received {len(tensors)} tensors"}
+
+    def destroy_group(self, body: dict[str, Any]) -> dict[str, Any]:
+        group = self._groups.pop(str(body.get("group_name", "")), None)
+        return {"success": group is not None, "message": "destroyed" if group else "no such group"}
+
+    def weights_by_name(self, body: dict[str, Any]) -> list[Any]:
+        state = to_hf_state_dict(self.engine.model.state_dict(), self.engine.model.arch)
+        name = str(body.get("name", ""))
+        if name not in state:
+            raise ValueError(f"no parameter named {name!r}")
+        limit = int(body.get("truncate_size", 100))
+        return state[name].float().flatten()[:limit].tolist()
+
+
+def _handler(server: LoopbackServer):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:  # keep test output clean
             pass
 
-        def _send(self, status: int, body: dict | None) -> None:
+        def _send(self, status: int, body: Any) -> None:
             data = b"" if body is None else json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -118,56 +303,84 @@ def _handler(engine: LocalEngine):
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            self._send(200, None) if self.path == "/health" else self._send(404, {"error": {"message": "not found"}})
+            routes = {"/health": lambda: None, "/health_generate": lambda: None, "/get_model_info": server.model_info,
+                      "/get_weight_version": lambda: {"weight_version": server.weight_version},
+                      "/get_server_info": server.server_info}
+            route = routes.get(self.path)
+            self._send(200, route()) if route else self._send(404, {"error": {"message": "not found"}})
 
         def do_POST(self) -> None:
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             except ValueError as error:
                 return self._send(400, {"error": {"message": f"invalid JSON: {error}"}})
-            if self.path == "/generate":
-                self._generate(body)
-            elif self.path == "/update_weights_from_disk":
-                self._update_weights(body)
-            else:
-                self._send(404, {"error": {"message": f"unknown path {self.path}"}})
-
-        def _generate(self, body: Any) -> None:
+            weight_routes = {"/update_weights_from_disk": server.update_from_disk,
+                             "/init_weights_update_group": server.init_group,
+                             "/update_weights_from_distributed": server.update_from_distributed,
+                             "/destroy_weights_update_group": server.destroy_group}
             try:
-                request = request_from_json(body, engine)
-                result = engine.generate_batch([request])[0]
-            except (ValueError, TypeError, OSError, RuntimeError) as error:
-                return self._send(400, {"error": {"message": str(error)}})
-            self._send(200, response_json(result, request, body, engine, body.get("rid") or uuid.uuid4().hex))
-
-        def _update_weights(self, body: Any) -> None:
-            try:
-                state = torch.load(body["model_path"], map_location="cpu", weights_only=True)
-                version = body.get("weight_version")
-                engine.load_weights(state, engine.policy_version + 1 if version is None else int(version))
+                if self.path == "/generate":
+                    return self._send(200, server.generate(body))
+                if self.path in weight_routes:
+                    return self._send(200, weight_routes[self.path](body))
+                if self.path == "/get_weights_by_name":
+                    return self._send(200, server.weights_by_name(body))
+                if self.path == "/update_weight_version":
+                    server.weight_version = str(body["new_version"])
+                    return self._send(200, {"success": True, "new_version": server.weight_version})
+                if self.path == "/flush_cache":
+                    return self._send(200, None)
             except (ValueError, KeyError, TypeError, OSError, RuntimeError) as error:
-                return self._send(400, {"success": False, "message": f"failed to load weights: {error!r}",
-                                        "num_paused_requests": 0})
-            self._send(200, {"success": True, "message": f"loaded; weight version {engine.policy_version}",
-                             "num_paused_requests": 0})
+                if self.path in weight_routes:
+                    return self._send(400, {"success": False, "message": f"{type(error).__name__}: {error}",
+                                            "num_paused_requests": 0})
+                return self._send(400, {"error": {"message": str(error)}})
+            self._send(404, {"error": {"message": f"unknown path {self.path}"}})
     return Handler
 
 
-class LoopbackServer:
-    """``with LoopbackServer(engine) as server: server.url``; one thread per connection."""
+def engine_from_checkpoint(model_path: str | Path, tokenizer_path: str | Path | None = None, *,
+                           max_batch: int = 8) -> LocalEngine:
+    """A local engine over an HF checkpoint directory with its tokenizer and image settings."""
+    from osvl.data.formats import checkpoint_image_config
+    from osvl.data.tokenizer import load_tokenizer
 
-    def __init__(self, engine: LocalEngine, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.httpd = ThreadingHTTPServer((host, port), _handler(engine))
-        self.url = f"http://{host}:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="osvl-sglang-loopback")
+    model_path = Path(model_path)
+    image_config = checkpoint_image_config(model_path)
+    if image_config is None:
+        raise ValueError(f"{model_path} has no preprocessor_config.json: the server would not know its image settings")
+    return LocalEngine(from_pretrained(model_path, dtype=torch.float32), load_tokenizer(tokenizer_path or model_path),
+                       image_config, max_batch=max_batch)
 
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m osvl.rollout.loopback", description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", required=True, help="HF checkpoint directory (an osvl export)")
+    parser.add_argument("--tokenizer-path", default="", help="tokenizer.json; default: the checkpoint's")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000, help="0 = any free port (printed, and in --ready-file)")
+    parser.add_argument("--max-batch", type=int, default=8, help="rows per generation batch")
+    parser.add_argument("--logprobs", choices=("post_temperature", "raw"), default="post_temperature")
+    parser.add_argument("--ready-file", default="", help="write the server URL here once it serves")
+    args = parser.parse_args(argv)
+    try:
+        engine = engine_from_checkpoint(args.model_path, args.tokenizer_path or None, max_batch=args.max_batch)
+    except ValueError as error:
+        parser.error(str(error))
+    server = LoopbackServer(engine, args.host, args.port, model_path=str(Path(args.model_path).resolve()),
+                            tokenizer_path=args.tokenizer_path, logprobs=args.logprobs)
+    server.start()
+    print(f"osvl loopback SGLang server on {server.url}", flush=True)
+    if args.ready_file:
+        tmp = Path(args.ready_file).with_suffix(".tmp")
+        tmp.write_text(server.url)
+        tmp.replace(args.ready_file)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.close()
+    return 0
 
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+
+if __name__ == "__main__":
+    sys.exit(main())

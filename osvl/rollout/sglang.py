@@ -51,16 +51,26 @@ Facts the contract relies on:
 - ``logit_bias`` exists, but it acts on the logits the returned logprobs come from, so they would
   drift from the trainer's; reserved vision ids are stop ids instead and the agent loop rejects
   them (:mod:`osvl.rollout.reserved`).
-- Behind sglang-router, ``/generate`` is routed to one worker; how it answers a weight update
-  was not verified here: list the workers' URLs when the trainer syncs weights.
-- Also verified but unused: ``/flush_cache`` (GET/POST), ``/get_model_info`` (``model_path``,
-  ``weight_version``...), ``/update_weights_from_tensor`` and ``/update_weights_from_distributed``.
+- sglang-router routes ``/generate`` to one worker and has no weight-update, pause or version
+  routes (unmatched paths are 404): the trainer sends weight updates to every worker itself
+  (``update_urls``), as slime, AReaL and rLLM do.
+- ``GET /get_model_info`` answers ``model_path``, ``tokenizer_path``, ``is_generation``,
+  ``preferred_sampling_params``, ``weight_version``; ``GET /get_server_info`` the server args
+  (``tp_size``, ``context_length``, ``enable_deterministic_inference``...) [hs].
+- ``/init_weights_update_group`` takes ``master_address``, ``master_port``, ``rank_offset``,
+  ``world_size``, ``group_name``, ``backend``; the server's ranks are ``rank_offset + tp_rank``
+  and receive broadcasts from rank 0, the trainer. ``/update_weights_from_distributed`` takes
+  ``names``, ``dtypes``, ``shapes``, ``group_name``, ``flush_cache``, ``weight_version`` and
+  blocks until the broadcasts arrive, so it is sent first and the tensors broadcast after, in
+  the same order [io hs].
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -79,17 +89,24 @@ Routing = Literal["round_robin", "least_loaded"]
 
 @dataclass(frozen=True)
 class SGLangConfig:
-    urls: tuple[str, ...]  # server base URLs, or one sglang-router URL
+    urls: tuple[str, ...]  # where /generate goes: server base URLs, or one sglang-router URL
+    update_urls: tuple[str, ...] = ()  # the servers that take weight updates; () = urls (no router)
     routing: Routing = "least_loaded"
     timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        if not self.urls or any(not u.startswith(("http://", "https://")) for u in self.urls):
-            raise ValueError(f"SGLangConfig.urls needs http(s) base URLs, got {self.urls!r}")
+        for name in ("urls", "update_urls"):
+            urls = getattr(self, name)
+            if (name == "urls" and not urls) or any(not u.startswith(("http://", "https://")) for u in urls):
+                raise ValueError(f"SGLangConfig.{name} needs http(s) base URLs, got {urls!r}")
         if self.routing not in ("round_robin", "least_loaded"):
             raise ValueError(f"unknown routing {self.routing!r}; expected round_robin or least_loaded")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+
+    @property
+    def weight_urls(self) -> tuple[str, ...]:
+        return self.update_urls or self.urls
 
 
 def image_data_url(pixels) -> str:
@@ -114,7 +131,9 @@ def generate_payload(request: GenerationRequest) -> dict[str, Any]:
 
 
 def parse_generate_response(body: Any, policy_version: int) -> GenerationResult:
-    """``GenerationResult`` from a ``/generate`` JSON body; malformed bodies are infra errors."""
+    """``GenerationResult`` from a ``/generate`` JSON body; malformed bodies are infra errors. The
+    tokens' policy version is the server's ``meta_info.weight_version`` when it is a number (osvl
+    sets it with every update), else ``policy_version``, the client's."""
     try:
         meta = body["meta_info"]
         entries = meta["output_token_logprobs"]
@@ -128,14 +147,31 @@ def parse_generate_response(body: Any, policy_version: int) -> GenerationResult:
         raise EngineError("output_ids and output_token_logprobs disagree")
     if kind not in ("stop", "length"):
         raise EngineError(f"generation ended with finish_reason {finish!r}")
-    return GenerationResult(ids, logprobs, StopKind(kind), policy_version, int(meta.get("prompt_tokens", 0)))
+    served = str(meta.get("weight_version", ""))
+    version = int(served) if served.isdigit() else policy_version  # the server's word when it reports one
+    return GenerationResult(ids, logprobs, StopKind(kind), version, int(meta.get("prompt_tokens", 0)))
+
+
+def _refusal(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(body, dict):
+        return str(body.get("message") or body.get("error") or body)[:300]
+    return str(body)[:300]
 
 
 class SGLangEngine:
+    """The ``Engine`` protocol over SGLang servers, and the servers' weight-update and info routes.
+
+    Every failure names the server it came from; a weight update counts only when every server
+    reports the new version afterwards (never assumed from a 200)."""
+
     def __init__(self, config: SGLangConfig, client: httpx.AsyncClient | None = None,
                  policy_version: int = 0) -> None:
         self.config = config
-        self.client = client or httpx.AsyncClient(timeout=config.timeout_s)
+        self.client = client or httpx.AsyncClient(timeout=config.timeout_s, trust_env=False)
         self._version = policy_version
         self._next = itertools.cycle(range(len(config.urls)))
         self.in_flight = [0] * len(config.urls)
@@ -160,21 +196,82 @@ class SGLangEngine:
         finally:
             self.in_flight[server] -= 1
         if response.status_code != 200:
-            raise EngineError(f"SGLang /generate returned HTTP {response.status_code}: {response.text[:200]}")
+            raise EngineError(f"SGLang /generate on {self.config.urls[server]} returned HTTP {response.status_code}: "
+                              f"{_refusal(response)}")
         return parse_generate_response(response.json(), version)
 
-    async def update_weights_from_disk(self, model_path: str, version: int) -> None:
-        """Every server loads the checkpoint at ``model_path``; the version changes only if all did."""
-        for url in self.config.urls:
+    async def get_json(self, url: str, path: str, timeout_s: float | None = None) -> Any:
+        """A GET route's JSON body; ``EngineError`` naming the server otherwise."""
+        try:
+            response = await self.client.get(f"{url}{path}", timeout=timeout_s or self.config.timeout_s)
+            response.raise_for_status()
+            return response.json()
+        except (httpx.HTTPError, ValueError) as error:
+            raise EngineError(f"SGLang server {url}: GET {path} failed: {error!r}") from None
+
+    async def _post_all(self, path: str, bodies: Sequence[dict[str, Any]], what: str,
+                        urls: Sequence[str] | None = None) -> None:
+        """POST one body per server, concurrently; every refusal is an ``EngineError`` naming its server."""
+        urls = list(urls or self.config.weight_urls)
+
+        async def post(url: str, body: dict[str, Any]) -> str | None:
             try:
-                response = await self.client.post(f"{url}/update_weights_from_disk",
-                                                   json={"model_path": model_path, "weight_version": str(version)})
-                body = response.json()
-            except (httpx.HTTPError, ValueError) as error:
-                raise EngineError(f"weight update on {url} failed: {error!r}") from None
-            if response.status_code != 200 or not body.get("success", False):
-                raise EngineError(f"weight update on {url} refused: {body.get('message', response.text[:200])}")
+                response = await self.client.post(f"{url}{path}", json=body)
+            except httpx.HTTPError as error:
+                return f"{url}: {error!r}"
+            try:
+                ok = response.status_code == 200 and bool(response.json().get("success", False))
+            except (ValueError, AttributeError):
+                ok = False
+            return None if ok else f"{url}: HTTP {response.status_code}: {_refusal(response)}"
+
+        failures = [f for f in await asyncio.gather(*(post(u, b) for u, b in zip(urls, bodies))) if f]
+        if failures:
+            raise EngineError(f"{what} refused by {len(failures)} of {len(urls)} server(s): " + "; ".join(failures))
+
+    async def confirm_version(self, version: int) -> None:
+        """Every weight server reports ``version`` (``/get_model_info``), or ``EngineError`` names the skew."""
+        infos = await asyncio.gather(*(self.get_json(url, "/get_model_info") for url in self.config.weight_urls))
+        stale = [f"{url} reports {info.get('weight_version')!r}" for url, info in zip(self.config.weight_urls, infos)
+                 if str(info.get("weight_version")) != str(version)]
+        if stale:
+            raise EngineError(f"weight version skew after the update to {version}: " + "; ".join(stale))
         self._version = version
+
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None:
+        """Every weight server loads the HF directory ``model_path``; the version changes only if all did."""
+        body = {"model_path": model_path, "weight_version": str(version)}
+        await self._post_all("/update_weights_from_disk", [body] * len(self.config.weight_urls),
+                             f"weight update to version {version} from {model_path}")
+        await self.confirm_version(version)
+
+    async def server_ranks(self) -> list[int]:
+        """Each weight server's tensor-parallel size: its ranks in a weights-update group."""
+        infos = await asyncio.gather(*(self.get_json(url, "/get_server_info") for url in self.config.weight_urls))
+        return [int(info.get("tp_size") or 1) for info in infos]
+
+    async def init_weights_update_group(self, master_address: str, master_port: int, group_name: str,
+                                        backend: str, sizes: Sequence[int]) -> None:
+        """Every weight server joins the group (trainer = rank 0; server i starts at 1 + its predecessors' sizes)."""
+        offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
+        bodies = [{"master_address": master_address, "master_port": master_port, "rank_offset": offset,
+                   "world_size": 1 + sum(sizes), "group_name": group_name, "backend": backend} for offset in offsets]
+        await self._post_all("/init_weights_update_group", bodies, f"joining weights update group {group_name}")
+
+    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                              shapes: Sequence[Sequence[int]], group_name: str,
+                                              version: int | None) -> None:
+        """Announces one bucket; returns once every server has received it (broadcast it meanwhile)."""
+        body: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+                                "group_name": group_name, "flush_cache": version is not None}
+        if version is not None:
+            body["weight_version"] = str(version)
+        await self._post_all("/update_weights_from_distributed", [body] * len(self.config.weight_urls),
+                             f"bucket of {len(names)} tensors for group {group_name}")
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        await self._post_all("/destroy_weights_update_group", [{"group_name": group_name}] * len(self.config.weight_urls),
+                             f"destroying weights update group {group_name}")
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -403,3 +403,60 @@ class RemoteToolPool:
 
     def close(self) -> None:
         self._client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m osvl.tools.server (--world DIR | --tools FILE.toml) [--port P]``: one node's tool server."""
+    import argparse
+    import signal
+
+    from osvl.tools.pool import PoolConfig
+    from osvl.tools.profiles import tool_profile
+    from osvl.tools.sandbox import BACKENDS, SandboxConfig, SandboxUnavailable, check_sandbox
+
+    parser = argparse.ArgumentParser(prog="python -m osvl.tools.server", description=main.__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--world", help="the embedded mini-world directory (offline back-ends)")
+    source.add_argument("--tools", help="online back-ends: a TOML as `osvl.eval --tools` reads (*_key_env for keys)")
+    parser.add_argument("--python-interpreter", action="store_true", help="also serve the sandboxed python tool")
+    parser.add_argument("--python-sandbox", choices=BACKENDS, default="namespaces",
+                        help="the boundary python_interpreter runs behind (unsafe_no_boundary: none)")
+    parser.add_argument("--sandbox-fusion-url", default="", help="SandboxFusion base URL for sandbox_fusion")
+    parser.add_argument("--workers", type=int, default=4, help="tool worker processes")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100, help="0 = any free port (printed, and in --ready-file)")
+    parser.add_argument("--ready-file", default="", help="write the server URL here once it serves")
+    args = parser.parse_args(argv)
+    from osvl.trainer.tool_env import online_tools_config, world_tools_config
+
+    try:
+        config = world_tools_config(args.world) if args.world else online_tools_config(args.tools)
+        sandbox = SandboxConfig(backend=args.python_sandbox, fusion_url=args.sandbox_fusion_url)
+        if args.python_interpreter:
+            check_sandbox(sandbox)
+    except (ValueError, SandboxUnavailable) as error:
+        parser.error(str(error))
+    profile = tool_profile("paper", config.limits, python_interpreter=args.python_interpreter, sandbox=sandbox)
+    with ToolPool(config, PoolConfig(num_workers=args.workers, preload=profile.registry.targets())) as pool:
+        server = ToolServer(profile.registry, pool, args.host, args.port).start()
+        print(f"osvl tool server on {server.url}: {', '.join(profile.registry.names)}", flush=True)
+        if args.ready_file:
+            from pathlib import Path
+
+            tmp = Path(args.ready_file).with_suffix(".tmp")
+            tmp.write_text(server.url)
+            tmp.replace(args.ready_file)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -7,7 +7,6 @@ the data cursor. A ``complete`` marker is written last; only marked checkpoints 
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 from collections.abc import Callable
@@ -21,9 +20,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.data.image import ImageConfig
-from osvl.model import save_pretrained
+from osvl.trainer.export import export_stage
 
 MARKER = "complete"
 
@@ -114,13 +112,10 @@ def resume_state(root: str | Path, model: torch.nn.Module, optimizer: torch.opti
 def finish_stage(save: Callable[[int], None], step: int, resumed: int, total: int, recipe: Any,
                  model: torch.nn.Module, tokenizer: Any, image_config: ImageConfig, run_dir: Path) -> None:
     """End-of-stage bookkeeping shared by the SFT and GRPO loops: a final checkpoint unless the
-    loop has just written one, and the HF export (weights, tokenizer, image processor settings)
-    once the stage ran to completion."""
+    loop has just written one, and the whole HF model directory (``osvl.trainer.export``: weights,
+    tokenizer, chat template, generation and processor configs) once the stage ran to completion."""
     every = recipe.checkpoint.every_steps
     if step > resumed and not (every and step % every == 0):
         save(step)
     if step == total and recipe.checkpoint.export_hf:
-        save_pretrained(model, run_dir / "hf", dtype=getattr(torch, recipe.checkpoint.export_dtype))
-        if _rank() == 0:
-            tokenizer.save(run_dir / "hf" / "tokenizer.json")
-            (run_dir / "hf" / PREPROCESSOR_FILE).write_text(json.dumps(image_config.to_preprocessor_config(), indent=2))
+        export_stage(recipe, model, tokenizer, image_config, run_dir / "hf")

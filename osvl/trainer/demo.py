@@ -86,7 +86,7 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
     from osvl.rollout import LocalEngine, stream_groups
     from osvl.trainer.grpo_data import load_prompts, reward_scoring, rollout_configs
     from osvl.trainer.policy import build_policy, policy_arch
-    from osvl.trainer.tool_env import stage_renderer, world_environment
+    from osvl.trainer.tool_env import stage_environment, stage_renderer
 
     pretrained = "" if checkpoint == "init" else checkpoint
     recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, pretrained=pretrained),
@@ -110,7 +110,7 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
         return out
 
     started = time.perf_counter()
-    with world_environment(recipe, 0) as env:
+    with stage_environment(recipe, 0) as env:
         trajectories = asyncio.run(collect(env))
     scored = score_batch(trajectories, *reward_scoring(recipe))
     rewards = [t.reward for t in scored if t.reward is not None and t.reward.scored]

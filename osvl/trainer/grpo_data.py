@@ -11,6 +11,7 @@ the parquet reader rejects are counted and logged, never fatal.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,8 +31,18 @@ from osvl.data.packing import (
 )
 from osvl.rl.advantages import AdvantageBatch
 from osvl.rl.fatal import FatalConfig
-from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
+from osvl.rl.judges import (
+    AccuracyJudge,
+    ChatCompletionsClient,
+    ChatJudgeConfig,
+    ExactMatchAccuracyJudge,
+    HeuristicQueryJudge,
+    LLMAccuracyJudge,
+    LLMQueryJudge,
+    QueryJudge,
+)
 from osvl.rl.rewards import RewardConfig
+from osvl.rl.scoring import GroupScorer
 from osvl.rl.trajectory import Prompt, Trajectory
 from osvl.rollout import AgentConfig, RolloutConfig, SamplingParams
 from osvl.synth.records import read_prompts
@@ -80,12 +91,25 @@ def rollout_configs(recipe: Recipe, *, greedy: bool = False, group_size: int | N
     return agent, workers
 
 
-def reward_scoring(recipe: Recipe) -> tuple[ExactMatchAccuracyJudge, HeuristicQueryJudge, RewardConfig]:
-    """``score_batch``'s judges and reward settings for the recipe, shared by training and the
-    demo's evaluation so both score a trajectory the same way (``check_grpo_recipe`` refuses
-    judges the trainer does not run)."""
-    return (ExactMatchAccuracyJudge(), HeuristicQueryJudge(),
-            RewardConfig(alpha=recipe.judges.alpha, fatal=FatalConfig(k=recipe.grpo.fatal_k)))
+def reward_scoring(recipe: Recipe) -> tuple[AccuracyJudge, QueryJudge, RewardConfig]:
+    """The recipe's judges (offline, or LLM judges on ``judges.url``) and reward settings, shared by
+    training and the demo's evaluation so both score a trajectory the same way."""
+    j = recipe.judges
+    client = None
+    if "llm" in (j.accuracy, j.query):
+        key = os.environ.get(j.api_key_env) if j.api_key_env else None
+        client = ChatCompletionsClient(ChatJudgeConfig(base_url=j.url, model=j.model, api_key=key or None,
+                                                       timeout_s=j.timeout_s, max_attempts=j.max_attempts))
+    accuracy = LLMAccuracyJudge(client) if j.accuracy == "llm" else ExactMatchAccuracyJudge()
+    query = LLMQueryJudge(client) if j.query == "llm" else HeuristicQueryJudge()
+    return accuracy, query, RewardConfig(alpha=j.alpha, fatal=FatalConfig(k=recipe.grpo.fatal_k))
+
+
+def stage_scorer(recipe: Recipe) -> GroupScorer:
+    """The GRPO stage's scorer: the recipe's judges behind a verdict cache and ``judges.max_concurrency`` threads."""
+    accuracy, query, config = reward_scoring(recipe)
+    return GroupScorer(accuracy, query, config, max_concurrency=recipe.judges.max_concurrency,
+                       cache_size=recipe.judges.cache_size)
 
 
 def rank_share(batch: Sequence[int], dp_size: int, dp_rank: int) -> list[tuple[int, int]]:

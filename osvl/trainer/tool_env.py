@@ -13,6 +13,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
@@ -32,6 +33,7 @@ from osvl.tools import (
     ToolsConfig,
 )
 from osvl.tools.environment import ToolRunner
+from osvl.tools.fleet import ToolServerFleet
 from osvl.tools.limits import ToolLimits
 from osvl.tools.sandbox import SandboxConfig, SandboxUnavailable, check_sandbox
 from osvl.tools.profiles import (
@@ -143,29 +145,59 @@ def stage_image_config(recipe: Recipe, arch: Qwen3VLConfig) -> ImageConfig:
     return shipped
 
 
+def stage_prompt(recipe: Recipe) -> tuple[str, list[dict[str, Any]]]:
+    """``(system prompt, tool schemas shown)`` of both stages: ``data.system_prompt`` and, for the
+    release profile, the release tool schema. The paper profile shows no schema, as osvl's own SFT
+    data has none. The exported chat template carries the same pair."""
+    tools = recipe_profile(recipe).tool_schemas() if recipe.tools.profile == "release" else []
+    return read_system_prompt(recipe.data.system_prompt), tools
+
+
 def stage_renderer(recipe: Recipe, tokenizer: Tokenizer, arch: Qwen3VLConfig) -> ChatRenderer:
-    """The prompt both stages render: ``data.system_prompt`` and, for the release profile, the
-    release tool schema. The paper profile shows no schema, as osvl's own SFT data has none."""
-    tools = recipe_profile(recipe).tool_schemas() if recipe.tools.profile == "release" else ()
-    return ChatRenderer(tokenizer, stage_image_config(recipe, arch), tools,
-                        read_system_prompt(recipe.data.system_prompt))
+    """The prompt both stages render (:func:`stage_prompt`)."""
+    system_prompt, tools = stage_prompt(recipe)
+    return ChatRenderer(tokenizer, stage_image_config(recipe, arch), tools, system_prompt)
 
 
 EnvironmentFactory = Callable[[Recipe, int], AbstractContextManager[ToolEnvironment]]
 
 
+def online_tools_config(path: str) -> ToolsConfig:
+    """The online back-ends of ``tools.config_file`` (the TOML ``osvl.eval --tools`` reads; keys
+    come from the environment variables its ``*_key_env`` fields name)."""
+    from osvl.eval.tools import read_tools_file, resolve_sections
+
+    if not path:
+        raise ValueError("tools.backend = 'online' needs tools.config_file (a TOML with the online back-ends, "
+                         "keys named by *_key_env fields) or tools.servers (tool servers that hold them)")
+    try:
+        return resolve_sections(read_tools_file(path))
+    except ValueError as error:
+        raise ValueError(f"tools.config_file: {error}") from None
+
+
 @contextmanager
-def world_environment(recipe: Recipe, rank: int) -> Iterator[ToolEnvironment]:
-    """This rank's tool pool over the recipe's world in ``tools.profile``, faults injected at ``tools.fault_rate``."""
-    if recipe.tools.backend != "offline":
-        raise ValueError("tools.backend: the grpo stage runs the offline world backends; online tools "
-                         "are served by osvl.tools.server and not wired into the trainer yet")
-    if not recipe.tools.world_dir:
+def stage_environment(recipe: Recipe, rank: int) -> Iterator[ToolEnvironment]:
+    """This rank's tools in ``tools.profile``, faults injected at ``tools.fault_rate``: the tool
+    servers of ``tools.servers`` when set, else a local worker pool over the online back-ends
+    (``tools.backend = "online"``) or the recipe's offline world."""
+    t = recipe.tools
+    if t.servers:
+        fleet = ToolServerFleet(t.servers, max_concurrency=recipe.rollout.max_in_flight)
+        try:
+            yield with_faults(profile_environment(recipe_profile(recipe), fleet), recipe, rank)
+        finally:
+            fleet.close()
+        return
+    if t.backend == "online":
+        config = online_tools_config(t.config_file)
+    elif t.world_dir:
+        config = world_tools_config(t.world_dir)
+    else:
         raise ValueError("tools.world_dir must name a world directory for the offline backends")
-    config = world_tools_config(recipe.tools.world_dir)
-    check_recipe_sandbox(recipe)
+    check_recipe_sandbox(recipe)  # the servers of tools.servers check their own boundary when they start
     profile = recipe_profile(recipe, config.limits)
-    pool_config = PoolConfig(num_workers=recipe.tools.workers, preload=profile.registry.targets())
+    pool_config = PoolConfig(num_workers=t.workers, preload=profile.registry.targets())
     with ToolPool(config, pool_config) as pool:
         yield with_faults(profile_environment(profile, pool), recipe, rank)
 

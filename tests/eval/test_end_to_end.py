@@ -65,7 +65,8 @@ def test_cli_runs_a_tiny_checkpoint_on_held_out_questions_and_resumes(checkpoint
     summary = json.loads((out / "summary.json").read_text())
     [bench] = summary["benchmarks"]
     assert bench["benchmark"] == "world" and bench["judged"] == N and summary["run"]["generated"] == N
-    assert summary["tool_profile"] == (None if mode == "direct" else "paper") and summary["system_prompt_sha256"] is None
+    assert summary["tool_profile"] == (None if mode == "direct" else "paper")
+    assert summary["system_prompt_source"] == "shipped" and summary["system_turn_sha256"]  # a foreign template
     assert bench["pass_at_1"] == pytest.approx(100.0 * bench["correct"] / N)
     table = (out / "table.md").read_text()
     assert "| world | Avg |" in table and "no paper numbers shown" in table and "paper:" not in table

@@ -120,6 +120,10 @@ def test_paper_numbers_sit_beside_ours_and_are_labelled():
     assert "not results of this run" in text and "RAG Workflow" in text
     assert sum(line.startswith("| paper:") for line in lines) == len(table["rows"]["rag"])
     assert "| world | 2 | 2 | 1 | 0 |" in cost_table(summaries)
+    for markdown in (cost_table(summaries), text):
+        rows = [line for line in markdown.splitlines() if line.startswith("|")]
+        widths = {len(line.strip("|").split("|")) for line in rows}
+        assert len(widths) == 1 and set(rows[1]) == set("|-"), rows  # header, separator and rows line up
 
 
 def test_full_seven_benchmark_runs_show_the_reported_average():

@@ -192,9 +192,9 @@ def test_cli_refuses_bad_tool_settings_before_loading_the_model(checkpoint, worl
     assert "serper_key_env names environment variable 'OSVL_TEST_SERPER', which is not set" in capsys.readouterr().err
     assert main(base + ["--system-prompt", str(tmp_path / "none.txt")]) == 2
     assert "--system-prompt file not found" in capsys.readouterr().err
-    (tmp_path / "empty.txt").write_text("  \n")
+    (tmp_path / "empty.txt").write_text("  \n")  # no system prompt: accepted, so the run gets to the model
     assert main(base + ["--system-prompt", str(tmp_path / "empty.txt")]) == 2
-    assert "is empty" in capsys.readouterr().err
+    assert "model directory not found" in capsys.readouterr().err
     assert main(base[:-2] + ["--image-search-backend", "online"]) == 2
     assert "needs api_url" in capsys.readouterr().err
     with pytest.raises(SystemExit):

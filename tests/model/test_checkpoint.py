@@ -5,12 +5,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from osvl.model import (
+    HFTensorSpec,
     build_model,
     config_from_hf,
     config_to_hf,
     from_hf_state_dict,
     from_pretrained,
+    hf_tensor_specs,
+    iter_hf_tensors,
     save_pretrained,
+    shard_plan,
     to_hf_state_dict,
 )
 from tests.model.tiny import tiny_config
@@ -119,3 +123,57 @@ def test_config_json_round_trip_and_errors():
     legacy["text_config"]["rope_scaling"] = legacy["text_config"].pop("rope_parameters")
     legacy["text_config"]["rope_theta"] = legacy["text_config"]["rope_scaling"].pop("rope_theta")
     assert config_from_hf(legacy) == tiny_config()
+
+
+def _specs(sizes):
+    return [HFTensorSpec(f"t{i}", (n,), torch.float32) for i, n in enumerate(sizes)]
+
+
+def test_shard_plan_balances_consecutive_runs_by_bytes():
+    plan = shard_plan(_specs([10, 10, 10, 10, 10, 10]), world_size=2, max_shard_bytes=10**6)
+    assert [(f.name, f.owner, f.tensors) for f in plan] == [
+        ("model-00001-of-00002.safetensors", 0, ("t0", "t1", "t2")),
+        ("model-00002-of-00002.safetensors", 1, ("t3", "t4", "t5"))]
+    assert [f.nbytes for f in plan] == [120, 120]
+    # a dominant tensor: its owner holds its byte midpoint, the others share the rest
+    plan = shard_plan(_specs([1, 1, 100, 1, 1]), world_size=4, max_shard_bytes=10**6)
+    assert [(f.owner, f.tensors) for f in plan] == [(0, ("t0", "t1")), (2, ("t2",)), (3, ("t3", "t4"))]
+
+
+def test_shard_plan_cuts_files_at_the_limit_and_names_a_single_file_like_hf():
+    plan = shard_plan(_specs([4, 4, 4, 20, 4]), world_size=1, max_shard_bytes=32)
+    assert [f.tensors for f in plan] == [("t0", "t1"), ("t2",), ("t3",), ("t4",)]  # 80 B alone, over the limit
+    assert [f.name for f in plan][-1] == "model-00004-of-00004.safetensors" and {f.owner for f in plan} == {0}
+    assert [f.name for f in shard_plan(_specs([4, 4]), 3, 10**6)] == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]  # 3 ranks, 2 tensors: 2 writers
+    assert [f.name for f in shard_plan(_specs([4, 4]), 1, 10**6)] == ["model.safetensors"]
+    with pytest.raises(ValueError, match="at least one tensor"):
+        shard_plan([], 1, 10)
+    with pytest.raises(ValueError, match="max_shard_bytes"):
+        shard_plan(_specs([1]), 1, 0)
+
+
+@pytest.mark.parametrize("moe, tie", [(False, True), (True, False)], ids=["dense_tied", "moe"])
+def test_stream_follows_the_specs_and_equals_the_whole_conversion(moe, tie):
+    torch.manual_seed(0)
+    model = build_model(tiny_config(moe, tie=tie))
+    specs = hf_tensor_specs(model, torch.bfloat16)
+    streamed = list(iter_hf_tensors(model, torch.bfloat16))
+    assert [(n, tuple(t.shape), t.dtype) for n, t in streamed] == [(s.name, s.shape, s.dtype) for s in specs]
+    whole = to_hf_state_dict(dict(model.state_dict()), model.arch)
+    assert dict(streamed).keys() == whole.keys()
+    for name, tensor in streamed:
+        assert torch.equal(tensor, whole[name].to(torch.bfloat16)), name
+    # units: a decoder layer's tensors come together
+    layer0 = [i for i, (n, _) in enumerate(streamed) if n.startswith("model.language_model.layers.0.")]
+    assert layer0 == list(range(layer0[0], layer0[0] + len(layer0)))
+
+
+def test_save_replaces_an_earlier_save_in_the_same_directory(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(tiny_config())
+    plan = save_pretrained(model, tmp_path, max_shard_bytes=20_000)
+    assert len(plan) > 1 and sum(f.nbytes for f in plan) == sum(s.nbytes for s in hf_tensor_specs(model))
+    save_pretrained(model, tmp_path)  # one file now: the earlier shards and index must go
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    _assert_same_state(model, from_pretrained(tmp_path, dtype=torch.float32))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -14,9 +15,10 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from osvl.model import from_pretrained, save_pretrained
+from osvl.model import hf_tensor_specs, iter_hf_tensors, save_pretrained
 from osvl.parallel import ParallelConfig, parallelize, sharded_model_config
 from tests.model.tiny import image_batch, tiny_config
+from tests.parallel.live_bytes import LiveTensorBytes
 
 GRIDS = [(1, 2, 2), (1, 4, 2), (1, 2, 4), (1, 2, 2)]
 
@@ -110,25 +112,6 @@ def dcp_round_trip_is_exact(rank: int, world: int, parallel_kwargs: dict, moe: b
         assert torch.equal(got[k], expected[k]), k
 
 
-def hf_save_from_sharded_model(rank: int, world: int, parallel_kwargs: dict, moe: bool, path: str) -> None:
-    parallel = ParallelConfig(param_dtype="float32", **parallel_kwargs)
-    arch = tiny_config(moe=moe)
-    torch.manual_seed(0)
-    model = sharded_model_config(arch, parallel).build()
-    with torch.no_grad():
-        model.init_states()
-    expected = {k: v.clone() for k, v in model.state_dict().items()}
-    dims = parallel.parallel_dims(world)
-    dims.build_mesh()
-    parallelize(model, dims, parallel)
-    save_pretrained(model, path)
-    dist.barrier()
-    loaded = from_pretrained(path, dtype=torch.float32).state_dict()
-    assert loaded.keys() == expected.keys()
-    for k, v in expected.items():
-        assert torch.equal(loaded[k], v), k
-
-
 SCENARIOS = {
     "fsdp2_dense": (data_parallel_matches_one_process, {"dp_shard": 2}, False),
     "fsdp2_moe_full_ac": (data_parallel_matches_one_process, {"dp_shard": 2, "activation_checkpoint": "full"}, True),
@@ -138,18 +121,73 @@ SCENARIOS = {
     "ep2_fsdp2_moe": (data_parallel_matches_one_process, {"dp_shard": 2, "ep": 2}, True),
     "dcp_fsdp2_ep2_moe": (dcp_round_trip_is_exact, {"dp_shard": 2, "ep": 2}, True),
     "dcp_tp2_dense": (dcp_round_trip_is_exact, {"dp_shard": 1, "tp": 2}, False),
-    "hf_save_fsdp2_ep2_moe": (hf_save_from_sharded_model, {"dp_shard": 2, "ep": 2, "activation_checkpoint": "full"}, True),
 }
 
 
+# Streaming HF writes: (parallel plan, MoE, decoder layers, export dtype). Eight dense layers make one
+# layer plus one file a small part of the model, so the memory bound can tell streaming from gathering.
+HF_WRITES = {
+    "hf_write_fsdp2_dense_bf16": ({"dp_shard": 2}, False, 8, torch.bfloat16),
+    "hf_write_tp2_dense": ({"dp_shard": 1, "tp": 2}, False, 2, None),
+    "hf_write_fsdp2_ep2_moe": ({"dp_shard": 2, "ep": 2, "activation_checkpoint": "full"}, True, 2, None),
+}
+
+
+def hf_write_arch(moe: bool, layers: int):
+    arch = tiny_config(moe=moe)
+    return replace(arch, text=replace(arch.text, num_hidden_layers=layers))
+
+
+def streaming_hf_write(rank: int, world: int, name: str, out: str) -> None:
+    """Writes ``out/<name>/hf`` from 2 ranks (rank 0 also saves the unsharded state for the parent's
+    one-process write) and checks the stream order and this rank's peak of live gathered bytes."""
+    kwargs, moe, layers, dtype = HF_WRITES[name]
+    parallel = ParallelConfig(param_dtype="float32", **kwargs)
+    arch = hf_write_arch(moe, layers)
+    torch.manual_seed(0)
+    model = sharded_model_config(arch, parallel).build()
+    with torch.no_grad():
+        model.init_states()
+    root = Path(out) / name
+    if rank == 0:
+        root.mkdir(parents=True)
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, root / "unsharded.pt")
+    dims = parallel.parallel_dims(world)
+    dims.build_mesh()
+    parallelize(model, dims, parallel)
+
+    specs = hf_tensor_specs(model, dtype)
+    streamed = [(n, tuple(t.shape), t.dtype) for n, t in iter_hf_tensors(model, dtype)]
+    assert streamed == [(s.name, s.shape, s.dtype) for s in specs]
+    total = sum(s.nbytes for s in specs)
+    max_shard = total // 8
+    units = {}
+    for s in specs:  # HF bytes per conversion unit (a decoder layer, a vision block, or one tensor)
+        unit = ".".join(s.name.split(".")[:4]) if ".layers." in s.name or ".blocks." in s.name else s.name
+        units[unit] = units.get(unit, 0) + s.nbytes
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in model.state_dict().values()]
+    with LiveTensorBytes(existing=local) as tracker:
+        plan = save_pretrained(model, root / "hf", dtype=dtype, max_shard_bytes=max_shard)
+    mine = [f for f in plan if f.owner == rank]
+    assert mine, f"rank {rank} writes no file: {plan}"
+    bound = 3 * max(units.values()) + max(f.nbytes for f in mine)  # one unit gathered and converted + one file
+    assert tracker.peak <= bound, f"rank {rank}: peak {tracker.peak} B of live tensors > bound {bound} B"
+    if layers >= 8:
+        assert tracker.peak < total / 2, f"rank {rank}: peak {tracker.peak} B is not well below the model ({total} B)"
+    (root / f"peak_rank{rank}.json").write_text(json.dumps({"peak": tracker.peak, "bound": bound, "total": total}))
+
+
 def run_scenarios(rank: int, world: int, out_dir: str) -> None:
-    """Every scenario on the same 2 ranks (one spawn); rank 0 records ok / traceback per scenario."""
+    """Every scenario and HF write on the same 2 ranks (one spawn); rank 0 records ok / traceback per
+    scenario."""
+    runs = {name: (fn, (kwargs, moe, *((str(Path(out_dir) / f"ckpt_{name}"),) if fn is dcp_round_trip_is_exact
+                                         else ())))
+            for name, (fn, kwargs, moe) in SCENARIOS.items()}
+    runs.update({name: (streaming_hf_write, (name, out_dir)) for name in HF_WRITES})
     results = {}
-    for name, (fn, kwargs, moe) in SCENARIOS.items():
-        needs_path = fn in (dcp_round_trip_is_exact, hf_save_from_sharded_model)
-        extra = (str(Path(out_dir) / f"ckpt_{name}"),) if needs_path else ()
+    for name, (fn, args) in runs.items():
         try:
-            fn(rank, world, kwargs, moe, *extra)
+            fn(rank, world, *args)
             results[name] = "ok"
         except Exception:  # recorded per scenario and asserted in the test process
             results[name] = traceback.format_exc()

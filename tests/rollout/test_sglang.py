@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from osvl.model import save_pretrained
 from osvl.rl.trajectory import FinishReason
 from osvl.rollout.agent import AgentConfig, run_trajectory
 from osvl.rollout.engine import (
@@ -65,22 +66,22 @@ def test_sglang_client_reproduces_the_local_engine(local_engine, renderer):
     np.testing.assert_allclose(remote.logprobs, direct.logprobs, atol=1e-6)
 
 
-def test_weight_update_from_disk(tmp_path):
+def test_weight_update_from_disk_loads_an_hf_directory_and_confirms_the_version(tmp_path):
     engine_side = LocalEngine(tiny_model(seed=0), tokenizer(), IMAGE_CONFIG)
-    path = tmp_path / "weights.pt"
-    torch.save(tiny_model(seed=1).state_dict(), path)
+    save_pretrained(tiny_model(seed=1), tmp_path / "v7", dtype=torch.float32)
 
     async def main(url):
         client = SGLangEngine(SGLangConfig((url,)))
-        await client.update_weights_from_disk(str(path), version=7)
-        with pytest.raises(EngineError, match="refused"):
-            await client.update_weights_from_disk(str(tmp_path / "missing.pt"), version=8)
+        await client.update_weights_from_disk(str(tmp_path / "v7"), version=7)
+        with pytest.raises(EngineError, match=f"{url}.*missing"):
+            await client.update_weights_from_disk(str(tmp_path / "missing"), version=8)
         result = await client.generate(GenerationRequest([1, 2, 3], sampling=SamplingParams(max_new_tokens=2)))
+        info = await client.get_json(url, "/get_model_info")
         await client.aclose()
-        return client.policy_version, result.policy_version
+        return client.policy_version, result.policy_version, info["weight_version"]
 
     with LoopbackServer(engine_side) as server:
-        assert asyncio.run(main(server.url)) == (7, 7)
+        assert asyncio.run(main(server.url)) == (7, 7, "7")
     assert engine_side.policy_version == 7
     torch.testing.assert_close(engine_side.model.state_dict()["norm.weight"], tiny_model(seed=1).state_dict()["norm.weight"])
 
@@ -172,25 +173,34 @@ def test_parse_a_real_sglang_response_body():
     assert parse_generate_response(length, 3).finish is StopKind.LENGTH
 
 
-def test_weight_update_wire_format():
-    sent = []
+def test_weight_update_wire_format_and_version_confirmation():
+    sent, reported = [], {"version": "7"}
 
     def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/get_model_info":
+            sent.append(("GET", request.url.host, request.url.path))
+            return httpx.Response(200, json={"model_path": "/ckpt", "weight_version": reported["version"]})
         sent.append((request.url.path, json.loads(request.content)))
-        if len(sent) == 1:
-            return httpx.Response(200, json={"success": True, "message": "ok", "num_paused_requests": 0})
-        return httpx.Response(400, json={"success": False, "message": "no such dir", "num_paused_requests": 0})
+        if json.loads(request.content)["model_path"] == "/ckpt/missing":
+            return httpx.Response(400, json={"success": False, "message": "no such dir", "num_paused_requests": 0})
+        return httpx.Response(200, json={"success": True, "message": "ok", "num_paused_requests": 0})
 
     async def main():
-        client = SGLangEngine(SGLangConfig(("http://a",)), httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+        client = SGLangEngine(SGLangConfig(("http://router",), update_urls=("http://a", "http://b")),
+                              httpx.AsyncClient(transport=httpx.MockTransport(handler)))
         await client.update_weights_from_disk("/ckpt/step7", version=7)
-        with pytest.raises(EngineError, match="no such dir"):
+        with pytest.raises(EngineError, match="http://a: HTTP 400: no such dir.*http://b: HTTP 400: no such dir"):
             await client.update_weights_from_disk("/ckpt/missing", version=8)
+        reported["version"] = "6"  # a server that accepted the update but still serves the old weights
+        with pytest.raises(EngineError, match="skew after the update to 9: http://a reports '6'; http://b reports '6'"):
+            await client.update_weights_from_disk("/ckpt/step9", version=9)
         await client.aclose()
         return client.policy_version
 
     assert asyncio.run(main()) == 7
     assert sent[0] == ("/update_weights_from_disk", {"model_path": "/ckpt/step7", "weight_version": "7"})
+    assert {s for s in sent[:4] if s[0] == "GET"} == {("GET", "a", "/get_model_info"), ("GET", "b", "/get_model_info")}
+    assert not any(s[0] != "GET" and "router" in str(s) for s in sent)  # updates go to the workers, never the router
 
 
 @pytest.mark.parametrize("body, message", [

@@ -36,7 +36,11 @@ def behaviour(seed: int, turn: int) -> int:
 
 
 def scripted(local: LocalEngine) -> ReplayEngine:
-    tok = local.tokenizer
+    return ReplayEngine(local, script_for(local.tokenizer))
+
+
+def script_for(tok):
+    """The scripted policy over ``tok``: what each (prompt, seed, turn) generates."""
 
     def script(request):
         text = tok.decode(request.input_ids, skip_special_tokens=False)
@@ -50,7 +54,7 @@ def scripted(local: LocalEngine) -> ReplayEngine:
             out = f"<think>I know it</think>\n<response>{'wrong' if kind == 2 else word}</response>"
         return tok.encode(out) + [tok.special.im_end]
 
-    return ReplayEngine(local, script)
+    return script
 
 
 @contextmanager

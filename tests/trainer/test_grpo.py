@@ -7,11 +7,10 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from osvl.config import load_recipe
 from osvl.data.tokenizer import load_tokenizer
-from osvl.model import save_pretrained
+from osvl.model import read_hf_tensors, save_pretrained
 from osvl.rollout import RolloutRecorder
 from osvl.trainer import read_metrics, run_grpo
 from osvl.trainer.policy import build_policy, policy_arch
@@ -72,8 +71,8 @@ def test_parameters_change(two_rank_run, tmp_path):
     tokenizer = load_tokenizer(recipe.data.tokenizer)
     save_pretrained(build_policy(recipe, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special), 1),
                     tmp_path / "init", dtype=torch.float32)  # the same seeded initialisation the run started from
-    initial = load_file(str(tmp_path / "init" / "model.safetensors"))
-    trained = load_file(str(root / "run" / "hf" / "model.safetensors"))
+    initial = read_hf_tensors(tmp_path / "init")
+    trained = read_hf_tensors(root / "run" / "hf")
     assert trained.keys() == initial.keys()
     changed = [k for k in trained if not torch.equal(trained[k], initial[k])]
     language = [k for k in trained if not k.startswith("model.visual")]

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from osvl.config import load_recipe
+from osvl.model import read_hf_tensors
 from osvl.rl.trajectory import FinishReason, ToolStatus
 from osvl.rollout import RolloutRecorder
 from osvl.tools import PoolConfig, ToolEnvironment, ToolPool, ToolRegistry, ToolsConfig
@@ -112,7 +112,7 @@ def test_tool_module_is_cheap_for_the_worker():
 
 def test_resumed_weights_are_bitwise_equal(runs):
     a, b = runs
-    straight, resumed = load_file(str(a / "hf" / "model.safetensors")), load_file(str(b / "hf" / "model.safetensors"))
+    straight, resumed = read_hf_tensors(a / "hf"), read_hf_tensors(b / "hf")
     assert straight.keys() == resumed.keys()
     for key in straight:
         assert torch.equal(resumed[key], straight[key]), key

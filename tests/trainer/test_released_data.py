@@ -14,7 +14,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from osvl.config import load_recipe
 from osvl.config.recipe import DataConfig, ToolsConfig
@@ -22,7 +21,7 @@ from osvl.data.chat import ChatRenderer
 from osvl.data.formats import FileStats, checkpoint_image_config, detect_format
 from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import load_tokenizer
-from osvl.model import save_pretrained
+from osvl.model import read_hf_tensors, save_pretrained
 from osvl.rl.trajectory import ToolStatus
 from osvl.rollout import LocalEngine, ReplayEngine, RolloutRecorder
 from osvl.tools import ToolEnvironment
@@ -199,8 +198,8 @@ def test_sft_stage_trains_on_sharegpt(released, tmp_path):
     tokenizer = load_tokenizer(tok)
     initial_model = build_policy(recipe, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special), 1)
     save_pretrained(initial_model, tmp_path / "init", dtype=torch.float32)
-    initial = load_file(str(tmp_path / "init" / "model.safetensors"))
-    changed = changed_keys(initial, load_file(str(tmp_path / "run" / "hf" / "model.safetensors")))
+    initial = read_hf_tensors(tmp_path / "init")
+    changed = changed_keys(initial, read_hf_tensors(tmp_path / "run" / "hf"))
     assert any(k.startswith("model.language_model") for k in changed)
     assert any(k.startswith("model.visual") for k in changed)  # the fixture's images reached the tower
 
@@ -240,8 +239,8 @@ def test_released_dir_supplies_tokenizer_and_image_processor(released, tmp_path)
 
     result = run_sft(recipe)
     assert result.steps == 1 and math.isfinite(result.final_loss)
-    changed = changed_keys(load_file(str(checkpoint / "model.safetensors")),
-                           load_file(str(tmp_path / "run" / "hf" / "model.safetensors")))
+    changed = changed_keys(read_hf_tensors(checkpoint),
+                           read_hf_tensors(tmp_path / "run" / "hf"))
     assert any(k.startswith("model.language_model") for k in changed)
 
 
@@ -340,9 +339,9 @@ def test_grpo_stage_runs_verl_parquet_with_release_tools(released, world_dir, tm
 
     metrics = read_metrics(run)[0]
     assert math.isfinite(metrics["loss"]) and 0 < metrics["accuracy"] < 1
-    initial = load_file(str(write_initial(recipe, tok, tmp_path / "init") / "model.safetensors"))
+    initial = read_hf_tensors(write_initial(recipe, tok, tmp_path / "init"))
     assert any(k.startswith("model.language_model") for k in changed_keys(
-        initial, load_file(str(run / "hf" / "model.safetensors"))))
+        initial, read_hf_tensors(run / "hf")))
 
 
 def write_initial(recipe, tok: Path, path: Path) -> Path:

@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from osvl.config import load_recipe
 from osvl.data.formats.processor import checkpoint_image_config
+from osvl.model import read_hf_tensors
 from osvl.trainer import read_metrics, run_sft
 from tests.trainer.fixtures import sft_overrides, write_sft_data
 from tests.trainer.ranks import run_ranks, sft_resume_body
@@ -19,7 +19,7 @@ STEPS = ["sft.max_steps=4", "checkpoint.every_steps=0", "metrics.console=false",
 
 
 def _weights(run_dir):
-    return load_file(str(run_dir / "hf" / "model.safetensors"))
+    return read_hf_tensors(run_dir / "hf")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from osvl.config import load_recipe
 from osvl.config.recipe import DataConfig
@@ -19,7 +18,7 @@ from osvl.trainer import read_metrics, run_sft
 from osvl.trainer.policy import build_policy, policy_arch
 from osvl.trainer.sft_data import load_sft_sequences
 from osvl.trainer.tool_env import stage_renderer
-from osvl.model import save_pretrained
+from osvl.model import read_hf_tensors, save_pretrained
 
 DOCS = [f"[Passage 1] Bridge {i}\nSummary: Its length in metres is {100 + 7 * i}.\n\nQ: What is the length in metres "
         f"of Bridge {i}?\nA: {100 + 7 * i}" for i in range(12)]
@@ -91,8 +90,8 @@ def test_sft_stage_pretrains_on_text(corpus, tmp_path):
     result = run_sft(recipe)
     losses = [m["loss"] for m in read_metrics(tmp_path / "run")]
     assert result.steps == 6 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
-    initial = load_file(str(tmp_path / "init" / "model.safetensors"))
-    trained = load_file(str(tmp_path / "run" / "hf" / "model.safetensors"))
+    initial = read_hf_tensors(tmp_path / "init")
+    trained = read_hf_tensors(tmp_path / "run" / "hf")
     changed = {k for k in trained if not torch.equal(trained[k], initial[k])}
     assert any(k.startswith("model.language_model") for k in changed)
     assert (tmp_path / "run" / "hf" / "tokenizer.json").is_file()

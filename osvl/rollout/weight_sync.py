@@ -1,0 +1,206 @@
+"""Weight sync: after every optimizer step the engines serve the trainer's new weights.
+
+The policy version is the number of optimizer steps taken; every sync ends with the engines
+reporting that version, or it fails naming the engine (a silent skew would train on one policy
+while sampling from another). Three ways, one interface (``sync`` is collective over the trainer's
+ranks; only rank 0 talks to the servers, and its outcome reaches every rank):
+
+- ``InProcessSync``: the local engine (CPU form) takes the gathered state dict in memory;
+- ``DiskSync``: the ranks write HF safetensors collectively (each rank its own shard file) into a
+  shared directory, keeping the last ``keep`` versions, then every SGLang server loads it with
+  ``/update_weights_from_disk`` and its ``/get_model_info`` must report the version;
+- ``DistributedSync``: rank 0 joins a weights-update group with the servers and broadcasts the
+  HF-named tensors in buckets of ``bucket_bytes`` (``/update_weights_from_distributed``), gathered
+  one layer at a time from the shards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from osvl.model.checkpoint import iter_hf_tensors, save_pretrained
+from osvl.rollout.engine import EngineError
+from osvl.rollout.local_engine import LocalEngine
+from osvl.rollout.sglang import SGLangEngine
+
+T = TypeVar("T")
+Runner = Callable[[Coroutine[Any, Any, T]], T]  # runs a coroutine on the stage's event loop
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    seconds: float
+    bytes: int  # weight bytes one server received
+
+
+class WeightSync(Protocol):
+    def sync(self, model: torch.nn.Module, version: int) -> SyncStats: ...
+
+    def close(self) -> None: ...
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _message(error: Exception) -> str:
+    return str(error) if isinstance(error, EngineError) else f"{type(error).__name__}: {error}"
+
+
+def _agree(error: str | None) -> None:
+    """Rank 0's outcome on every rank: all ranks raise together, none is left in a collective."""
+    if dist.is_initialized():
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise EngineError(error)
+
+
+class InProcessSync:
+    """Gathers the full (unsharded) weights on every rank into that rank's local engine."""
+
+    def __init__(self, engine: LocalEngine) -> None:
+        self.engine = engine
+
+    def sync(self, model: torch.nn.Module, version: int) -> SyncStats:
+        start = time.perf_counter()
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        self.engine.load_weights({k: v.detach() for k, v in full.items()}, version)
+        nbytes = sum(v.numel() * v.element_size() for v in full.values())
+        return SyncStats(time.perf_counter() - start, nbytes)
+
+    def close(self) -> None:
+        pass
+
+
+class DiskSync:
+    """HF safetensors into ``directory/v{version:06d}``, loaded by every server from there."""
+
+    def __init__(self, engine: SGLangEngine, directory: str | Path, dtype: torch.dtype, run: Runner,
+                 keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.engine, self.directory, self.dtype, self.run, self.keep = engine, Path(directory), dtype, run, keep
+
+    def sync(self, model: torch.nn.Module, version: int) -> SyncStats:
+        start = time.perf_counter()
+        path = self.directory / f"v{version:06d}"
+        files = save_pretrained(model, path, dtype=self.dtype)  # collective; returns once every shard is on disk
+        error = None
+        if _rank() == 0:
+            try:
+                self.run(self.engine.update_weights_from_disk(str(path.resolve()), version))
+            except Exception as failure:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
+                error = _message(failure)
+            else:
+                for old in sorted(self.directory.glob("v*"))[:-self.keep]:
+                    shutil.rmtree(old, ignore_errors=True)
+        _agree(error)
+        return SyncStats(time.perf_counter() - start, sum(f.nbytes for f in files))
+
+    def close(self) -> None:
+        pass
+
+
+class DistributedSync:
+    """Bucketed broadcasts from trainer rank 0 to every server's ranks (gloo on CPU, NCCL on GPUs)."""
+
+    def __init__(self, engine: SGLangEngine, dtype: torch.dtype, run: Runner, *, bucket_bytes: int,
+                 master_address: str, master_port: int = 0, backend: str = "gloo", timeout_s: float = 600.0) -> None:
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        self.engine, self.dtype, self.run, self.bucket_bytes = engine, dtype, run, bucket_bytes
+        self.master_address, self.master_port, self.backend, self.timeout_s = master_address, master_port, backend, timeout_s
+        self.group_name = f"osvl-weights-{uuid.uuid4().hex[:8]}"
+        self._group: Any = None
+
+    def _connect(self) -> None:
+        """Rank 0 opens the store, the servers join, and rank 0 becomes rank 0 of the group."""
+        sizes = self.run(self.engine.server_ranks())
+        world = 1 + sum(sizes)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        store = dist.TCPStore(self.master_address, self.master_port, world, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
+        prefixed = dist.PrefixStore(self.group_name, store)
+
+        def create() -> Any:
+            if self.backend == "gloo":
+                return dist.ProcessGroupGloo(prefixed, 0, world, timeout)
+            return dist.ProcessGroupNCCL(prefixed, 0, world)
+
+        async def join() -> Any:
+            joined = asyncio.create_task(self.engine.init_weights_update_group(
+                self.master_address, store.port, self.group_name, self.backend, sizes))
+            group = await asyncio.to_thread(create)
+            await joined
+            return group
+
+        self._group = self.run(join())
+        self._store = store
+
+    def _send(self, bucket: list[tuple[str, torch.Tensor]], version: int | None) -> None:
+        def broadcast() -> None:
+            for _, tensor in bucket:
+                self._group.broadcast([tensor.contiguous()]).wait()
+
+        async def both() -> None:
+            announced = asyncio.create_task(self.engine.update_weights_from_distributed(
+                [n for n, _ in bucket], [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                [list(t.shape) for _, t in bucket], self.group_name, version))
+            await asyncio.to_thread(broadcast)
+            await announced
+
+        self.run(both())
+
+    def sync(self, model: torch.nn.Module, version: int) -> SyncStats:
+        start = time.perf_counter()
+        lead = _rank() == 0
+        error, nbytes = None, 0
+        if lead and self._group is None:
+            try:
+                self._connect()
+            except Exception as failure:  # noqa: BLE001
+                error = f"weights update group: {_message(failure)}"
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in iter_hf_tensors(model, self.dtype):  # collective: every rank gathers every layer
+            if not lead or error is not None:
+                continue
+            if bucket and size + tensor.numel() * tensor.element_size() > self.bucket_bytes:
+                try:
+                    self._send(bucket, None)
+                except Exception as failure:  # noqa: BLE001
+                    error = _message(failure)
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            nbytes += tensor.numel() * tensor.element_size()
+        if lead and error is None:
+            try:
+                self._send(bucket, version)  # the last bucket carries the version
+                self.run(self.engine.confirm_version(version))
+            except Exception as failure:  # noqa: BLE001
+                error = _message(failure)
+        _agree(error)
+        return SyncStats(time.perf_counter() - start, nbytes)
+
+    def close(self) -> None:
+        if self._group is not None:
+            try:
+                self.run(self.engine.destroy_weights_update_group(self.group_name))
+            except EngineError:
+                pass
+            self._group = None

@@ -1,0 +1,227 @@
+"""``python -m osvl.serve --recipe NAME --nodes N``: the service side of a GRPO recipe.
+
+Prints, per node, the commands that start the SGLang servers (and an sglang-router), the tool
+server, and the trainer's ``torchrun`` with the ``--set`` overrides that point it at them. Every
+flag that must agree with the trainer comes from the recipe: the checkpoint the servers load
+(``model.pretrained``), the image processor's pixel budget (its ``preprocessor_config.json``, also
+passed as ``--mm-process-config``), the context length (``grpo.max_prompt_tokens +
+max_response_tokens``), the servers' TP size and memory fraction, and the weight-update route.
+
+Layout: on every node the first ``--train-gpus`` GPUs run trainer ranks and the others run
+SGLang servers of ``rollout.server_tp`` GPUs each. ``--engine loopback --launch`` starts the CPU
+form on this machine instead (osvl's SGLang-protocol loopback server over the checkpoint, a
+loopback judge when the recipe's judges are LLMs, and a tool server over the offline world) and
+keeps them up until interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from osvl.config import Recipe, load_recipe
+from osvl.data.image import ImageConfig
+
+TRAIN_PORT = 29400  # torchrun's c10d rendezvous
+SGLANG_PORT = 30000
+ROUTER_PORT = 29000
+TOOL_PORT = 8100
+JUDGE_PORT = 8000
+
+
+@dataclass(frozen=True)
+class Layout:
+    nodes: int
+    gpus_per_node: int
+    train_gpus: int  # per node
+    hosts: tuple[str, ...]
+    router: bool
+
+    @property
+    def serve_gpus(self) -> int:
+        return self.gpus_per_node - self.train_gpus
+
+
+@dataclass(frozen=True)
+class Command:
+    host: str
+    what: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+    def shell(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env)
+        return (env + " " if env else "") + " ".join(shlex.quote(a) for a in self.argv)
+
+
+def server_image_config(recipe: Recipe) -> ImageConfig | None:
+    """The processor settings the trainer will use, when the checkpoint ships them."""
+    from osvl.data.formats import checkpoint_image_config
+
+    if not recipe.model.pretrained or not Path(recipe.model.pretrained).is_dir():
+        return None
+    return checkpoint_image_config(recipe.model.pretrained)
+
+
+def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str) -> list[Command]:
+    """Every command of the layout, in start order (servers, router, tool servers, trainer)."""
+    r, g = recipe.rollout, recipe.grpo
+    if layout.serve_gpus % r.server_tp:
+        raise ValueError(f"{layout.serve_gpus} serving GPUs per node are not a multiple of rollout.server_tp "
+                         f"{r.server_tp}")
+    if layout.train_gpus < 1 or layout.serve_gpus < r.server_tp:
+        raise ValueError("each node needs at least one trainer GPU and rollout.server_tp serving GPUs")
+    model = recipe.model.pretrained or "<HF checkpoint directory>"
+    commands, workers, tools = [], [], []
+    image = server_image_config(recipe)
+    for node, host in enumerate(layout.hosts):
+        for k in range(layout.serve_gpus // r.server_tp):
+            first = layout.train_gpus + k * r.server_tp
+            port = SGLANG_PORT + k
+            argv = ["python", "-m", "sglang.launch_server", "--model-path", model, "--host", "0.0.0.0",
+                    "--port", str(port), "--tp-size", str(r.server_tp), "--mem-fraction-static",
+                    str(r.server_mem_fraction), "--context-length", str(g.max_prompt_tokens + g.max_response_tokens),
+                    "--dtype", recipe.parallel.param_dtype]
+            if image is not None:
+                argv += ["--mm-process-config",
+                         json.dumps({"image": {"min_pixels": image.min_pixels, "max_pixels": image.max_pixels}})]
+            visible = ",".join(str(i) for i in range(first, first + r.server_tp))
+            commands.append(Command(host, f"SGLang server {k} (GPUs {visible})", tuple(argv),
+                                    (("CUDA_VISIBLE_DEVICES", visible),)))
+            workers.append(f"http://{host}:{port}")
+        commands.append(Command(host, "tool server", ("python", "-m", "osvl.tools.server", "--tools",
+                                                      "recipes/tools/online.toml", "--host", "0.0.0.0", "--port",
+                                                      str(TOOL_PORT), "--workers", "16")))
+        tools.append(f"http://{host}:{TOOL_PORT}")
+    generate = workers
+    if layout.router:
+        commands.append(Command(layout.hosts[0], "sglang-router over every server",
+                                ("python", "-m", "sglang_router.launch_router", "--host", "0.0.0.0", "--port",
+                                 str(ROUTER_PORT), "--worker-urls", *workers)))
+        generate = [f"http://{layout.hosts[0]}:{ROUTER_PORT}"]
+    world = layout.nodes * layout.train_gpus
+    overrides = [f"job.world_size={world}", f"rollout.sglang_urls={json.dumps(generate)}",
+                 f"rollout.sglang_update_urls={json.dumps(workers)}", f"tools.servers={json.dumps(tools)}"]
+    dp_shard = world // (recipe.parallel.tp * recipe.parallel.dp_replicate)
+    if recipe.parallel.dp_shard != -1 and recipe.parallel.dp_shard != dp_shard:
+        overrides.append(f"parallel.dp_shard={dp_shard}")
+    if r.weight_sync == "distributed":
+        overrides.append(f"rollout.weight_sync_master_addr={layout.hosts[0]}")
+    for node, host in enumerate(layout.hosts):
+        argv = ["torchrun", "--nnodes", str(layout.nodes), "--nproc_per_node", str(layout.train_gpus),
+                "--node_rank", str(node), "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                f"{layout.hosts[0]}:{TRAIN_PORT}", "-m", "osvl.train", "--recipe", recipe_arg]
+        for item in overrides:
+            argv += ["--set", item]
+        visible = ",".join(str(i) for i in range(layout.train_gpus))
+        commands.append(Command(host, f"trainer ranks {node * layout.train_gpus}..{(node + 1) * layout.train_gpus - 1}",
+                                tuple(argv), (("CUDA_VISIBLE_DEVICES", visible),)))
+    return commands
+
+
+def _wait_ready(path: Path, process: subprocess.Popen, what: str, timeout_s: float = 300.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.is_file():
+            return path.read_text().strip()
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode} before serving")
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not come up within {timeout_s:.0f}s")
+
+
+def launch_loopback(recipe: Recipe, recipe_arg: str, directory: Path) -> tuple[list[subprocess.Popen], list[str]]:
+    """The CPU form on this machine: returns the processes and the trainer's ``--set`` overrides."""
+    if not recipe.model.pretrained:
+        raise ValueError("model.pretrained must name the HF checkpoint the loopback server serves")
+    if not recipe.tools.world_dir:
+        raise ValueError("tools.world_dir must name the offline world the loopback tool server serves")
+    specs = [("SGLang loopback", [sys.executable, "-m", "osvl.rollout.loopback", "--model-path", recipe.model.pretrained,
+                                  "--port", "0", "--max-batch", str(recipe.rollout.max_in_flight)]),
+             ("tool server", [sys.executable, "-m", "osvl.tools.server", "--world", recipe.tools.world_dir,
+                              "--port", "0", "--workers", str(recipe.tools.workers)])]
+    llm = "llm" in (recipe.judges.accuracy, recipe.judges.query)
+    if llm:
+        specs.append(("loopback judge", [sys.executable, "-m", "osvl.rl.loopback_judge", "--port", "0"]))
+    processes, urls = [], []
+    try:
+        for i, (what, argv) in enumerate(specs):
+            ready = directory / f"ready{i}"
+            processes.append(subprocess.Popen([*argv, "--ready-file", str(ready)]))
+            urls.append(_wait_ready(ready, processes[-1], what))
+    except BaseException:
+        for process in processes:
+            process.terminate()
+        raise
+    overrides = [f"rollout.sglang_urls={json.dumps([urls[0]])}", f"tools.servers={json.dumps([urls[1]])}"]
+    if llm:
+        overrides.append(f"judges.url={urls[2]}")
+    return processes, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m osvl.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", required=True, help="a GRPO recipe name in recipes/ or a .toml path")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--train-gpus", type=int, default=4, help="trainer GPUs per node; the rest serve")
+    parser.add_argument("--hosts", default="", help="comma-separated node host names (default node0,node1,...)")
+    parser.add_argument("--router", action="store_true", help="put an sglang-router in front of the servers")
+    parser.add_argument("--engine", choices=("sglang", "loopback"), default="sglang")
+    parser.add_argument("--launch", action="store_true", help="start the services here (loopback engine only)")
+    args = parser.parse_args(argv)
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+    except ValueError as error:
+        parser.error(str(error))
+    if recipe.job.stage != "grpo":
+        parser.error(f"recipe {recipe.job.name} is a {recipe.job.stage} recipe; serving is for GRPO")
+    if args.engine == "loopback":
+        if not args.launch:
+            parser.error("--engine loopback starts the CPU form on this machine: add --launch")
+        with tempfile.TemporaryDirectory(prefix="osvl-serve-") as directory:
+            try:
+                processes, overrides = launch_loopback(recipe, args.recipe, Path(directory))
+            except (ValueError, RuntimeError) as error:
+                parser.error(str(error))
+            sets = " ".join(f"--set {shlex.quote(o)}" for o in overrides)
+            print(f"services up; train with:\n  torchrun --standalone --nproc_per_node 2 -m osvl.train "
+                  f"--recipe {args.recipe} {sets}", flush=True)
+            stop = [False]
+            signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
+            try:
+                while not stop[0] and all(p.poll() is None for p in processes):
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.wait(30)
+        return 0
+    if args.launch:
+        parser.error("--launch starts the loopback (CPU) form only; run the printed commands on the cluster")
+    hosts = tuple(h for h in args.hosts.split(",") if h) or tuple(f"node{i}" for i in range(args.nodes))
+    if len(hosts) != args.nodes:
+        parser.error(f"--hosts names {len(hosts)} hosts for --nodes {args.nodes}")
+    layout = Layout(args.nodes, args.gpus_per_node, args.train_gpus, hosts, args.router)
+    try:
+        commands = plan_commands(recipe, layout, args.recipe)
+    except ValueError as error:
+        parser.error(str(error))
+    for command in commands:
+        print(f"# {command.host}: {command.what}\n{command.shell()}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Tool calls spread over several tool servers (``osvl.tools.server``), with failover.
+
+A call goes to the healthy server with the fewest calls in flight. A server that fails a call
+with an infra error is probed (``GET /v1/tools``); if the probe fails it leaves the rotation, so
+the calls that were in flight on it come back as typed ``infra_error`` results and later calls go
+to the others. A server out of the rotation is probed again every ``retry_after_s`` and rejoins
+when it answers. With no healthy server a call is an ``infra_error`` naming every server, never
+an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+
+from osvl.rl.trajectory import ToolResult, ToolStatus
+from osvl.tools.pool import Job, PoolStats
+from osvl.tools.server import RemoteToolPool
+
+
+@dataclass
+class _Member:
+    url: str
+    pool: RemoteToolPool
+    in_flight: int = 0
+    down_since: float | None = None
+    calls: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+class ToolServerFleet:
+    """``ToolPool``'s calling interface over several tool servers; ``close`` when done."""
+
+    def __init__(self, urls: tuple[str, ...] | list[str], *, max_image_pixels: int = 24_000_000,
+                 retry_after_s: float = 5.0, probe_timeout_s: float = 5.0, max_concurrency: int = 64) -> None:
+        if not urls:
+            raise ValueError("a tool server fleet needs at least one URL")
+        self.members = [_Member(u.rstrip("/"), RemoteToolPool(u, max_image_pixels)) for u in urls]
+        self.retry_after_s, self.probe_timeout_s = retry_after_s, probe_timeout_s
+        self.stats = PoolStats()
+        self._lock = threading.Lock()
+        self._probe = httpx.Client(trust_env=False, timeout=probe_timeout_s)
+        self._threads = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="osvl-tool-fleet")
+
+    def healthy(self, url: str) -> bool:
+        """Whether ``url`` answers ``GET /v1/tools`` now."""
+        try:
+            return self._probe.get(f"{url}/v1/tools").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def tool_names(self, url: str) -> set[str]:
+        """The tools a server exposes (pre-flight); ValueError naming the server when it cannot say."""
+        try:
+            response = self._probe.get(f"{url.rstrip('/')}/v1/tools")
+            response.raise_for_status()
+            return {schema["function"]["name"] for schema in response.json()}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"tool server {url}: GET /v1/tools failed: {error!r}") from None
+
+    def _pick(self) -> _Member | None:
+        now = time.monotonic()
+        with self._lock:
+            retry = [m for m in self.members if m.down_since is not None and now - m.down_since >= self.retry_after_s]
+            for member in retry:
+                member.down_since = now  # one prober at a time
+        for member in retry:
+            if self.healthy(member.url):
+                with self._lock:
+                    member.down_since = None
+        with self._lock:
+            up = [m for m in self.members if m.down_since is None]
+            if not up:
+                return None
+            member = min(up, key=lambda m: m.in_flight)
+            member.in_flight += 1
+            member.calls += 1
+            return member
+
+    def call(self, job: Job) -> ToolResult:
+        with self._lock:
+            self.stats.submitted += 1
+        member = self._pick()
+        if member is None:
+            down = ", ".join(m.url for m in self.members)
+            result = ToolResult(ToolStatus.INFRA_ERROR, job.tool, error=f"no healthy tool server ({down})")
+        else:
+            try:
+                result = member.pool.call(job)
+            finally:
+                with self._lock:
+                    member.in_flight -= 1
+            if result.status is ToolStatus.INFRA_ERROR and not self.healthy(member.url):
+                with self._lock:
+                    if member.down_since is None:
+                        member.down_since = time.monotonic()
+                    member.failures.append(result.error or "")
+        with self._lock:
+            self.stats.completed += 1
+        return result
+
+    async def acall(self, job: Job) -> ToolResult:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self.call, job)
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        self._probe.close()
+        for member in self.members:
+            member.pool.close()

@@ -1,0 +1,303 @@
+"""The GRPO stage's checks before step 1, each failure a clear error naming the key or the URL.
+
+``check_grpo_recipe``: what the recipe alone decides; ``python -m osvl.train --dry-run`` runs the
+same function, so the dry run refuses exactly what the stage refuses, with the same message.
+
+``preflight``: every service the stage will use, after the engines took the trainer's weights:
+
+- each SGLang server answers ``/get_model_info`` as a generation model and, when the trainer can
+  read its model directory (shared storage), serves the trainer's architecture and vocabulary;
+- a probe turn (the first RL prompt, its images included) through every server: the prompt length
+  the server counted equals the trainer's (else the servers' image processor settings differ and
+  the image-pad runs disagree), and the sampled tokens' logprobs are the post-temperature ones
+  and equal the trainer's own forward within ``rollout.max_logprob_diff`` (collective);
+- an LLM judge answers a probe question with a verdict;
+- every tool server answers and exposes the tools of the recipe's profile.
+
+All ranks raise together (rank 0 probes the services and broadcasts the outcome).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from osvl_kernels import linear_grpo_loss
+
+from osvl.config.recipe import Recipe
+from osvl.data.chat import ChatRenderer
+from osvl.data.packing import pack_microbatch, train_sequence
+from osvl.model import Qwen3VLConfig, config_from_hf
+from osvl.rl.scoring import GroupScorer
+from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory
+from osvl.rollout import (
+    Engine,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    SGLangConfig,
+    SGLangEngine,
+)
+from osvl.tools import ToolEnvironment
+from osvl.tools.fleet import ToolServerFleet
+from osvl.trainer.grpo_data import with_grpo_filler
+from osvl.trainer.policy import lm_head_weight
+from osvl.trainer.serving import Serving
+
+PROBE_TOKENS = 16
+PROBE_SEED = 1234
+
+
+class PreflightError(ValueError):
+    """A service the stage needs is missing or disagrees with the trainer."""
+
+
+def check_grpo_recipe(recipe: Recipe, dp_size: int) -> None:
+    g, t = recipe.grpo, recipe.tools
+    if g.kl_coef:
+        raise ValueError("grpo.kl_coef > 0 needs a reference policy, which the grpo stage does not keep (the paper "
+                         "uses no KL loss)")
+    if g.mini_batch_prompts % dp_size:
+        raise ValueError(f"grpo.mini_batch_prompts {g.mini_batch_prompts} must be a multiple of the "
+                         f"data-parallel size {dp_size}")
+    if not t.servers and t.backend == "online" and not t.config_file:
+        raise ValueError("tools.backend = 'online' needs tools.config_file (the online back-ends, keys named by "
+                         "*_key_env fields) or tools.servers (tool servers that hold them)")
+    if not t.servers and t.backend == "offline" and not t.world_dir:
+        raise ValueError("tools.world_dir must name a world directory for the offline backends (or set tools.servers)")
+
+
+def _arch_mismatch(server: Qwen3VLConfig, trainer: Qwen3VLConfig) -> list[str]:
+    fields = {"vocab_size": lambda a: a.text.vocab_size, "hidden_size": lambda a: a.text.hidden_size,
+              "num_hidden_layers": lambda a: a.text.num_hidden_layers,
+              "num_attention_heads": lambda a: a.text.num_attention_heads,
+              "num_key_value_heads": lambda a: a.text.num_key_value_heads, "num_experts": lambda a: a.text.num_experts,
+              "image_token_id": lambda a: a.image_token_id, "vision.patch_size": lambda a: a.vision.patch_size,
+              "vision.spatial_merge_size": lambda a: a.vision.spatial_merge_size}
+    return [f"{name} {get(server)} != trainer's {get(trainer)}" for name, get in fields.items()
+            if get(server) != get(trainer)]
+
+
+async def _check_servers(engine: SGLangEngine, arch: Qwen3VLConfig) -> list[str]:
+    lines = []
+    for url in dict.fromkeys((*engine.config.urls, *engine.config.weight_urls)):
+        try:
+            info = await engine.get_json(url, "/get_model_info", timeout_s=30)
+        except EngineError as error:
+            raise PreflightError(f"rollout.sglang_urls: {error}") from None
+        if not info.get("is_generation", True):
+            raise PreflightError(f"rollout.sglang_urls: {url} serves {info.get('model_path')!r}, not a generation model")
+        config_file = Path(str(info.get("model_path", ""))) / "config.json"
+        if config_file.is_file():
+            mismatch = _arch_mismatch(config_from_hf(json.loads(config_file.read_text())), arch)
+            if mismatch:
+                raise PreflightError(f"rollout.sglang_urls: {url} serves {config_file.parent}, whose architecture "
+                                     f"differs from the policy's: {'; '.join(mismatch)}")
+            lines.append(f"{url}: {config_file.parent} (architecture and vocabulary match), "
+                         f"weight version {info.get('weight_version')!r}")
+        else:
+            lines.append(f"{url}: model {info.get('model_path')!r} is not readable from the trainer, so its "
+                         f"architecture was not compared; the probe below still checks tokens and logprobs")
+    return lines
+
+
+def _probe_request(renderer: ChatRenderer, prompt: Prompt, temperature: float) -> GenerationRequest:
+    segment = renderer.render_prompt(prompt)
+    return GenerationRequest(list(segment.ids), list(segment.images),
+                             SamplingParams(temperature=temperature, max_new_tokens=PROBE_TOKENS, seed=PROBE_SEED))
+
+
+async def _probe(engine: Engine, request: GenerationRequest) -> list[tuple[str, GenerationResult]]:
+    """One probe turn per server (the router's pick when generation goes through one)."""
+    if not isinstance(engine, SGLangEngine):
+        return [("local engine", await engine.generate(request))]
+    out = []
+    for url in dict.fromkeys((*engine.config.urls, *engine.config.weight_urls)):
+        single = SGLangEngine(SGLangConfig((url,), timeout_s=engine.config.timeout_s), engine.client,
+                              engine.policy_version)
+        try:
+            out.append((url, await single.generate(request)))
+        except EngineError as error:
+            raise PreflightError(f"rollout.sglang_urls: the probe turn failed: {error}") from None
+    return out
+
+
+@torch.no_grad()
+def trainer_logprobs(model: torch.nn.Module, renderer: ChatRenderer, prompt: Prompt, result: GenerationResult,
+                     temperature: float) -> np.ndarray:
+    """The trainer's logprobs of the probe's generated tokens, by the training forward and fused
+    loss (collective under FSDP/TP: every rank calls it with the same probe)."""
+    step = Step(token_ids=list(result.token_ids), logprobs=list(result.logprobs), text="")
+    traj = Trajectory(prompt, [step], FinishReason.MAX_TURNS, group_id=0, sample_index=0)
+    seq = train_sequence(traj, renderer, reward=0.0, advantage=0.0)
+    b = with_grpo_filler(pack_microbatch([seq], renderer.image_config, renderer.tokenizer.special), renderer)
+    b = b.to(next(model.parameters()).device)
+    hidden = model(b.input_ids, cu_seqlens=b.cu_seqlens, position_ids=b.position_ids,
+                   pixel_values=b.pixel_values, image_grid_thw=b.image_grid_thw, return_hidden=True)
+    out = linear_grpo_loss(hidden, lm_head_weight(model), b.target_ids, b.cu_seqlens, b.loss_mask,
+                           old_logprobs=b.old_logprobs, fatal_step=b.fatal_step, token_step=b.token_step,
+                           advantages=b.advantages, temperature=temperature,
+                           backend="auto" if hidden.is_cuda else "torch")
+    return out.logprobs[b.loss_mask.bool()].double().cpu().numpy()
+
+
+def _check_prompt_tokens(url: str, request: GenerationRequest, result: GenerationResult) -> None:
+    if result.prompt_tokens and result.prompt_tokens != len(request.input_ids):
+        raise PreflightError(
+            f"{url}: the server counted {result.prompt_tokens} prompt tokens where the trainer rendered "
+            f"{len(request.input_ids)} ({len(request.images)} image(s)): its image processor settings (min/max pixels, "
+            f"patch, merge) differ from the trainer's data.min_pixels/max_pixels and the model's, so the image-pad "
+            f"runs disagree")
+
+
+def _compare(url: str, request: GenerationRequest, result: GenerationResult, trainer_t: np.ndarray,
+             trainer_raw: np.ndarray, temperature: float, tolerance: float) -> str:
+    _check_prompt_tokens(url, request, result)
+    engine = np.asarray(result.logprobs, dtype=np.float64)
+    if engine.shape != trainer_t.shape:
+        raise PreflightError(f"{url}: {engine.size} engine logprobs for {trainer_t.size} trainer tokens")
+    post, raw = float(np.abs(engine - trainer_t).mean()), float(np.abs(engine - trainer_raw).mean())
+    if temperature != 1.0 and raw < post:
+        raise PreflightError(
+            f"{url}: the engine reports pre-temperature logprobs (mean |engine - trainer| {raw:.2e} at temperature 1 "
+            f"vs {post:.2e} at {temperature}): the trainer's importance ratio needs log_softmax(logits / T); "
+            f"unset SGLANG_RETURN_ORIGINAL_LOGPROB")
+    if post > tolerance:
+        raise PreflightError(
+            f"{url}: engine and trainer disagree on a probe turn: mean |logprob diff| {post:.3e} > "
+            f"rollout.max_logprob_diff {tolerance} (weights not synced, or another model/processor)")
+    return f"{url}: probe of {engine.size} tokens at temperature {temperature}: mean |engine - trainer| {post:.2e}"
+
+
+def _check_judges(recipe: Recipe, scorer: GroupScorer) -> list[str]:
+    j = recipe.judges
+    if "llm" not in (j.accuracy, j.query):
+        return []
+    probe = Prompt(id="preflight", question="What is two plus two?", answer="4")
+    verdict = (scorer.judges.accuracy.judge_answer(probe, "4") if j.accuracy == "llm"
+               else scorer.judges.query.judge_queries(probe, []))
+    if not verdict.scored:
+        raise PreflightError(f"judges.url {j.url}: the judge ({j.model}) gave no verdict on a probe: {verdict.reason}")
+    return [f"judge {j.model} at {j.url}: probe verdict {verdict.score}"]
+
+
+def _check_tools(recipe: Recipe, env: ToolEnvironment) -> list[str]:
+    fleet = getattr(env.pool, "runner", env.pool)  # under injected faults the fleet is wrapped
+    if not isinstance(fleet, ToolServerFleet):
+        return []
+    return _check_fleet(recipe, fleet, set(env.registry.names()))
+
+
+def _check_fleet(recipe: Recipe, fleet: ToolServerFleet, wanted: set[str]) -> list[str]:
+    lines = []
+    for member in fleet.members:
+        try:
+            served = fleet.tool_names(member.url)
+        except ValueError as error:
+            raise PreflightError(f"tools.servers: {error}") from None
+        missing = sorted(wanted - served)
+        if missing:
+            raise PreflightError(f"tools.servers: {member.url} does not serve {missing} (profile "
+                                 f"{recipe.tools.profile!r}; it serves {sorted(served)})")
+        lines.append(f"{member.url}: serves {len(served)} tools")
+    return lines
+
+
+def _agree(outcome: str | list[str]) -> list[str]:
+    if dist.is_initialized():
+        box = [outcome]
+        dist.broadcast_object_list(box, src=0)
+        outcome = box[0]
+    if isinstance(outcome, str):
+        raise PreflightError(outcome)
+    return outcome
+
+
+def preflight(recipe: Recipe, model: torch.nn.Module, serving: Serving, env: ToolEnvironment, scorer: GroupScorer,
+              renderer: ChatRenderer, prompt: Prompt, runner: asyncio.Runner) -> list[str]:
+    """Report lines; ``PreflightError`` on every rank when a service is missing or disagrees."""
+    lead = not dist.is_initialized() or dist.get_rank() == 0
+    temperature = recipe.grpo.temperature
+    request = _probe_request(renderer, prompt, temperature)
+    outcome: str | list = []
+    if lead:
+        try:
+            lines = _check_tools(recipe, env) + _check_judges(recipe, scorer)
+            if isinstance(serving.engine, SGLangEngine):
+                lines += runner.run(_check_servers(serving.engine, model.arch))
+            outcome = [lines, runner.run(_probe(serving.engine, request))]
+        except Exception as error:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
+            outcome = str(error) if isinstance(error, PreflightError) else f"pre-flight failed: {error!r}"
+    lines, probes = _agree(outcome)
+    for url, result in probes:
+        trainer_t = trainer_logprobs(model, renderer, prompt, result, temperature)
+        trainer_raw = trainer_logprobs(model, renderer, prompt, result, 1.0) if temperature != 1.0 else trainer_t
+        verdict: str | list[str] = []
+        if lead:
+            try:
+                verdict = [_compare(url, request, result, trainer_t, trainer_raw, temperature,
+                                    recipe.rollout.max_logprob_diff)]
+            except Exception as error:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
+                verdict = str(error) if isinstance(error, PreflightError) else f"pre-flight failed: {error!r}"
+        lines += _agree(verdict)
+    return lines
+
+
+def check_services(recipe: Recipe) -> list[str]:
+    """``--dry-run --preflight``: the checks that need no trainer weights, from one process. The
+    logprob comparison needs the policy's forward and runs when the stage starts."""
+    from osvl.trainer.grpo_data import load_prompts, stage_scorer
+    from osvl.trainer.stage import stage_inputs
+    from osvl.trainer.tool_env import recipe_profile
+
+    tokenizer, arch, renderer = stage_inputs(recipe)
+    lines: list[str] = []
+    if recipe.tools.servers:
+        fleet = ToolServerFleet(recipe.tools.servers)
+        try:
+            lines += _check_fleet(recipe, fleet, set(recipe_profile(recipe).registry.names()))
+        finally:
+            fleet.close()
+    scorer = stage_scorer(recipe)
+    try:
+        lines += _check_judges(recipe, scorer)
+    finally:
+        scorer.close()
+    if recipe.rollout.engine == "sglang":
+        r = recipe.rollout
+        request = _probe_request(renderer, load_prompts(recipe.data)[0], recipe.grpo.temperature)
+        with asyncio.Runner() as runner:
+            engine = SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls),
+                                               timeout_s=r.request_timeout_s))
+            try:
+                lines += runner.run(_check_servers(engine, arch))
+                for url, result in runner.run(_probe(engine, request)):
+                    _check_prompt_tokens(url, request, result)
+                    lines.append(f"{url}: a probe turn's prompt length matches the trainer's rendering")
+            finally:
+                runner.run(engine.aclose())
+    return lines
+
+
+def dry_run_lines(recipe: Recipe) -> Sequence[str]:
+    """What the stage will check at start that a dry run cannot (it needs the services and the weights)."""
+    if recipe.job.stage != "grpo":
+        return []
+    r, t, j = recipe.rollout, recipe.tools, recipe.judges
+    lines = [f"rollout engine {r.engine}" + (f": {', '.join(r.sglang_urls)}; weights by {r.weight_sync} sync to "
+                                             f"{', '.join(r.sglang_update_urls or r.sglang_urls)}"
+                                             if r.engine == "sglang" else " (in-process, CPU form)")]
+    lines.append("tools: " + (f"servers {', '.join(t.servers)}" if t.servers else f"{t.backend} back-ends in "
+                              f"{t.workers} local workers per rank"))
+    lines.append(f"judges: accuracy {j.accuracy}, query {j.query}" + (f" at {j.url} ({j.model})"
+                                                                       if "llm" in (j.accuracy, j.query) else ""))
+    lines.append("at start the stage also checks: servers reachable and serving the policy's architecture, "
+                 "a probe turn's prompt length and post-temperature logprobs against the trainer's forward, "
+                 "a judge probe, the tool servers' tool lists (use --preflight to check the services now)")
+    return lines

@@ -1,0 +1,167 @@
+"""The GRPO stage on the serving topology, end to end on CPU over the real protocols: 2 gloo trainer
+ranks, an SGLang-protocol server process (the loopback server over a checkpoint, scripted policy
+with the served model's own logprobs), an OpenAI-compatible judge process with an outage on one
+question, and two tool-server processes, one of which is killed (-9) after the first step."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from osvl.config import load_recipe
+from osvl.data.formats.processor import PREPROCESSOR_FILE
+from osvl.data.tokenizer import load_tokenizer
+from osvl.model import build_model, save_pretrained
+from osvl.rl.trajectory import ToolStatus
+from osvl.rollout import RolloutRecorder
+from osvl.tools import ToolEnvironment, ToolRegistry
+from osvl.tools.fleet import ToolServerFleet
+from osvl.trainer import read_metrics
+from osvl.trainer.policy import image_config, policy_arch
+from osvl.trainer.tool_env import with_faults
+from tests.tools.fault_tools import fault_specs
+from tests.trainer.ranks import run_ranks
+from tests.trainer.test_grpo import grpo_overrides
+
+OUTAGE = "code word is delta"  # the judge answers 503 for this question's samples
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _start(argv: list[str], ready: Path) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'kernels'}"}
+    process = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not ready.is_file():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"{argv} did not come up (exit code {process.poll()})")
+        time.sleep(0.1)
+    return process, ready.read_text()
+
+
+@contextmanager
+def fleet_environment(recipe, rank, *, urls):
+    """The echo/refuse tools, served by the tool-server processes, behind the stage's fault injector."""
+    fleet = ToolServerFleet(urls, retry_after_s=0.5)
+    try:
+        yield with_faults(ToolEnvironment(ToolRegistry(fault_specs()), fleet), recipe, rank)
+    finally:
+        fleet.close()
+
+
+def services_body(rank: int, world: int, overrides: list[str], tool_urls: tuple[str, ...]) -> None:
+    from osvl.trainer import run_grpo
+
+    result = run_grpo(load_recipe("tiny_grpo", overrides), rank, world,
+                      environment=functools.partial(fleet_environment, urls=tool_urls))
+    assert result.steps == 3, result
+
+
+def _served_checkpoint(root: Path, overrides: list[str]) -> Path:
+    """A checkpoint of the trainer's architecture with other weights: the stage pushes its own at start."""
+    recipe = load_recipe("tiny_grpo", overrides)
+    tokenizer = load_tokenizer(recipe.data.tokenizer)
+    arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
+    torch.manual_seed(7)
+    directory = root / "served"
+    save_pretrained(build_model(arch), directory, dtype=torch.float32)
+    tokenizer.save(directory / "tokenizer.json")
+    (directory / PREPROCESSOR_FILE).write_text(json.dumps(image_config(arch, recipe).to_preprocessor_config()))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def services_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("services")
+    base = grpo_overrides(root, root / "run", "grpo.max_steps=3")
+    model_dir = _served_checkpoint(root, base)
+    processes = []
+    try:
+        sglang, sglang_url = _start(["-m", "tests.trainer.services", "sglang", str(model_dir), str(root / "r0")],
+                                    root / "r0")
+        processes.append(sglang)
+        tools_a, url_a = _start(["-m", "tests.trainer.services", "tools", str(root / "r1")], root / "r1")
+        tools_b, url_b = _start(["-m", "tests.trainer.services", "tools", str(root / "r2")], root / "r2")
+        judge, judge_url = _start(["-m", "osvl.rl.loopback_judge", "--port", "0", "--ready-file", str(root / "r3")],
+                                  root / "r3")
+        processes += [tools_a, tools_b, judge]
+        httpx.post(judge_url.removesuffix("/v1") + "/admin/outage", json={"status": 503, "match": OUTAGE}, timeout=10)
+        killed = threading.Event()
+
+        def kill_after_first_step() -> None:  # tool server A dies (-9) once step 1 is logged
+            metrics = root / "run" / "metrics.jsonl"
+            while not (metrics.is_file() and metrics.read_text().strip()):
+                if sglang.poll() is not None:
+                    return
+                time.sleep(0.05)
+            os.kill(tools_a.pid, signal.SIGKILL)
+            killed.set()
+
+        threading.Thread(target=kill_after_first_step, daemon=True).start()
+        overrides = base + [
+            "rollout.engine=sglang", f'rollout.sglang_urls=["{sglang_url}"]', "rollout.max_logprob_diff=1e-4",
+            "judges.accuracy=llm", "judges.query=llm", f"judges.url={judge_url}", "judges.model=loopback-judge",
+            "judges.max_attempts=2", "judges.timeout_s=30"]
+        run_ranks(services_body, 2, overrides, (url_a, url_b))
+        info = httpx.get(f"{sglang_url}/get_model_info", timeout=10).json()
+        yield root, info, killed.is_set()
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(30)
+
+
+def test_server_version_follows_the_optimizer_and_parity_holds_after_every_sync(services_run):
+    root, info, _ = services_run
+    metrics = read_metrics(root / "run")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [m["policy_version"] for m in metrics] == [2, 4, 6]  # 2 mini-batches (optimizer steps) a step
+    assert info["weight_version"] == "6"
+    assert info["model_path"].endswith("weights/v000006")  # the stage's last disk sync
+    for m in metrics:
+        assert m["logprob_abs_diff"] <= 1e-4, m  # engine logprobs = trainer's on the weights that generated them
+        assert m["sync_bytes"] > 0 and m["sync_s"] > 0
+    recorder = RolloutRecorder(root / "run" / "rollouts")
+    for step in (1, 2, 3):
+        versions = {s.policy_version for t in recorder.read(step) for s in t.steps}
+        assert versions == {2 * (step - 1)}, (step, versions)  # every token came from the synced weights
+
+
+def test_a_judge_outage_leaves_samples_unscored_never_zero(services_run):
+    root, _, _ = services_run
+    recorder = RolloutRecorder(root / "run" / "rollouts")
+    trajectories = [t for step in (1, 2, 3) for t in recorder.read(step)]
+    hit = [t for t in trajectories if OUTAGE in t.prompt.question and t.steps and t.reward.unscored_reason != "infra_error"]
+    spared = [t for t in trajectories if OUTAGE not in t.prompt.question and t.steps
+              and t.reward.unscored_reason != "infra_error"]
+    assert hit and spared
+    assert all(t.reward.total is None and "http_503" in t.reward.unscored_reason for t in hit
+               if not (t.fatal_step >= 0 or t.final_answer is None))  # fatal/unanswered: r_acc = 0 by rule
+    assert all(t.reward.total is not None for t in spared if t.reward.unscored_reason is None)
+    metrics = read_metrics(root / "run")
+    assert sum(m["unscored"] for m in metrics) == sum(t.reward.total is None and t.reward.unscored_reason != "infra_error"
+                                                      for t in trajectories)
+    assert all(m["judge_requests"] > 0 and m["judge_p99_s"] >= m["judge_p50_s"] >= 0 for m in metrics)
+
+
+def test_a_killed_tool_server_gives_typed_infra_errors_and_the_steps_complete(services_run):
+    root, _, killed = services_run
+    assert killed
+    recorder = RolloutRecorder(root / "run" / "rollouts")
+    later = [s.tool_result for step in (2, 3) for t in recorder.read(step) for s in t.steps if s.tool_result]
+    failed = [r for r in later if r.status is ToolStatus.INFRA_ERROR]
+    assert failed and all("tool server" in (r.error or "") for r in failed)
+    assert any(r.status is ToolStatus.OK for r in later)  # the surviving server kept serving
+    assert len(read_metrics(root / "run")) == 3
