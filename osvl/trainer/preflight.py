@@ -191,7 +191,7 @@ def _check_tools(recipe: Recipe, env: ToolEnvironment) -> list[str]:
     fleet = getattr(env.pool, "runner", env.pool)  # under injected faults the fleet is wrapped
     if not isinstance(fleet, ToolServerFleet):
         return []
-    return _check_fleet(recipe, fleet, set(env.registry.names()))
+    return _check_fleet(recipe, fleet, set(env.registry.names))
 
 
 def _check_fleet(recipe: Recipe, fleet: ToolServerFleet, wanted: set[str]) -> list[str]:
@@ -261,7 +261,7 @@ def check_services(recipe: Recipe) -> list[str]:
     if recipe.tools.servers:
         fleet = ToolServerFleet(recipe.tools.servers)
         try:
-            lines += _check_fleet(recipe, fleet, set(recipe_profile(recipe).registry.names()))
+            lines += _check_fleet(recipe, fleet, set(recipe_profile(recipe).registry.names))
         finally:
             fleet.close()
     scorer = stage_scorer(recipe)
