@@ -7,9 +7,21 @@ TORCH_PIN ?= torch==2.13.0
 TRITON_PIN ?= triton==3.7.1
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test demo bench-cpu clean
+.PHONY: install system-deps test demo bench-cpu clean
 
-install: $(VENV)/.installed
+install: system-deps $(VENV)/.installed
+
+# python_interpreter's default sandbox runs bubblewrap (user/mount/PID/net/IPC/UTS namespaces) with a
+# libseccomp filter. As root with apt (CI: a fresh Debian machine) they are installed; otherwise the
+# command to run is printed, and the sandbox tests say the same when they fail.
+SYSTEM_PACKAGES := bubblewrap libseccomp2
+system-deps:
+	@if command -v bwrap >/dev/null 2>&1 && { ls /usr/lib/*/libseccomp.so.2 || ls /usr/lib64/libseccomp.so.2; } >/dev/null 2>&1; \
+	then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing $(SYSTEM_PACKAGES) (python_interpreter's sandbox)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
+	else echo "WARNING: python_interpreter's sandbox needs: apt-get install $(SYSTEM_PACKAGES) (README: untrusted code)"; fi
 
 $(VENV)/.installed: pyproject.toml Makefile $(wildcard requirements/*.txt)
 	$(PYTHON) -m venv $(VENV)

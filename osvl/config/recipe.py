@@ -242,6 +242,9 @@ class ToolsConfig:
     config_file: str = ""  # online back-ends: a TOML file as `osvl.eval --tools` reads (keys via *_key_env)
     profile: ToolProfileName = "paper"  # paper: osvl's tool schema; release: the released checkpoints' names/arguments
     python_interpreter: bool = False  # register the sandboxed python_interpreter tool (off by default)
+    # the boundary it runs behind; unsafe_no_boundary (a Python audit hook only) must be chosen by name
+    python_sandbox: Literal["namespaces", "sandbox_fusion", "unsafe_no_boundary"] = "namespaces"
+    sandbox_fusion_url: str = ""  # SandboxFusion base URL (POST {url}/run_code) for python_sandbox = sandbox_fusion
     world_dir: str = ""  # the embedded mini-world for the offline backend
     workers: int = 4
     call_deadline_s: float = 60.0
@@ -253,6 +256,9 @@ class ToolsConfig:
         _positive(self, "workers", "call_deadline_s")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must lie in [0, 1], got {self.fault_rate}")
+        if self.python_sandbox == "sandbox_fusion" and not self.sandbox_fusion_url.startswith(("http://", "https://")):
+            raise ValueError(f"python_sandbox 'sandbox_fusion' needs an http(s) sandbox_fusion_url, got "
+                             f"{self.sandbox_fusion_url!r}")
         bad = [u for u in self.servers if not u.startswith(("http://", "https://"))]
         if bad:
             raise ValueError(f"servers must be http(s) base URLs, got {bad}")

@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tool schema the model sees: osvl's (paper) or the OpenSearch-VL release's names; "
                             "default: the profile an osvl-exported checkpoint was trained with, else paper")
     tools.add_argument("--python-interpreter", action="store_true", help="offer the sandboxed python_interpreter")
+    tools.add_argument("--python-sandbox", choices=("namespaces", "sandbox_fusion", "unsafe_no_boundary"),
+                       default="namespaces", help="the boundary python_interpreter runs behind (unsafe_no_boundary: "
+                                                  "none, only a Python audit hook)")
+    tools.add_argument("--sandbox-fusion-url", default="", help="SandboxFusion base URL for --python-sandbox "
+                                                                "sandbox_fusion")
     tools.add_argument("--text-search-backend", choices=("offline", "online"))
     tools.add_argument("--serper-url")
     tools.add_argument("--serper-key-env", metavar="VAR", help="environment variable holding the Serper key")
@@ -187,9 +192,17 @@ def tool_environment(args: argparse.Namespace) -> Iterator[ProfiledEnvironment |
         yield None
         return
     from osvl.tools import PoolConfig, ToolEnvironment, ToolPool, tool_profile
+    from osvl.tools.sandbox import SandboxConfig, SandboxUnavailable, check_sandbox
 
     config = tools_config(args)
-    profile = tool_profile(args.tool_profile, config.limits, python_interpreter=args.python_interpreter)
+    try:
+        sandbox = SandboxConfig(backend=args.python_sandbox, fusion_url=args.sandbox_fusion_url)
+        if args.python_interpreter:
+            check_sandbox(sandbox)
+    except (ValueError, SandboxUnavailable) as err:
+        raise SystemExit(f"--python-sandbox: {err}") from None
+    profile = tool_profile(args.tool_profile, config.limits, python_interpreter=args.python_interpreter,
+                           sandbox=sandbox)
     with ToolPool(config, PoolConfig(num_workers=2, preload=profile.registry.targets())) as pool:
         yield ProfiledEnvironment(ToolEnvironment(profile.registry, pool), profile)
 

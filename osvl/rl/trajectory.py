@@ -36,6 +36,7 @@ class ToolStatus(str, enum.Enum):
     OK = "ok"
     TOOL_ERROR = "tool_error"  # the tool ran and rejected the call (bad arguments, no result)
     PARSE_ERROR = "parse_error"  # the action could not be parsed into a tool call
+    INVALID_ARGUMENTS = "invalid_arguments"  # a known tool, but arguments that cannot be decoded or validated
     TIMEOUT = "timeout"  # the call ran past its deadline
     INFRA_ERROR = "infra_error"  # our side failed (worker crash, backend down)
 
@@ -51,7 +52,8 @@ class ToolStatus(str, enum.Enum):
             raise ValueError(f"unknown tool status {value!r}; expected one of: {allowed}") from None
 
 
-POLICY_ERRORS = frozenset({ToolStatus.TOOL_ERROR, ToolStatus.PARSE_ERROR, ToolStatus.TIMEOUT})
+POLICY_ERRORS = frozenset(
+    {ToolStatus.TOOL_ERROR, ToolStatus.PARSE_ERROR, ToolStatus.INVALID_ARGUMENTS, ToolStatus.TIMEOUT})
 
 
 class FinishReason(str, enum.Enum):
@@ -93,6 +95,9 @@ class ToolResult:
     images: list[np.ndarray] = field(default_factory=list)  # images the tool produced
     error: str | None = None  # human-readable cause when status is not ok
     elapsed_s: float = 0.0
+    queue_s: float = 0.0  # waiting for a worker (0 when the call never reached a pool)
+    run_s: float = 0.0  # from the worker receiving the call to its answer
+    worker: str = ""  # which worker ran it ("pid 123", "http://host:port pid 123"); "" when none did
 
     def __post_init__(self) -> None:
         self.status = ToolStatus.parse(self.status)
@@ -265,6 +270,9 @@ def _tool_result_out(result: ToolResult, store: ImageStore) -> dict[str, Any]:
         "images": _images_out(result.images, store),
         "error": result.error,
         "elapsed_s": result.elapsed_s,
+        "queue_s": result.queue_s,
+        "run_s": result.run_s,
+        "worker": result.worker,
     }
 
 
@@ -276,6 +284,9 @@ def _tool_result_in(data: Mapping[str, Any], store: ImageStore) -> ToolResult:
         images=_images_in(data["images"], store),
         error=data["error"],
         elapsed_s=data["elapsed_s"],
+        queue_s=data.get("queue_s", 0.0),  # absent in records written before these were kept
+        run_s=data.get("run_s", 0.0),
+        worker=data.get("worker", ""),
     )
 
 

@@ -39,7 +39,7 @@ from osvl.rollout.engine import (
 )
 from osvl.rollout.reserved import find_unusable, reserved_vision_ids
 from osvl.tools.environment import ToolEnvironment
-from osvl.tools.errors import CallParseError
+from osvl.tools.errors import CallParseError, ToolError
 from osvl.tools.registry import parse_tool_call
 from osvl.tools.visual_context import VisualContext
 
@@ -80,7 +80,7 @@ async def _act(action: Action, env: ToolEnvironment, context: VisualContext,
         return None, ToolResult(status=ToolStatus.PARSE_ERROR, tool="", error=action.error)
     try:  # the record keeps osvl's reading of the call; a tool profile may still accept one it rejects
         call = parse_tool_call(action.call, env.registry.limits)
-    except CallParseError:
+    except (CallParseError, ToolError):  # the environment below types the same failure
         call = None
     try:  # the environment gets the call verbatim: a profiled one translates release-style calls first
         result = await env.execute(action.call, context, config.tool_deadline_s)

@@ -25,7 +25,7 @@ from osvl.rl.judges import ChatCompletionsClient
 from osvl.rl.trajectory import FinishReason, Step, ToolResult, ToolStatus
 from osvl.synth.expert import ToolExecutor
 from osvl.synth.records import QAItem
-from osvl.tools.errors import CallParseError
+from osvl.tools.errors import CallParseError, ToolError, error_status
 from osvl.tools.image_io import encode_png
 from osvl.tools.limits import ToolLimits
 from osvl.tools.registry import parse_tool_call
@@ -101,8 +101,8 @@ class ChatExpert:
             if action.error is None:
                 try:
                     call = parse_tool_call(action.call, self.limits)
-                except CallParseError as error:
-                    result = ToolResult(ToolStatus.PARSE_ERROR, "", error=str(error))
+                except (CallParseError, ToolError) as error:  # e.g. a 4300-digit number: typed, not a crash
+                    result = ToolResult(error_status(error), "", error=str(error))
                 else:
                     result = self.tools(call, images)
             produced = list(result.images) if result.ok else []

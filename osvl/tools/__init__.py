@@ -16,7 +16,7 @@ from osvl.tools.config import (
     ToolsConfig,
 )
 from osvl.tools.environment import ToolEnvironment
-from osvl.tools.errors import BackendError, CallParseError, ToolError
+from osvl.tools.errors import BackendError, CallParseError, InvalidArguments, ToolError
 from osvl.tools.limits import ToolLimits
 from osvl.tools.pool import Job, PoolBusy, PoolClosed, PoolConfig, PoolStats, ToolPool
 from osvl.tools.profiles import ToolProfile, tool_profile
@@ -30,6 +30,7 @@ __all__ = [
     "CallParseError",
     "HttpConfig",
     "ImageSearchConfig",
+    "InvalidArguments",
     "Job",
     "OcrConfig",
     "PoolBusy",

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from osvl.rl.trajectory import ToolCall, ToolResult, ToolStatus
 from osvl.tools.cache import ToolCache
-from osvl.tools.errors import CallParseError, ToolError
+from osvl.tools.errors import CallParseError, ToolError, error_status
 from osvl.tools.pool import Job
 from osvl.tools.registry import ToolRegistry, parse_tool_call
 from osvl.tools.visual_context import VisualContext
@@ -35,8 +35,10 @@ class ToolEnvironment:
         self.pool = pool
         self.cache = cache
 
-    def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> Job | ToolResult:
-        """A job ready for the pool, or the ``parse_error``/``tool_error`` that stops the call here."""
+    def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
+                end_to_end_s: float | None = None) -> Job | ToolResult:
+        """A job ready for the pool, or the ``parse_error``/``invalid_arguments``/``tool_error`` that stops
+        the call here. ``deadline_s`` bounds the run; ``end_to_end_s``, when given, also the time queued."""
         if deadline_s is not None and not deadline_s > 0:
             raise ValueError(f"deadline_s must be positive, got {deadline_s}")
         name = ""
@@ -46,21 +48,22 @@ class ToolEnvironment:
             call = self.registry.parse(call)
             spec = self.registry.get(call.name)
             images = [context.resolve(call.arguments[arg]) for arg in spec.image_args]
-        except CallParseError as err:
-            return ToolResult(status=ToolStatus.PARSE_ERROR, tool=name, error=str(err))
-        except ToolError as err:
-            return ToolResult(status=ToolStatus.TOOL_ERROR, tool=name, error=str(err))
+        except (CallParseError, ToolError) as err:
+            return ToolResult(status=error_status(err), tool=name or getattr(err, "tool", ""), error=str(err))
         return Job(
             tool=spec.name,
             target=spec.target,
             arguments=call.arguments,
             images=images,
             deadline_s=deadline_s or spec.deadline_s,
+            options=dict(spec.options),
+            end_to_end_s=end_to_end_s,
         )
 
-    async def execute(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> ToolResult:
+    async def execute(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
+                      end_to_end_s: float | None = None) -> ToolResult:
         started = time.monotonic()
-        job = self.prepare(raw, context, deadline_s)
+        job = self.prepare(raw, context, deadline_s, end_to_end_s)
         if isinstance(job, ToolResult):
             return job
         result = self._lookup(job)
@@ -69,9 +72,10 @@ class ToolEnvironment:
             self._store(job, result)
         return self._finish(result, context, started)
 
-    def execute_sync(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> ToolResult:
+    def execute_sync(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
+                     end_to_end_s: float | None = None) -> ToolResult:
         started = time.monotonic()
-        job = self.prepare(raw, context, deadline_s)
+        job = self.prepare(raw, context, deadline_s, end_to_end_s)
         if isinstance(job, ToolResult):
             return job
         result = self._lookup(job)

@@ -1,9 +1,14 @@
-"""Decoding untrusted image bytes without letting a small file become a huge allocation."""
+"""Decoding untrusted image bytes without letting a small file become a huge allocation.
+
+Bytes are bounded first, then the header's declared size (read by PIL without decoding pixels),
+and only then does OpenCV decode. Every refusal is a ``ValueError`` naming the limit.
+"""
 
 from __future__ import annotations
 
 import io
 import os
+import warnings
 
 import cv2
 import numpy as np
@@ -14,26 +19,35 @@ def image_size(data: bytes) -> tuple[int, int]:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as header:
-            return header.size
-    except (UnidentifiedImageError, OSError, ValueError) as err:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the caller applies its own bound
+            with Image.open(io.BytesIO(data)) as header:
+                return header.size
+    except Image.DecompressionBombError as err:  # PIL refuses over twice its own limit before telling the size
+        raise ValueError(f"image declares too many pixels: {err}") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as err:
         raise ValueError(f"not a readable image: {err}") from None
 
 
-def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
-    """RGB uint8 pixels; files that would decode to more than ``max_pixels`` are refused."""
+def decode_image(data: bytes, max_pixels: int, max_bytes: int | None = None) -> np.ndarray:
+    """RGB uint8 pixels; more than ``max_bytes`` of data, or a header declaring more than ``max_pixels``,
+    is refused before anything is decoded."""
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ValueError(f"image data is {len(data)} bytes, over the limit of {max_bytes}")
     width, height = image_size(data)
     if width * height > max_pixels:
         raise ValueError(f"image declares {width}x{height} = {width * height} pixels, over the limit of {max_pixels}")
     decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
-    if decoded is None:
+    if decoded is None or decoded.size == 0:
         raise ValueError("image data could not be decoded")
     return cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB)
 
 
-def read_image(path: str | os.PathLike[str], max_pixels: int) -> np.ndarray:
+def read_image(path: str | os.PathLike[str], max_pixels: int, max_bytes: int | None = None) -> np.ndarray:
+    if max_bytes is not None and os.path.getsize(path) > max_bytes:
+        raise ValueError(f"{path} is {os.path.getsize(path)} bytes, over the limit of {max_bytes}")
     with open(path, "rb") as handle:
-        return decode_image(handle.read(), max_pixels)
+        return decode_image(handle.read(), max_pixels, max_bytes)
 
 
 def encode_png(image: np.ndarray) -> bytes:

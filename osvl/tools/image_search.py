@@ -32,6 +32,7 @@ PHASH_MAX_DISTANCE = 12  # of 64 bits
 ORB_MIN_INLIERS = 15
 HISTOGRAM_MIN_CORRELATION = 0.6
 FEATURE_SIDE = 512  # images are resized to this longer side for ORB
+ORB_MIN_SIDE = 64  # ORB's 31-pixel patches and 8-level pyramid find nothing (or assert) on thinner images
 
 
 @dataclass
@@ -59,10 +60,14 @@ def _phash(image: np.ndarray) -> np.ndarray:
 
 
 def _orb(image: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Keypoints and descriptors; none for an image too thin to hold a feature (a policy may crop 1x2000)."""
     gray = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
     scale = FEATURE_SIDE / max(gray.shape)
     if scale < 1:
-        gray = cv2.resize(gray, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+        size = (max(1, round(gray.shape[1] * scale)), max(1, round(gray.shape[0] * scale)))
+        gray = cv2.resize(gray, size, interpolation=cv2.INTER_AREA)
+    if min(gray.shape) < ORB_MIN_SIDE:
+        return np.zeros((0, 2), np.float32), None
     keypoints, descriptors = cv2.ORB_create(nfeatures=1000).detectAndCompute(gray, None)
     return np.array([k.pt for k in keypoints], dtype=np.float32).reshape(-1, 2), descriptors
 

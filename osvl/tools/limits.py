@@ -8,6 +8,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ToolLimits:
     max_image_pixels: int = 24_000_000  # any image in or out of a tool (decompression bombs, x4 SR)
+    max_image_bytes: int = 32 << 20  # encoded bytes of one image handed to a tool or the tool server
     max_crops: int = 8  # boxes in one crop call
     max_text_chars: int = 2_000  # any string argument (queries)
     max_call_chars: int = 32_000  # the raw JSON of one call
@@ -18,6 +19,7 @@ class ToolLimits:
     def __post_init__(self) -> None:
         for name in (
             "max_image_pixels",
+            "max_image_bytes",
             "max_crops",
             "max_text_chars",
             "max_call_chars",

@@ -5,8 +5,14 @@ a private pipe, and waits until the reply, the deadline, the process's death, or
 the memory cap. Timeouts and memory overruns kill the process; every failure gives the caller a
 typed ``ToolResult`` and the worker is replaced before it takes the next job. A deadline runs
 from the moment a worker receives the call: time spent queueing behind other callers is ours, not
-the policy's, and never turns into a ``timeout``. The caller-facing API is ``submit`` (a
+the policy's, and never turns into a ``timeout``. A job may also carry an end-to-end deadline
+(``Job.end_to_end_s``) that counts its time in the queue: a call that cannot finish within it is an
+``infra_error`` unless its own deadline ran out first. Each result records its queue and run
+seconds and the worker process that ran it. The caller-facing API is ``submit`` (a
 ``concurrent.futures.Future``), ``call`` (sync) and ``acall`` (asyncio).
+
+Starting the pool, and replacing a dead worker, sweeps the scratch directories that killed workers'
+unsandboxed interpreter runs could not remove (:func:`osvl.tools.sandbox.sweep_stale_scratch`).
 
 Workers import ``PoolConfig.preload`` (the registry's targets) before they report ready, so module
 imports count against ``startup_timeout_s``, never against a call's deadline. A target that fails
@@ -34,6 +40,7 @@ import numpy as np
 
 from osvl.rl.trajectory import ToolResult, ToolStatus
 from osvl.tools.config import ToolsConfig
+from osvl.tools.sandbox import sweep_stale_scratch
 from osvl.tools.worker import worker_main
 
 log = logging.getLogger(__name__)
@@ -88,11 +95,15 @@ class Job:
     target: str  # "module:function"
     arguments: dict[str, Any]
     images: list[np.ndarray] = field(default_factory=list)
-    deadline_s: float = 30.0
+    deadline_s: float = 30.0  # the run's own deadline, from the moment a worker receives it
+    options: dict[str, Any] = field(default_factory=dict)  # the spec's options, passed to the implementation
+    end_to_end_s: float | None = None  # optional bound on queue + run, from submission
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
             raise ValueError(f"job deadline_s must be a positive number, got {self.deadline_s}")
+        if self.end_to_end_s is not None and not (math.isfinite(self.end_to_end_s) and self.end_to_end_s > 0):
+            raise ValueError(f"job end_to_end_s must be a positive number or None, got {self.end_to_end_s}")
 
 
 @dataclass
@@ -184,6 +195,7 @@ class ToolPool:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
+        sweep_stale_scratch()
         self._workers = [_Worker(self._ctx, self.tools_config, self.config) for _ in range(self.config.num_workers)]
         with ThreadPoolExecutor(max_workers=len(self._workers)) as starter:  # spawn in parallel
             failures = [f.exception() for f in [starter.submit(w.start) for w in self._workers]]
@@ -209,7 +221,7 @@ class ToolPool:
             raise PoolClosed("the tool pool is closed")
         future: Future[ToolResult] = Future()
         try:
-            self._queue.put((job, future), block=block, timeout=timeout)
+            self._queue.put((job, future, time.monotonic()), block=block, timeout=timeout)
         except queue.Full:
             raise PoolBusy(f"tool queue is full ({self.config.max_queue} jobs waiting)") from None
         with self._lock:
@@ -262,14 +274,23 @@ class ToolPool:
             item = self._queue.get()
             if item is _STOP:
                 return
-            job, future = item
+            job, future, submitted = item
             if not future.set_running_or_notify_cancel():
                 continue
             started = time.monotonic()
-            try:
-                status, text, images, error, replace = self._run(worker, job)
-            except Exception as err:  # the dispatcher itself must never die
-                status, text, images, error, replace = ToolStatus.INFRA_ERROR, "", [], f"tool pool error: {err}", True
+            queue_s = started - submitted
+            pid = worker.process.pid if worker.process is not None else None
+            if job.end_to_end_s is not None and queue_s >= job.end_to_end_s:
+                status, text, images, replace = ToolStatus.INFRA_ERROR, "", [], False
+                error = (f"{job.tool} waited {queue_s:.2f}s for a worker; its end-to-end deadline of "
+                         f"{job.end_to_end_s:g}s passed before it could run")
+                pid = None
+            else:
+                try:
+                    status, text, images, error, replace, pid = self._run(worker, job, queue_s)
+                except Exception as err:  # the dispatcher itself must never die
+                    status, text, images, error, replace = ToolStatus.INFRA_ERROR, "", [], f"tool pool error: {err}", True
+            run_s = time.monotonic() - started
             future.set_result(
                 ToolResult(
                     status=status,
@@ -277,7 +298,10 @@ class ToolPool:
                     text=text,
                     images=images,
                     error=error,
-                    elapsed_s=time.monotonic() - started,
+                    elapsed_s=queue_s + run_s,
+                    queue_s=queue_s,
+                    run_s=run_s,
+                    worker="" if pid is None else f"pid {pid}",
                 )
             )
             self._count("completed")
@@ -288,27 +312,41 @@ class ToolPool:
         """Start a fresh process in place of this one; False when it would not start."""
         worker.kill()
         self._count("restarts")
+        sweep_stale_scratch()
         try:
             worker.start()
         except RuntimeError:
             return False
         return True
 
-    def _run(self, worker: _Worker, job: Job) -> tuple[ToolStatus, str, list[np.ndarray], str | None, bool]:
+    def _run(self, worker: _Worker, job: Job,
+             queue_s: float) -> tuple[ToolStatus, str, list[np.ndarray], str | None, bool, int | None]:
+        """(status, text, images, error, replace the worker, pid of the worker that ran it)."""
         if not worker.alive() and not self._replace(worker):
-            return ToolStatus.INFRA_ERROR, "", [], "no tool worker could be started for this call", True
+            return ToolStatus.INFRA_ERROR, "", [], "no tool worker could be started for this call", True, None
+        pid = worker.process.pid
+        return (*self._exchange(worker, job, queue_s), pid)
+
+    def _exchange(self, worker: _Worker, job: Job,
+                  queue_s: float) -> tuple[ToolStatus, str, list[np.ndarray], str | None, bool]:
         job_id = next(self._ids)
         try:
-            worker.conn.send((job_id, job.target, job.arguments, job.images))
+            worker.conn.send((job_id, job.target, job.arguments, job.images, job.options))
         except (BrokenPipeError, OSError) as err:
             self._count("crashes")
             return ToolStatus.INFRA_ERROR, "", [], f"could not reach the tool worker: {err}", True
-        deadline = time.monotonic() + job.deadline_s
+        allowed = job.deadline_s
+        if job.end_to_end_s is not None:
+            allowed = min(allowed, job.end_to_end_s - queue_s)
+        deadline = time.monotonic() + allowed
         limit = self.config.max_rss_bytes
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._count("timeouts")
+                if allowed < job.deadline_s:  # cut short by time our queue took, not by the call itself
+                    return (ToolStatus.INFRA_ERROR, "", [], f"{job.tool} waited {queue_s:.2f}s for a worker and "
+                            f"could not finish within its end-to-end deadline of {job.end_to_end_s:g}s", True)
                 return ToolStatus.TIMEOUT, "", [], f"{job.tool} did not finish within {job.deadline_s:g}s", True
             if worker.conn.poll(min(remaining, self.config.watch_interval_s)):
                 try:

@@ -16,21 +16,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from osvl.rl.trajectory import ToolCall, ToolResult, ToolStatus
+from osvl.rl.trajectory import ToolCall, ToolResult
 from osvl.tools.cache import ToolCache
 from osvl.tools.catalog import builtin_specs
 from osvl.tools.environment import RawCall, ToolEnvironment, ToolRunner
-from osvl.tools.errors import CallParseError, ToolError
+from osvl.tools.errors import CallParseError, InvalidArguments, ToolError, error_status
 from osvl.tools.limits import ToolLimits
 from osvl.tools.pool import Job
 from osvl.tools.python_interpreter import python_interpreter_spec
+from osvl.tools.sandbox import SandboxConfig
 from osvl.tools.registry import ToolRegistry, ToolSpec, parse_tool_call
 from osvl.tools.schema import check_arguments
 from osvl.tools.visit import visit_spec
 from osvl.tools.visual_context import VisualContext
 
 PROFILES = ("paper", "release")
-_IMAGE_REF = re.compile(r"img_([1-9][0-9]*)")
+_IMAGE_REF = re.compile(r"img_([1-9][0-9]{0,5})")  # far more images than a context may hold
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def image_index(reference: Any) -> int:
     """``"img_3"`` -> 2; anything else is the policy's mistake."""
     match = _IMAGE_REF.fullmatch(reference) if isinstance(reference, str) else None
     if match is None:
-        raise ToolError(f"image reference must look like 'img_1' (the question image), got {reference!r}")
+        raise InvalidArguments(f"image reference must look like 'img_1' (the question image), got {reference!r:.80}")
     return int(match[1]) - 1
 
 
@@ -132,7 +133,7 @@ def translate_release_call(tool: ReleaseTool, arguments: Mapping[str, Any]) -> T
     if tool.one_of:
         present = [k for k in tool.one_of if k in arguments]
         if len(present) != 1:
-            raise CallParseError(f"{tool.name} needs exactly one of {list(tool.one_of)}, got {present or 'none'}")
+            raise InvalidArguments(f"{tool.name} needs exactly one of {list(tool.one_of)}, got {present or 'none'}")
     out: dict[str, Any] = dict(tool.fixed)
     box: dict[str, int] = {}
     for name, value in given.items():
@@ -149,7 +150,7 @@ def translate_release_call(tool: ReleaseTool, arguments: Mapping[str, Any]) -> T
             out[arg.to] = value
     if box:
         if box["width"] <= 0 or box["height"] <= 0:
-            raise ToolError(f"crop width and height must be positive, got {box['width']} x {box['height']}")
+            raise InvalidArguments(f"crop width and height must be positive, got {box['width']} x {box['height']}")
         out["boxes"] = [[box["x"], box["y"], box["x"] + box["width"], box["y"] + box["height"]]]
     return ToolCall(name=tool.osvl, arguments=out)
 
@@ -157,13 +158,14 @@ def translate_release_call(tool: ReleaseTool, arguments: Mapping[str, Any]) -> T
 class ToolProfile:
     """What the model sees (``tool_schemas``) and how its calls reach osvl's tools (``translate``)."""
 
-    def __init__(self, name: str, limits: ToolLimits | None = None, python_interpreter: bool = False) -> None:
+    def __init__(self, name: str, limits: ToolLimits | None = None, python_interpreter: bool = False,
+                 sandbox: SandboxConfig | None = None) -> None:
         if name not in PROFILES:
             raise ValueError(f"unknown tool profile {name!r}; expected one of {PROFILES}")
         self.name = name
         specs: list[ToolSpec] = [*builtin_specs(limits or ToolLimits()), visit_spec(limits)]
         if python_interpreter:
-            specs.append(python_interpreter_spec())
+            specs.append(python_interpreter_spec(sandbox=sandbox or SandboxConfig()))
         self.registry = ToolRegistry(specs, limits)
         self.release_tools = {t.name: t for t in RELEASE_TOOLS if t.osvl in self.registry}
 
@@ -173,7 +175,8 @@ class ToolProfile:
         return [tool.schema() for tool in self.release_tools.values()]
 
     def translate(self, raw: str | Mapping[str, Any] | ToolCall) -> ToolCall:
-        """The osvl call for a model's call; ``CallParseError``/``ToolError`` say what was wrong."""
+        """The osvl call for a model's call; ``CallParseError``/``InvalidArguments``/``ToolError`` say what
+        was wrong."""
         return self._translate(parse_tool_call(_arguments_key(raw), self.registry.limits))
 
     def _translate(self, call: ToolCall) -> ToolCall:
@@ -194,10 +197,8 @@ class ToolProfile:
             call = parse_tool_call(_arguments_key(raw), self.registry.limits)
             name = call.name
             return self._translate(call)
-        except CallParseError as err:
-            return ToolResult(status=ToolStatus.PARSE_ERROR, tool=name, error=str(err))
-        except ToolError as err:
-            return ToolResult(status=ToolStatus.TOOL_ERROR, tool=name, error=str(err))
+        except (CallParseError, ToolError) as err:
+            return ToolResult(status=error_status(err), tool=name or getattr(err, "tool", ""), error=str(err))
 
     def present(self, result: ToolResult) -> ToolResult:
         """Rewrite osvl's "New image at index 2." note into the release's ``img_3`` references."""
@@ -213,7 +214,7 @@ def _arguments_key(raw: str | Mapping[str, Any] | ToolCall) -> str | Mapping[str
     if isinstance(raw, str):
         try:
             decoded = json.loads(raw)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # not JSON, or numbers Python will not convert
             return raw  # parse_tool_call reports it
         raw = decoded if isinstance(decoded, Mapping) else raw
     if isinstance(raw, Mapping) and "parameters" in raw and "arguments" not in raw:
@@ -224,8 +225,9 @@ def _arguments_key(raw: str | Mapping[str, Any] | ToolCall) -> str | Mapping[str
 _INDEX_NOTE = re.compile(r"New images? at index ([0-9]+(?:, [0-9]+)*)\.")
 
 
-def tool_profile(name: str, limits: ToolLimits | None = None, python_interpreter: bool = False) -> ToolProfile:
-    return ToolProfile(name, limits, python_interpreter)
+def tool_profile(name: str, limits: ToolLimits | None = None, python_interpreter: bool = False,
+                 sandbox: SandboxConfig | None = None) -> ToolProfile:
+    return ToolProfile(name, limits, python_interpreter, sandbox)
 
 
 class ProfiledEnvironment(ToolEnvironment):
@@ -239,17 +241,20 @@ class ProfiledEnvironment(ToolEnvironment):
     def tool_schemas(self) -> list[dict[str, Any]]:
         return self.profile.tool_schemas()
 
-    def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> Job | ToolResult:
+    def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
+                end_to_end_s: float | None = None) -> Job | ToolResult:
         call = self.profile.prepare(raw)
         if isinstance(call, ToolResult):
             return call
-        return super().prepare(call, context, deadline_s)
+        return super().prepare(call, context, deadline_s, end_to_end_s)
 
-    async def execute(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> ToolResult:
-        return self.profile.present(await super().execute(raw, context, deadline_s))
+    async def execute(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
+                      end_to_end_s: float | None = None) -> ToolResult:
+        return self.profile.present(await super().execute(raw, context, deadline_s, end_to_end_s))
 
-    def execute_sync(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None) -> ToolResult:
-        return self.profile.present(super().execute_sync(raw, context, deadline_s))
+    def execute_sync(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
+                     end_to_end_s: float | None = None) -> ToolResult:
+        return self.profile.present(super().execute_sync(raw, context, deadline_s, end_to_end_s))
 
 
 def profile_environment(profile: ToolProfile, pool: ToolRunner, cache: ToolCache | None = None) -> ToolEnvironment:

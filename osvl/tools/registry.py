@@ -2,13 +2,13 @@
 
 A ``ToolSpec`` names its implementation as ``"module:function"`` so that spawned worker
 processes can import it without pickling code. Implementations have the signature
-``fn(arguments, images, config) -> ToolOutput`` where ``images`` are the images named by the
-spec's ``image_args``, resolved from the visual context in that order.
+``fn(arguments, images, config, **options) -> ToolOutput`` where ``images`` are the images named by
+the spec's ``image_args``, resolved from the visual context in that order, and ``options`` are the
+spec's own fixed settings (e.g. the interpreter's sandbox limits), never the policy's.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from osvl.rl.trajectory import ToolCall
-from osvl.tools.errors import CallParseError
+from osvl.tools.call_json import loads_call_json, reject_unusable
+from osvl.tools.errors import CallParseError, InvalidArguments
 from osvl.tools.limits import ToolLimits
 from osvl.tools.schema import check_arguments, check_schema
 
@@ -39,6 +40,7 @@ class ToolSpec:
     image_args: tuple[str, ...] = ()  # integer arguments that index the visual context
     deadline_s: float = 30.0  # default per-call deadline
     cacheable: bool = False  # worth recording (online, slow, deterministic given inputs)
+    options: Mapping[str, Any] = field(default_factory=dict)  # keyword arguments of every call (picklable)
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -50,6 +52,9 @@ class ToolSpec:
         if self.parameters.get("type") != "object":
             raise ValueError(f"tool {self.name}: parameters must be an object schema")
         check_schema(self.parameters, self.name)
+        bad = [key for key in self.options if not (isinstance(key, str) and key.isidentifier())]
+        if bad:
+            raise ValueError(f"tool {self.name}: option names must be identifiers, got {bad}")
         for arg in self.image_args:
             if self.parameters["properties"].get(arg, {}).get("type") != "integer":
                 raise ValueError(f"tool {self.name}: image argument {arg!r} must be an integer property")
@@ -94,49 +99,57 @@ class ToolRegistry:
     def parse(self, raw: str | Mapping[str, Any] | ToolCall) -> ToolCall:
         """Turn the model's ``{"name": ..., "arguments": {...}}`` into a validated call.
 
-        Raises ``CallParseError`` for malformed JSON or an unknown tool/argument and ``ToolError``
-        for arguments of the wrong type or out of range. Defaults are filled in.
+        Raises ``CallParseError`` for malformed JSON or an unknown tool and ``InvalidArguments`` for
+        arguments that cannot be decoded or validated. Defaults are filled in.
         """
         call = parse_tool_call(raw, self.limits)
         spec = self.get(call.name)
         return ToolCall(name=call.name, arguments=check_arguments(spec.parameters, call.arguments))
 
 
-def _reject_constant(token: str) -> float:
-    raise CallParseError(f"non-finite number {token} is not valid JSON")
-
-
-def _loads(text: str, what: str) -> Any:
+def _printable_name(name: Any) -> bool:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as err:
-        raise CallParseError(f"{what} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
-    except RecursionError:
-        raise CallParseError(f"{what} is nested too deeply") from None
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_tool_call(raw: str | Mapping[str, Any] | ToolCall, limits: ToolLimits | None = None) -> ToolCall:
-    """Parse without a registry: JSON shape, size limit, name and arguments object."""
+    """Parse without a registry: JSON shape, size limit, name and arguments object.
+
+    Raises only ``CallParseError`` (the envelope: not JSON, not an object, no usable name) and
+    ``InvalidArguments`` (arguments that cannot be decoded or are not an object)."""
     limits = limits or ToolLimits()
     if isinstance(raw, ToolCall):
         raw = {"name": raw.name, "arguments": raw.arguments}
     if isinstance(raw, str):
         if len(raw) > limits.max_call_chars:
             raise CallParseError(f"tool call is {len(raw)} characters; the limit is {limits.max_call_chars}")
-        raw = _loads(raw, "tool call")
+        raw = loads_call_json(raw, "tool call")
     if not isinstance(raw, Mapping):
         raise CallParseError('a tool call must be a JSON object {"name": ..., "arguments": {...}}')
-    unknown = sorted(set(raw) - {"name", "arguments"})
+    unknown = sorted(map(repr, set(raw) - {"name", "arguments"}))
     if unknown:
-        raise CallParseError(f"tool call has unknown field(s) {unknown}; expected 'name' and 'arguments'")
+        raise CallParseError(f"tool call has unknown field(s) {', '.join(unknown)}; expected 'name' and 'arguments'")
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise CallParseError("tool call needs a non-empty string 'name'")
-    arguments = raw.get("arguments", {})
+    if len(name) > 200 or not _printable_name(name):
+        raise CallParseError(f"unknown tool {name[:200]!r}")
+    try:
+        return ToolCall(name=name, arguments=_arguments(raw.get("arguments", {}), limits))
+    except InvalidArguments as err:
+        raise InvalidArguments(str(err), tool=name) from None
+
+
+def _arguments(arguments: Any, limits: ToolLimits) -> dict[str, Any]:
     if isinstance(arguments, str):  # OpenAI style: arguments as a JSON string
         if len(arguments) > limits.max_call_chars:
-            raise CallParseError(f"arguments are {len(arguments)} characters; the limit is {limits.max_call_chars}")
-        arguments = _loads(arguments, "arguments") if arguments.strip() else {}
+            raise InvalidArguments(f"arguments are {len(arguments)} characters; the limit is {limits.max_call_chars}")
+        arguments = loads_call_json(arguments, "arguments", InvalidArguments) if arguments.strip() else {}
     if not isinstance(arguments, Mapping):
-        raise CallParseError("tool call 'arguments' must be a JSON object")
-    return ToolCall(name=name, arguments=dict(arguments))
+        raise InvalidArguments("tool call 'arguments' must be a JSON object")
+    arguments = dict(arguments)
+    reject_unusable(arguments, "")
+    return arguments

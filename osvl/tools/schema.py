@@ -1,9 +1,10 @@
 """A strict validator for the JSON-schema subset our tool signatures use.
 
 The same schema is rendered into the prompt, so the error messages are written for the model:
-they name the argument path and what was expected. ``check_arguments`` separates structural
-mistakes (unknown or missing argument names -> ``CallParseError``) from bad values
-(wrong type, out of range, non-finite -> ``ToolError``).
+they name the argument path and what was expected. Every way arguments can fail (unknown or
+missing names, wrong type, out of range, non-finite, integers beyond what JSON carries exactly,
+text that is not valid Unicode) raises ``InvalidArguments``; no other exception leaves
+``check_arguments``, whatever Python object it is handed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from osvl.tools.errors import CallParseError, ToolError
+from osvl.tools.errors import InvalidArguments
 
 _SUPPORTED_KEYS = frozenset(
     {
@@ -33,6 +34,7 @@ _SUPPORTED_KEYS = frozenset(
     }
 )
 _TYPES = ("object", "array", "string", "integer", "number", "boolean")
+MAX_SAFE_INTEGER = 2**53  # integers beyond this do not survive a JSON round trip through a double (RFC 7493)
 
 
 def check_schema(schema: Mapping[str, Any], path: str = "$") -> None:
@@ -54,14 +56,14 @@ def check_schema(schema: Mapping[str, Any], path: str = "$") -> None:
 def check_arguments(schema: Mapping[str, Any], arguments: Any) -> dict[str, Any]:
     """Validate a call's arguments and return them with defaults filled in."""
     if not isinstance(arguments, Mapping):
-        raise CallParseError(f"arguments must be a JSON object, got {_json_type(arguments)}")
+        raise InvalidArguments(f"arguments must be a JSON object, got {_json_type(arguments)}")
     properties = schema.get("properties", {})
-    unknown = sorted(set(arguments) - set(properties))
+    unknown = sorted(repr(name) for name in arguments if name not in properties)
     if unknown:
-        raise CallParseError(f"unknown argument(s) {unknown}; allowed: {sorted(properties)}")
+        raise InvalidArguments(f"unknown argument(s) [{', '.join(unknown)}]; allowed: {sorted(properties)}")
     missing = [name for name in schema.get("required", ()) if name not in arguments]
     if missing:
-        raise CallParseError(f"missing required argument(s) {missing}")
+        raise InvalidArguments(f"missing required argument(s) {missing}")
     filled = {name: sub["default"] for name, sub in properties.items() if "default" in sub and name not in arguments}
     for name, value in arguments.items():
         filled[name] = _check_value(properties[name], value, name)
@@ -89,45 +91,61 @@ def _json_type(value: Any) -> str:
 def _check_value(schema: Mapping[str, Any], value: Any, path: str) -> Any:
     kind = schema["type"]
     actual = _json_type(value)
+    if actual == "integer" and abs(value) > MAX_SAFE_INTEGER:
+        digits = int(value.bit_length() * math.log10(2)) + 1  # str() refuses integers of 4300+ digits
+        raise InvalidArguments(f"argument '{path}' is an integer of about {digits} digits, out of range")
     if kind == "number" and actual == "integer":
         value = float(value)
     elif kind == "integer" and actual == "number" and math.isfinite(value) and float(value).is_integer():
         value = int(value)
+        if abs(value) > MAX_SAFE_INTEGER:
+            raise InvalidArguments(f"argument '{path}' is out of range, got {value:g}")
     elif actual != kind:
-        raise ToolError(f"argument '{path}' must be {_article(kind)} {kind}, got {actual}")
+        raise InvalidArguments(f"argument '{path}' must be {_article(kind)} {kind}, got {actual}")
     if kind == "number" and not math.isfinite(value):
-        raise ToolError(f"argument '{path}' must be a finite number, got {value!r}")
+        raise InvalidArguments(f"argument '{path}' must be a finite number, got {value!r}")
+    if kind == "string":
+        _check_text(value, path)
     if "enum" in schema and value not in schema["enum"]:
-        raise ToolError(f"argument '{path}' must be one of {schema['enum']}, got {value!r}")
+        raise InvalidArguments(f"argument '{path}' must be one of {schema['enum']}, got {value!r}")
     if kind in ("number", "integer"):
         if "minimum" in schema and value < schema["minimum"]:
-            raise ToolError(f"argument '{path}' must be >= {schema['minimum']}, got {value}")
+            raise InvalidArguments(f"argument '{path}' must be >= {schema['minimum']}, got {value}")
         if "maximum" in schema and value > schema["maximum"]:
-            raise ToolError(f"argument '{path}' must be <= {schema['maximum']}, got {value}")
+            raise InvalidArguments(f"argument '{path}' must be <= {schema['maximum']}, got {value}")
     elif kind == "string":
         if len(value) > schema.get("maxLength", math.inf):
-            raise ToolError(f"argument '{path}' is {len(value)} characters; the limit is {schema['maxLength']}")
+            raise InvalidArguments(f"argument '{path}' is {len(value)} characters; the limit is {schema['maxLength']}")
         if len(value) < schema.get("minLength", 0):
-            raise ToolError(f"argument '{path}' must have at least {schema['minLength']} character(s)")
+            raise InvalidArguments(f"argument '{path}' must have at least {schema['minLength']} character(s)")
     elif kind == "array":
         if len(value) > schema.get("maxItems", math.inf):
-            raise ToolError(f"argument '{path}' has {len(value)} items; the limit is {schema['maxItems']}")
+            raise InvalidArguments(f"argument '{path}' has {len(value)} items; the limit is {schema['maxItems']}")
         if len(value) < schema.get("minItems", 0):
-            raise ToolError(f"argument '{path}' needs at least {schema['minItems']} item(s), got {len(value)}")
+            raise InvalidArguments(
+                f"argument '{path}' needs at least {schema['minItems']} item(s), got {len(value)}")
         value = [_check_value(schema["items"], item, f"{path}[{i}]") for i, item in enumerate(value)]
     elif kind == "object":
         value = _check_nested_object(schema, value, path)
     return value
 
 
+def _check_text(value: str, path: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidArguments(f"argument '{path}' is not valid Unicode text (a lone surrogate at character "
+                               f"{err.start})") from None
+
+
 def _check_nested_object(schema: Mapping[str, Any], value: Mapping[str, Any], path: str) -> dict[str, Any]:
     properties = schema.get("properties", {})
-    unknown = sorted(set(value) - set(properties))
+    unknown = sorted(repr(name) for name in value if name not in properties)
     if unknown:
-        raise ToolError(f"argument '{path}' has unknown field(s) {unknown}")
+        raise InvalidArguments(f"argument '{path}' has unknown field(s) [{', '.join(unknown)}]")
     missing = [name for name in schema.get("required", ()) if name not in value]
     if missing:
-        raise ToolError(f"argument '{path}' is missing field(s) {missing}")
+        raise InvalidArguments(f"argument '{path}' is missing field(s) {missing}")
     return {name: _check_value(properties[name], item, f"{path}.{name}") for name, item in value.items()}
 
 

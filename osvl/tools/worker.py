@@ -19,7 +19,7 @@ import numpy as np
 
 from osvl.rl.trajectory import ToolStatus, check_image
 from osvl.tools.config import ToolsConfig
-from osvl.tools.errors import BackendError, CallParseError, ToolError
+from osvl.tools.errors import BackendError, CallParseError, ToolError, error_status
 from osvl.tools.registry import ToolOutput
 
 OUT_OF_MEMORY = "the tool ran out of memory"
@@ -54,16 +54,13 @@ def preload_targets(targets: Iterable[str]) -> dict[str, str]:
     return failed
 
 
-def run_job(target: str, arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> Reply:
+def run_job(target: str, arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig,
+            options: Mapping[str, Any] | None = None) -> Reply:
     """Run one tool call; every failure becomes a status with a message, never an exception."""
     try:
-        output = resolve_target(target)(arguments, images, config)
-    except ToolError as err:
-        return ToolStatus.TOOL_ERROR, "", [], str(err)
-    except CallParseError as err:
-        return ToolStatus.PARSE_ERROR, "", [], str(err)
-    except BackendError as err:
-        return ToolStatus.INFRA_ERROR, "", [], str(err)
+        output = resolve_target(target)(arguments, images, config, **(options or {}))
+    except (ToolError, CallParseError, BackendError) as err:
+        return error_status(err), "", [], str(err)
     except MemoryError:
         return ToolStatus.INFRA_ERROR, "", [], OUT_OF_MEMORY
     except Exception as err:  # a bug or a broken backend is our fault, not the policy's
@@ -103,7 +100,7 @@ def worker_main(
     preload: tuple[str, ...] = (),
 ) -> None:
     """Import ``preload``, report ``("ready", (pid, import errors))``, then serve
-    ``(job_id, target, arguments, images)`` requests until the pipe closes or ``None`` arrives."""
+    ``(job_id, target, arguments, images, options)`` requests until the pipe closes or ``None`` arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     cv2.setNumThreads(opencv_threads)
     _apply_address_space_limit(address_space_bytes)  # imports run under the same limit as calls
@@ -115,8 +112,8 @@ def worker_main(
             return
         if message is None:
             return
-        job_id, target, arguments, images = message
-        status, text, out_images, error = run_job(target, arguments, images, config)
+        job_id, target, arguments, images, options = message
+        status, text, out_images, error = run_job(target, arguments, images, config, options)
         retire = error == OUT_OF_MEMORY  # a process that hit its memory limit is not trusted again
         try:
             conn.send((job_id, status.value, text, out_images, error, retire))

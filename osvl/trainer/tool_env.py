@@ -35,6 +35,7 @@ from osvl.tools import (
 from osvl.tools.environment import ToolRunner
 from osvl.tools.fleet import ToolServerFleet
 from osvl.tools.limits import ToolLimits
+from osvl.tools.sandbox import SandboxConfig, SandboxUnavailable, check_sandbox
 from osvl.tools.profiles import (
     ProfiledEnvironment,
     ToolProfile,
@@ -105,8 +106,25 @@ def world_tools_config(world_dir: str | Path) -> ToolsConfig:
                        image_search=ImageSearchConfig(collection_path=str(collection)))
 
 
+def recipe_sandbox(recipe: Recipe) -> SandboxConfig:
+    return SandboxConfig(backend=recipe.tools.python_sandbox, fusion_url=recipe.tools.sandbox_fusion_url)
+
+
 def recipe_profile(recipe: Recipe, limits: ToolLimits | None = None) -> ToolProfile:
-    return tool_profile(recipe.tools.profile, limits, python_interpreter=recipe.tools.python_interpreter)
+    return tool_profile(recipe.tools.profile, limits, python_interpreter=recipe.tools.python_interpreter,
+                        sandbox=recipe_sandbox(recipe))
+
+
+def check_recipe_sandbox(recipe: Recipe) -> None:
+    """Before any tool runs: a recipe offering python_interpreter gets it behind a boundary that works here."""
+    if not recipe.tools.python_interpreter:
+        return
+    try:
+        check_sandbox(recipe_sandbox(recipe))
+    except SandboxUnavailable as err:
+        raise ValueError(f"tools.python_sandbox: {err}; install what is missing, set tools.python_sandbox = "
+                         "'sandbox_fusion' with tools.sandbox_fusion_url, or opt out of any boundary with "
+                         "tools.python_sandbox = 'unsafe_no_boundary'") from None
 
 
 def stage_image_config(recipe: Recipe, arch: Qwen3VLConfig) -> ImageConfig:
@@ -177,6 +195,7 @@ def stage_environment(recipe: Recipe, rank: int) -> Iterator[ToolEnvironment]:
         config = world_tools_config(t.world_dir)
     else:
         raise ValueError("tools.world_dir must name a world directory for the offline backends")
+    check_recipe_sandbox(recipe)  # the servers of tools.servers check their own boundary when they start
     profile = recipe_profile(recipe, config.limits)
     pool_config = PoolConfig(num_workers=t.workers, preload=profile.registry.targets())
     with ToolPool(config, pool_config) as pool:

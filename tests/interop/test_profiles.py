@@ -6,7 +6,7 @@ import pytest
 
 from osvl.rl.trajectory import ToolResult, ToolStatus
 from osvl.tools import ToolsConfig
-from osvl.tools.errors import CallParseError, ToolError
+from osvl.tools.errors import InvalidArguments
 from osvl.tools.profiles import (
     RELEASE_TOOLS,
     ProfiledEnvironment,
@@ -60,27 +60,34 @@ def test_release_crop_executes_the_osvl_crop_on_the_referenced_image(release):
 @pytest.mark.parametrize("call, status, fragment", [
     ({"name": "zoom", "arguments": {}}, "parse_error", "unknown tool 'zoom'"),
     ({"name": "crop", "arguments": {"image": "img_1", "x": 0, "y": 0, "width": 2, "height": 2, "angle": 5}},
-     "parse_error", "unknown argument"),
-    ({"name": "crop", "arguments": {"image": "img_1", "x": 0}}, "parse_error", "missing required"),
-    ({"name": "text_search", "arguments": {"hl": "en"}}, "parse_error", "exactly one of"),
+     "invalid_arguments", "unknown argument"),
+    ({"name": "crop", "arguments": {"image": "img_1", "x": 0}}, "invalid_arguments", "missing required"),
+    ({"name": "text_search", "arguments": {"hl": "en"}}, "invalid_arguments", "exactly one of"),
     ({"name": "python_interpreter", "arguments": {"code": "print(1)"}}, "parse_error", "not enabled"),
     ("{not json", "parse_error", "not valid JSON"),
     ({"name": "crop", "arguments": {"image": "first", "x": 0, "y": 0, "width": 2, "height": 2}},
-     "tool_error", "img_1"),
+     "invalid_arguments", "img_1"),
     ({"name": "crop", "arguments": {"image": "img_0", "x": 0, "y": 0, "width": 2, "height": 2}},
-     "tool_error", "img_1"),
+     "invalid_arguments", "img_1"),
+    ({"name": "crop", "arguments": {"image": "img_" + "9" * 5000, "x": 0, "y": 0, "width": 2, "height": 2}},
+     "invalid_arguments", "img_1"),
+    ('{"name": "crop", "arguments": {"image": "img_1", "x": ' + "1" * 5000 + ', "y": 0, "width": 2, "height": 2}}',
+     "invalid_arguments", "out of range"),
+    ('{"name": "crop", "parameters": {"image": "img_1", "x": 0, "y": 0, "width": 2, "height": ' + "7" * 400 + "}}",
+     "invalid_arguments", "out of range"),
     ({"name": "crop", "arguments": {"image": "img_1", "x": 0, "y": 0, "width": 0, "height": 2}},
-     "tool_error", "positive"),
+     "invalid_arguments", "positive"),
     ({"name": "layout_parsing", "arguments": {"file_path": "/etc/passwd", "image": "img_1"}},
      "tool_error", "file system"),
-    ({"name": "super_resolution", "arguments": {"image": "img_1", "scale": 3}}, "tool_error", "one of [2, 4]"),
-    ({"name": "web_search", "arguments": {"q": 7}}, "tool_error", "must be a string"),
+    ({"name": "super_resolution", "arguments": {"image": "img_1", "scale": 3}}, "invalid_arguments", "one of [2, 4]"),
+    ({"name": "web_search", "arguments": {"q": 7}}, "invalid_arguments", "must be a string"),
+    ({"name": "visit", "arguments": {"url": "http://x/\ud800"}}, "invalid_arguments", "not valid Unicode"),
 ])
 def test_bad_release_calls_are_typed_errors(release, call, status, fragment):
     result = release.prepare(call)
     assert isinstance(result, ToolResult)
     assert result.status.value == status
-    assert fragment in result.error
+    assert fragment in result.error and len(result.error) < 1000
 
 
 def test_paper_profile_is_the_catalog_schema_and_rejects_release_names():
@@ -120,11 +127,11 @@ def test_present_rewrites_image_indices_as_release_references(release):
 
 def test_image_index_and_unknown_profile():
     assert image_index("img_12") == 11
-    with pytest.raises(ToolError):
+    with pytest.raises(InvalidArguments):
         image_index(1)
     with pytest.raises(ValueError, match="unknown tool profile"):
         tool_profile("llama")
-    with pytest.raises(CallParseError):
+    with pytest.raises(InvalidArguments, match="missing required"):
         translate_release_call(RELEASE_TOOLS[0], {"image": "img_1"})
 
 

@@ -128,3 +128,24 @@ def test_release_profile_call_reaches_its_tool_verbatim(local_engine, renderer):
     assert traj.steps[0].status is ToolStatus.OK and traj.finish_reason is FinishReason.RESPONSE
     (job,) = runner.jobs
     assert job.tool == "crop" and job.arguments["boxes"] == [[0, 0, 4, 4]]
+
+
+def test_unusable_arguments_are_typed_steps_not_a_crash(local_engine, env, renderer):
+    """A 4400-digit integer made json.loads raise inside _act and killed the rollout; NaN and 1e999 too
+    must come back as the policy's invalid_arguments, and a lone-surrogate name as a parse error."""
+    def raw(text: str) -> str:
+        return f"<think>x</think>\n<tool_call>\n{text}\n</tool_call>"
+
+    turns = [raw('{"name": "echo", "arguments": {"seconds": 1' + "0" * 4400 + "}}"),
+             raw('{"name": "echo", "arguments": {"seconds": 1e999}}'), call("echo", tag="ok"),
+             raw('{"name": "echo", "arguments": "{\\"seconds\\": NaN}"}'),
+             raw('{"name": "\\ud800", "arguments": {}}'), respond()]
+    config = AgentConfig(max_total_tokens=40_000, fatal=GREEDY.fatal,
+                         sampling=SamplingParams(temperature=0.0, max_new_tokens=9000))
+    traj = _run(ReplayEngine(local_engine, scripted(turns)), env, renderer, config)
+    invalid = ToolStatus.INVALID_ARGUMENTS
+    assert traj.statuses == [invalid, invalid, ToolStatus.OK, invalid, ToolStatus.PARSE_ERROR, None]
+    assert "'seconds' is an integer of 4401 digits, out of range" in traj.steps[0].tool_result.error
+    assert traj.steps[0].tool_call is None
+    assert traj.finish_reason is FinishReason.RESPONSE
+    renderer.render_trajectory(traj)

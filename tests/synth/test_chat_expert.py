@@ -128,6 +128,14 @@ def test_expert_failures_are_counted_never_raised(world, curated, clean_items, r
     assert [s.status for s in episode.steps[:2]] == [ToolStatus.PARSE_ERROR] * 2
     assert episode.finish is FinishReason.RESPONSE
     assert server.prompts[-len(episode.steps) + 1].startswith("<tool_response>\nError (parse_error): no action")
+    # numbers no tool can take are the model's invalid arguments, not a crash of the episode
+    script.turns = ['<tool_call>{"name": "text_search", "arguments": {"query": "x", "top_k": 1' + "0" * 4400 + "}}"
+                    "</tool_call>", '<tool_call>{"name": "sharpen", "arguments": {"image": 0, "amount": NaN}}</tool_call>',
+                    *expert_script(world, item)]
+    episode = expert.episode(item.text, question_image(world, out, item))
+    assert [s.status for s in episode.steps[:2]] == [ToolStatus.INVALID_ARGUMENTS] * 2
+    assert "'top_k' is an integer of 4401 digits" in episode.steps[0].tool_result.error
+    assert episode.finish is FinishReason.RESPONSE
     script.turns = ["no tags at all", *expert_script(world, item)]
     assert _synthesize(expert, world, out, item, report) == [] and report.rejected_process == 1
     # a cascade of K=3 tool errors is fatal: the episode stops without asking for a fourth turn

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -86,3 +87,8 @@ def fault_specs() -> list[ToolSpec]:
         _spec("buggy", "buggy"),
         _spec("bad_image", "bad_image"),
     ]
+
+
+def echo_options(arguments, images, config, **options):
+    """The spec's options as the worker received them: they travel with the job, not with the policy's call."""
+    return ToolOutput(text=json.dumps(options, sort_keys=True))

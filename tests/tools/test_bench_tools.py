@@ -56,3 +56,19 @@ def test_main_writes_json_with_the_commit(tmp_path):
     assert "pool1_p50_over_inprocess_p50" in record["ratios"]["crop"]
     with pytest.raises(SystemExit):
         bench.main(["--tools", "teleport"])
+
+
+def test_sandbox_bench_measures_every_backend_and_writes_ratios(tmp_path):
+    from bench.tools import bench_sandbox
+
+    assert bench_sandbox.main(["--calls", "2", "--workloads", "pass", "--out-dir", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("sandbox-cpu-*.json")
+    record = json.loads(path.read_text())
+    assert record["schema"] == bench_sandbox.SCHEMA
+    assert len(record["git_commit"]) == 40 or record["git_commit"] == "unknown"
+    cases = {(r["backend"], r["workload"]): r for r in record["results"]}
+    assert set(cases) == {(b, "pass") for b in [*bench_sandbox.BACKENDS, "bare_python"]}
+    assert all(r["errors"] == 0 and r["calls"] == 2 and r["p50_ms"] > 0 for r in cases.values())
+    assert "namespaces_p50_over_unsafe_no_boundary_p50" in record["ratios"]["pass"]
+    with pytest.raises(SystemExit):
+        bench_sandbox.main(["--workloads", "teleport"])

@@ -21,8 +21,10 @@ def test_images_are_resolved_by_index_and_outputs_join_the_context(fault_env):
         ('{"name": "echo_image", "arguments": {"image": 5}}', ToolStatus.TOOL_ERROR, "image index 5 does not exist"),
         ('{"name": "echo_image", "arguments": {"image": 0', ToolStatus.PARSE_ERROR, "not valid JSON"),
         ('{"name": "nope", "arguments": {}}', ToolStatus.PARSE_ERROR, "unknown tool"),
-        ('{"name": "echo", "arguments": {"url": "http://x"}}', ToolStatus.PARSE_ERROR, "unknown argument"),
-        ('{"name": "echo", "arguments": {"seconds": -1}}', ToolStatus.TOOL_ERROR, "must be >= 0"),
+        ('{"name": "echo", "arguments": {"url": "http://x"}}', ToolStatus.INVALID_ARGUMENTS, "unknown argument"),
+        ('{"name": "echo", "arguments": {"seconds": -1}}', ToolStatus.INVALID_ARGUMENTS, "must be >= 0"),
+        ('{"name": "echo", "arguments": {"seconds": ' + "9" * 400 + "}}", ToolStatus.INVALID_ARGUMENTS, "out of range"),
+        ('{"name": "echo", "arguments": {"tag": "\\udc80"}}', ToolStatus.INVALID_ARGUMENTS, "lone surrogate"),
     ],
 )
 def test_bad_calls_never_reach_a_worker(fault_env, raw, status, message):
@@ -31,7 +33,7 @@ def test_bad_calls_never_reach_a_worker(fault_env, raw, status, message):
     result = fault_env.execute_sync(raw, context)
     assert result.status is status and message in result.error
     assert fault_env.pool.stats.submitted == before and len(context) == 1
-    if status is ToolStatus.PARSE_ERROR and "unknown tool" not in message and "JSON" not in message:
+    if status is ToolStatus.INVALID_ARGUMENTS:
         assert result.tool == "echo"
 
 
@@ -81,3 +83,17 @@ def test_long_observations_are_truncated_with_a_note(fault_env):
     result = fault_env.execute_sync({"name": "echo", "arguments": {"tag": "abcdefghijklmnop"}}, context)
     assert result.status is ToolStatus.OK
     assert result.text.startswith("echo:abcde\n[truncated ") and result.text.endswith(" characters]")
+
+
+def test_a_specs_options_travel_with_its_jobs_and_must_be_named_like_arguments(fault_pool):
+    from osvl.tools import ToolRegistry, ToolSpec
+
+    params = {"type": "object", "properties": {}}
+    spec = ToolSpec("opt", "d", params, "tests.tools.fault_tools:echo_options", options={"limit": 3})
+    env = ToolEnvironment(ToolRegistry([spec]), fault_pool)
+    job = env.prepare({"name": "opt", "arguments": {}}, VisualContext(), end_to_end_s=7.0)
+    assert job.options == {"limit": 3} and job.end_to_end_s == 7.0
+    result = env.execute_sync({"name": "opt", "arguments": {}}, VisualContext())
+    assert result.status is ToolStatus.OK and result.text == '{"limit": 3}'
+    with pytest.raises(ValueError, match="option names must be identifiers"):
+        ToolSpec("opt", "d", params, "m:f", options={"not a name": 1})

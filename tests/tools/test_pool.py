@@ -167,3 +167,35 @@ def test_time_in_the_queue_does_not_count_against_the_deadline(fault_pool):
     waiting = [fault_pool.submit(job("echo", tag=f"w{i}", seconds=0.05, deadline_s=0.3)) for i in range(2)]
     assert [f.result().status for f in waiting] == [ToolStatus.OK, ToolStatus.OK]
     assert all(f.result().status is ToolStatus.OK for f in blockers)
+
+
+def test_results_record_queue_and_run_seconds_and_the_worker(fault_pool):
+    result = fault_pool.call(job("echo", tag="who", seconds=0.05))
+    assert result.status is ToolStatus.OK
+    pid = int(result.text.rsplit("pid=", 1)[1])
+    assert result.worker == f"pid {pid}" and pid in fault_pool.worker_pids
+    assert result.run_s >= 0.05 and result.queue_s >= 0.0
+    assert result.elapsed_s == pytest.approx(result.queue_s + result.run_s)
+
+
+def test_the_specs_options_reach_the_implementation():
+    with ToolPool(ToolsConfig(), PoolConfig(num_workers=1)) as pool:
+        result = pool.call(Job("echo_options", T + "echo_options", {}, options={"limit": 3, "mode": "x"}))
+    assert result.status is ToolStatus.OK and result.text == '{"limit": 3, "mode": "x"}'
+
+
+def test_an_end_to_end_deadline_counts_the_queue_and_is_ours_when_the_queue_spends_it():
+    with ToolPool(ToolsConfig(), PoolConfig(num_workers=1, max_queue=8)) as pool:
+        blocker = pool.submit(job("echo", seconds=1.0))
+        starved = pool.submit(Job("echo", T + "echo", {}, deadline_s=5.0, end_to_end_s=0.3))
+        squeezed = pool.submit(Job("echo", T + "echo", {"seconds": 4.0}, deadline_s=5.0, end_to_end_s=2.5))
+        own = pool.submit(Job("echo", T + "echo", {"seconds": 2.0}, deadline_s=0.5, end_to_end_s=30.0))
+        assert blocker.result().status is ToolStatus.OK
+        starved, squeezed, own = starved.result(), squeezed.result(), own.result()
+    assert starved.status is ToolStatus.INFRA_ERROR and "end-to-end deadline of 0.3s passed" in starved.error
+    assert starved.queue_s >= 0.3 and starved.worker == "" and starved.run_s < 0.1
+    assert squeezed.status is ToolStatus.INFRA_ERROR and "could not finish within its end-to-end" in squeezed.error
+    assert squeezed.queue_s >= 0.9 and squeezed.run_s < 4.0  # cut by what the queue left, not by its own 5 s
+    assert own.status is ToolStatus.TIMEOUT  # its own deadline ran out first: the policy's call was too slow
+    with pytest.raises(ValueError, match="end_to_end_s"):
+        Job("echo", T + "echo", {}, end_to_end_s=0.0)

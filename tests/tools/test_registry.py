@@ -7,6 +7,7 @@ import pytest
 from osvl.rl.trajectory import ToolCall
 from osvl.tools import (
     CallParseError,
+    InvalidArguments,
     ToolError,
     ToolLimits,
     ToolRegistry,
@@ -57,15 +58,9 @@ def test_parse_fills_defaults_and_coerces_numbers():
         ('{"name": "crop", "arguments": {"image": 0, "boxes": [[0, 0, 5, 5]]', "not valid JSON"),
         ('["crop"]', "must be a JSON object"),
         ('{"name": "draw", "arguments": {}}', "unknown tool 'draw'"),
-        (
-            '{"name": "crop", "arguments": {"image": 0, "boxes": [[0,0,5,5]], "path": "/etc/passwd"}}',
-            "unknown argument",
-        ),
-        ('{"name": "crop", "arguments": {"boxes": [[0,0,5,5]]}}', "missing required argument(s) ['image']"),
-        ('{"name": "sharpen", "arguments": {"image": 0, "amount": NaN}}', "non-finite number NaN"),
-        ('{"name": "sharpen", "arguments": {"image": 0, "amount": Infinity}}', "non-finite number Infinity"),
+        ('{"name": "\\ud800", "arguments": {}}', "unknown tool '\\ud800'"),
         ('{"name": "", "arguments": {}}', "non-empty string 'name'"),
-        ('{"name": "ocr", "arguments": [1]}', "'arguments' must be a JSON object"),
+        ('{"name": 7, "arguments": {}}', "non-empty string 'name'"),
         ('{"name": "ocr", "arguments": {"image": 0}, "extra": 1}', "unknown field"),
         ("[" * 100_000, "limit is"),
     ],
@@ -76,9 +71,56 @@ def test_malformed_calls_are_parse_errors(raw, message):
     assert message in str(err.value)
 
 
-def test_deeply_nested_json_within_size_limit_is_a_parse_error():
-    with pytest.raises(CallParseError, match="nested too deeply"):
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ('{"name": "crop", "arguments": {"image": 0, "boxes": [[0,0,5,5]], "path": "/etc/passwd"}}',
+         "unknown argument(s) ['path']"),
+        ('{"name": "crop", "arguments": {"boxes": [[0,0,5,5]]}}', "missing required argument(s) ['image']"),
+        ('{"name": "sharpen", "arguments": {"image": 0, "amount": NaN}}', "'amount' is the non-finite number NaN"),
+        ('{"name": "sharpen", "arguments": {"image": 0, "amount": Infinity}}', "non-finite number Infinity"),
+        ('{"name": "sharpen", "arguments": {"image": 0, "amount": 1e400}}', "'amount' is the number 1e400, out of"),
+        ('{"name": "sharpen", "arguments": {"image": 0, "amount": -1e400}}', "out of range"),
+        ('{"name": "ocr", "arguments": [1]}', "'arguments' must be a JSON object"),
+        ('{"name": "ocr", "arguments": "[1]"}', "'arguments' must be a JSON object"),
+        ('{"name": "ocr", "arguments": "{image: 0"}', "arguments is not valid JSON"),
+        ('{"name": "ocr", "arguments": {"image": 1' + "0" * 5000 + "}}", "5001 digits"),  # int() refuses 4300+
+        ('{"name": "ocr", "arguments": {"image": ' + "9" * 400 + "}}", "out of range"),
+        ('{"name": "crop", "arguments": {"image": 0, "boxes": [[0, 0, 5, 1' + "0" * 400 + "]]}}", "'boxes[0][3]' is an"),
+        ('{"name": "ocr", "arguments": "{\\"image\\": ' + "9" * 400 + '}"}', "out of range"),
+        ('{"name": "ocr", "arguments": {"image": ' + "[" * 15_000 + "]" * 15_000 + "}}", "nested too deeply"),
+        ('{"name": "text_search", "arguments": {"query": "a\\ud800b"}}', "'query' is not valid Unicode text"),
+        ('{"name": "text_search", "arguments": {"query": "\\udfff"}}', "lone surrogate at character 0"),
+        ('{"name": "text_search", "arguments": {"\\ud800": "x", "query": "q"}}', "unknown argument(s) ['\\ud800']"),
+    ],
+)
+def test_unusable_arguments_are_invalid_arguments(raw, message):
+    with pytest.raises(InvalidArguments) as err:
+        default_registry().parse(raw)
+    assert message in str(err.value)
+    if raw.startswith('{"name": "ocr", "arguments": {"image": 1'):
+        assert len(str(err.value)) < 200  # the message quotes the number, not all of it
+
+
+def test_deeply_nested_json_within_size_limit_is_invalid_arguments():
+    with pytest.raises(InvalidArguments, match="nested too deeply"):
         parse_tool_call("[" * 15_000 + "]" * 15_000)
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**5000), 2**53 + 1, 1e300, float("inf"), float("nan")],
+                         ids=["400 digits", "-5001 digits", "2**53+1", "1e300", "inf", "nan"])
+def test_python_callers_get_the_same_typed_answer_for_huge_or_non_finite_numbers(value):
+    registry = default_registry()
+    with pytest.raises(InvalidArguments):
+        registry.parse({"name": "sharpen", "arguments": {"image": 0, "amount": value}})
+    with pytest.raises(InvalidArguments):
+        registry.parse({"name": "crop", "arguments": {"image": value, "boxes": [[0, 0, 5, 5]]}})
+
+
+@pytest.mark.parametrize("value", [b"bytes", {1, 2}, object(), None, [["nested"]], {"k": "v"}])
+def test_python_objects_of_the_wrong_type_are_invalid_arguments(value):
+    with pytest.raises(InvalidArguments, match="'query' must be a string"):
+        default_registry().parse({"name": "text_search", "arguments": {"query": value}})
 
 
 @pytest.mark.parametrize(
@@ -94,8 +136,8 @@ def test_deeply_nested_json_within_size_limit_is_a_parse_error():
         ({"image": 0, "boxes": [[0, 0, 5, 5]], "coordinates": "inches"}, "must be one of"),
     ],
 )
-def test_bad_argument_values_are_tool_errors(arguments, message):
-    with pytest.raises(ToolError) as err:
+def test_bad_argument_values_are_invalid_arguments(arguments, message):
+    with pytest.raises(InvalidArguments) as err:
         default_registry().parse({"name": "crop", "arguments": arguments})
     assert message in str(err.value)
 
@@ -119,11 +161,11 @@ def test_nested_objects_are_checked():
     }
     check_schema(schema)
     assert check_arguments(schema, {"opt": {"k": 2}}) == {"opt": {"k": 2}}
-    with pytest.raises(ToolError, match="unknown field"):
+    with pytest.raises(InvalidArguments, match="unknown field"):
         check_arguments(schema, {"opt": {"k": 2, "z": 1}})
-    with pytest.raises(ToolError, match="missing field"):
+    with pytest.raises(InvalidArguments, match="missing field"):
         check_arguments(schema, {"opt": {}})
-    with pytest.raises(CallParseError, match="must be a JSON object"):
+    with pytest.raises(InvalidArguments, match="must be a JSON object"):
         check_arguments(schema, [1])
 
 

@@ -46,7 +46,7 @@ def test_server_revalidates_and_never_runs_client_named_code(server):
     reply = post({"tool": "nope", "arguments": {}, "images": []})
     assert reply.status_code == 200 and reply.json()["status"] == "parse_error"
     reply = post({"tool": "echo", "arguments": {"seconds": -5}, "images": []})
-    assert reply.json()["status"] == "tool_error" and "must be >= 0" in reply.json()["error"]
+    assert reply.json()["status"] == "invalid_arguments" and "must be >= 0" in reply.json()["error"]
     reply = post({"tool": "echo", "arguments": {}, "target": "os:system", "images": []})
     assert reply.json()["status"] == "ok"  # unknown body fields are ignored, the registry decides what runs
     assert post({"tool": "echo_image", "arguments": {"image": 0}, "images": []}).status_code == 400

@@ -1,0 +1,76 @@
+"""Faults around the sandbox: a killed worker or a passed deadline leaves no process and no scratch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+
+import pytest
+
+from osvl.rl.trajectory import ToolStatus
+from osvl.tools import Job, PoolConfig, ToolPool, ToolsConfig
+from osvl.tools.python_interpreter import python_interpreter_spec
+from osvl.tools.sandbox import SandboxConfig, SandboxLimits, run_sandboxed
+from osvl.tools.sandbox.unsafe import SCRATCH_PREFIX, sweep_stale_scratch
+from tests.tools.proctree import cmdline, descendants, still_alive, wait_for
+
+SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(60)"
+
+
+def scratch_dirs() -> set[str]:
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith(SCRATCH_PREFIX)}
+
+
+def job(spec, code: str) -> Job:
+    return Job("python_interpreter", spec.target, {"code": code}, deadline_s=spec.deadline_s,
+               options=dict(spec.options))
+
+
+@pytest.mark.parametrize("backend", ["namespaces", "unsafe_no_boundary"])
+def test_kill_9_of_a_worker_mid_sandbox_leaves_no_process_and_no_scratch(backend):
+    spec = python_interpreter_spec(SandboxLimits(wall_s=60.0, cpu_s=60), SandboxConfig(backend=backend))
+    before = scratch_dirs()
+    with ToolPool(ToolsConfig(), PoolConfig(num_workers=1, preload=(spec.target,))) as pool:
+        worker = pool.worker_pids[0]
+        future = pool.submit(job(spec, SLEEPER))
+        assert wait_for(lambda: any("-c" in cmdline(p) for p in descendants(worker)), 20.0), "no sandbox started"
+        tree = descendants(worker)
+        assert tree and (backend != "unsafe_no_boundary" or scratch_dirs() - before)
+        os.kill(worker, signal.SIGKILL)
+        result = future.result(timeout=30)
+        assert result.status is ToolStatus.INFRA_ERROR and "died" in result.error
+        assert wait_for(lambda: not still_alive(tree), 10.0), [cmdline(p) for p in still_alive(tree)]
+        after = pool.call(job(spec, "print(6 * 7)"))  # the replacement worker serves, after its sweep
+        assert after.status is ToolStatus.OK and after.text.strip() == "42", after.error
+        assert after.worker and after.worker != f"pid {worker}"
+    assert scratch_dirs() <= before
+
+
+def test_a_passed_deadline_kills_every_process_of_the_run():
+    code = ("import threading, time\n"
+            "for _ in range(4):\n    threading.Thread(target=time.sleep, args=(60,)).start()\n"
+            "time.sleep(60)")
+    config = SandboxConfig(audit_hook=False)  # threads and all; the boundary alone must clean up
+    started = time.monotonic()
+    run = run_sandboxed(code, SandboxLimits(wall_s=1.0), config)
+    assert run.error is not None and "ran longer than 1 s" in run.error
+    assert time.monotonic() - started < 10
+    assert wait_for(lambda: not descendants(os.getpid()) or all(
+        "bwrap" not in cmdline(p) and "python_interpreter" not in cmdline(p) for p in descendants(os.getpid())), 5.0)
+    assert not [p for p in descendants(os.getpid()) if "bwrap" in cmdline(p)]
+
+
+def test_stale_scratch_of_dead_workers_is_swept(tmp_path):
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)
+    stale = tmp_path / f"{SCRATCH_PREFIX}{dead}-abc"
+    live = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-def"
+    foreign = tmp_path / f"{SCRATCH_PREFIX}site-xyz"  # not ours to judge: no pid in the name
+    for folder in (stale, live, foreign):
+        (folder / "work").mkdir(parents=True)
+    assert sweep_stale_scratch(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and foreign.exists()
