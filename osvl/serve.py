@@ -98,9 +98,13 @@ def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str) -> list[Comma
             commands.append(Command(host, f"SGLang server {k} (GPUs {visible})", tuple(argv),
                                     (("CUDA_VISIBLE_DEVICES", visible),)))
             workers.append(f"http://{host}:{port}")
-        commands.append(Command(host, "tool server", ("python", "-m", "osvl.tools.server", "--tools",
-                                                      "recipes/tools/online.toml", "--host", "0.0.0.0", "--port",
-                                                      str(TOOL_PORT), "--workers", "16")))
+        tool_argv = ["python", "-m", "osvl.tools.server", "--tools", "recipes/tools/online.toml", "--host", "0.0.0.0",
+                     "--port", str(TOOL_PORT), "--workers", "16"]
+        if recipe.tools.python_interpreter:
+            tool_argv += ["--python-interpreter", "--python-sandbox", recipe.tools.python_sandbox]
+            if recipe.tools.sandbox_fusion_url:
+                tool_argv += ["--sandbox-fusion-url", recipe.tools.sandbox_fusion_url]
+        commands.append(Command(host, "tool server", tuple(tool_argv)))
         tools.append(f"http://{host}:{TOOL_PORT}")
     generate = workers
     if layout.router:

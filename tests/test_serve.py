@@ -55,6 +55,14 @@ def test_the_layout_carries_the_recipes_values():
     assert shlex.split(trainers[0].shell())[1:] == list(trainers[0].argv)
 
 
+def test_tool_servers_get_the_recipes_sandbox():
+    recipe = load_recipe("grpo_8b", ["tools.python_interpreter=true", "tools.python_sandbox=sandbox_fusion",
+                                     "tools.sandbox_fusion_url=http://fusion:8080"])
+    tools = [c for c in plan_commands(recipe, Layout(1, 8, 4, ("n0",), False), "grpo_8b") if "osvl.tools.server" in c.argv]
+    assert "--python-interpreter" in tools[0].argv and _flag(tools[0].argv, "--python-sandbox") == "sandbox_fusion"
+    assert _flag(tools[0].argv, "--sandbox-fusion-url") == "http://fusion:8080"
+
+
 def test_bad_layouts_are_refused(capsys):
     recipe = load_recipe("grpo_8b")
     with pytest.raises(ValueError, match="multiple of rollout.server_tp 4"):

@@ -39,7 +39,7 @@ from typing import Any, Literal, Self
 import torch
 import torch.distributed as dist
 
-from osvl.data.image import decode_image, process_image
+from osvl.data.image import process_image
 from osvl.model.checkpoint import from_hf_state_dict, from_pretrained, to_hf_state_dict
 from osvl.rollout.engine import (
     GenerationRequest,
@@ -48,12 +48,15 @@ from osvl.rollout.engine import (
     StopKind,
 )
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
+from osvl.tools.image_io import decode_image
 
 SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "stop", "stop_token_ids", "sampling_seed",
                            "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"})
 REQUEST_KEYS = frozenset({"input_ids", "image_data", "sampling_params", "return_logprob", "logprob_start_len",
                           "return_text_in_logprobs", "rid", "stream"})
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
+MAX_IMAGE_PIXELS = 64_000_000  # refused before decoding: a header claiming more is a decompression bomb
+MAX_IMAGE_BYTES = 64 << 20
 LogprobMode = Literal["post_temperature", "raw"]
 
 
@@ -96,7 +99,7 @@ def request_from_json(body: Any, engine: LocalEngine) -> GenerationRequest:
     images = []
     for url in urls:
         data = base64.b64decode(url.split(",", 1)[1] if url.startswith("data:") else url)
-        images.append(process_image(decode_image(data), engine.image_config))
+        images.append(process_image(decode_image(data, MAX_IMAGE_PIXELS, MAX_IMAGE_BYTES), engine.image_config))
     return GenerationRequest(reexpand_image_pads(ids, images, engine.tokenizer.special.image_pad), images, sampling)
 
 
