@@ -3,6 +3,10 @@
 The recipe is loaded and validated before any process group starts, so a typo fails in a second
 on every rank with the key path. ``--dry-run`` stops there and, for recipes with a target world
 size (the paper recipes), runs the meta-device memory planner on a fake group of that size.
+
+A rank started by ``torchrun`` dies with its agent (:mod:`osvl.lifetime`), armed before the slow
+imports; rank 0 owns the run directory for the whole stage (:mod:`osvl.run_lock`), so a
+second job on it stops with the owner's host and pid.
 """
 
 from __future__ import annotations
@@ -10,8 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from osvl.config import Recipe, load_recipe
+from osvl.lifetime import die_with_torchrun_agent
+
+if TYPE_CHECKING:
+    from osvl.config import Recipe
 
 
 def dry_run(recipe: Recipe) -> list[str]:
@@ -30,6 +38,9 @@ def dry_run(recipe: Recipe) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_torchrun_agent()
+    from osvl.config import load_recipe
+
     parser = argparse.ArgumentParser(prog="python -m osvl.train", description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", required=True, help="a name in recipes/ or a path to a .toml file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -64,16 +75,24 @@ def _train(recipe: Recipe, rank: int, world: int) -> int:
     from osvl.parallel import teardown, use_host_device
     from osvl.parallel._compat import default_backend
     from osvl.trainer import run_grpo, run_sft
+    from osvl.run_lock import RunDirInUse, own_run_dir
 
     use_host_device()
     if world > 1:
         dist.init_process_group(default_backend(), rank=rank, world_size=world)
     try:
-        result = (run_grpo if recipe.job.stage == "grpo" else run_sft)(recipe, rank, world)
+        with own_run_dir(recipe.job.run_dir, rank, recipe.job.name):
+            result = (run_grpo if recipe.job.stage == "grpo" else run_sft)(recipe, rank, world)
+    except RunDirInUse as error:
+        if rank == 0:
+            print(f"python -m osvl.train: error: {error}", file=sys.stderr)
+        return 2
     finally:
         teardown()
     if rank == 0:
-        print(f"{recipe.job.name}: {result.steps} steps, final loss {result.final_loss:.4f}, run dir {result.run_dir}")
+        trained = "" if result.steps > result.resumed_from else " (already finished: nothing trained)"
+        print(f"{recipe.job.name}: {result.steps} steps{trained}, final loss {result.final_loss:.4f}, "
+              f"run dir {result.run_dir}")
     return 0
 
 

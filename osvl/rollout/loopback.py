@@ -1,8 +1,9 @@
 """A loopback server speaking SGLang's native protocol, backed by the local engine: tests and the
 offline demo exercise the SGLang client without a GPU.
 
-It answers ``POST /generate``, ``POST /update_weights_from_disk`` and ``GET /health`` with
-SGLang's JSON shapes (the fields are listed in :mod:`osvl.rollout.sglang`). Differences:
+It answers ``POST /generate``, ``POST /update_weights_from_disk``, ``GET /health`` and
+``GET /get_server_info`` (the fields the client reads: deterministic inference is the local
+engine's ``deterministic``) with SGLang's JSON shapes (the fields are listed in :mod:`osvl.rollout.sglang`). Differences:
 ``/update_weights_from_disk`` reads a ``torch.save``'d state dict (SGLang reads an HF checkpoint
 directory), and request fields the local engine cannot honor (prompt logprobs, top-k, penalties,
 ``logit_bias``, batches) are refused with HTTP 400 rather than silently ignored.
@@ -104,6 +105,12 @@ def response_json(result: GenerationResult, request: GenerationRequest, body: di
             "output_ids": list(result.token_ids), "meta_info": meta}
 
 
+def server_info(engine: LocalEngine) -> dict[str, Any]:
+    """The ``/get_server_info`` fields the client reads."""
+    return {"enable_deterministic_inference": engine.deterministic, "attention_backend": "torch_sdpa",
+            "weight_version": str(engine.policy_version), "version": "osvl-loopback"}
+
+
 def _handler(engine: LocalEngine):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:  # keep test output clean
@@ -118,7 +125,12 @@ def _handler(engine: LocalEngine):
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            self._send(200, None) if self.path == "/health" else self._send(404, {"error": {"message": "not found"}})
+            if self.path == "/health":
+                self._send(200, None)
+            elif self.path == "/get_server_info":
+                self._send(200, server_info(engine))
+            else:
+                self._send(404, {"error": {"message": "not found"}})
 
         def do_POST(self) -> None:
             try:

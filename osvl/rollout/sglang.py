@@ -35,6 +35,9 @@ field                           as used here                                    
 ``/update_weights_from_disk``   ``model_path``, ``weight_version`` (a str); answers ``success``,    io hs
                                 ``message``, ``num_paused_requests``; HTTP 400 when refused
 ``GET /health``                 200 with an empty body once a 1-token probe answers, else 503       hs
+``GET /get_server_info``        the server's arguments as one JSON object                          hs
+                                (``dataclasses.asdict(ServerArgs)``: ``enable_deterministic_inference``,
+                                ``attention_backend``...), scheduler info, ``version``
 ==============================  ==================================================================  =====
 
 Facts the contract relies on:
@@ -51,6 +54,12 @@ Facts the contract relies on:
 - ``logit_bias`` exists, but it acts on the logits the returned logprobs come from, so they would
   drift from the trainer's; reserved vision ids are stop ids instead and the agent loop rejects
   them (:mod:`osvl.rollout.reserved`).
+- Deterministic inference (results independent of batch composition) is a server launch flag,
+  ``--enable-deterministic-inference`` (batch-invariant kernels; FlashInfer, FA3 or Triton
+  attention), not a request field; with temperature > 0 it also needs each request's
+  ``sampling_seed``. A client learns whether a server runs it only from ``/get_server_info``, so with
+  ``SGLangConfig.deterministic`` the pre-flight (``check_deterministic_inference``) refuses a server
+  that does not, and a request without a seed is refused.
 - Behind sglang-router, ``/generate`` is routed to one worker; how it answers a weight update
   was not verified here: list the workers' URLs when the trainer syncs weights.
 - Also verified but unused: ``/flush_cache`` (GET/POST), ``/get_model_info`` (``model_path``,
@@ -75,6 +84,7 @@ from osvl.rollout.engine import (
 )
 
 Routing = Literal["round_robin", "least_loaded"]
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"  # the SGLang server flag rollout.deterministic needs
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,7 @@ class SGLangConfig:
     urls: tuple[str, ...]  # server base URLs, or one sglang-router URL
     routing: Routing = "least_loaded"
     timeout_s: float = 600.0
+    deterministic: bool = False  # recipe rollout.deterministic: servers must run DETERMINISTIC_FLAG
 
     def __post_init__(self) -> None:
         if not self.urls or any(not u.startswith(("http://", "https://")) for u in self.urls):
@@ -131,6 +142,26 @@ def parse_generate_response(body: Any, policy_version: int) -> GenerationResult:
     return GenerationResult(ids, logprobs, StopKind(kind), policy_version, int(meta.get("prompt_tokens", 0)))
 
 
+@dataclass(frozen=True)
+class ServerDeterminism:
+    """Whether one server runs deterministic inference, as its ``/get_server_info`` says."""
+
+    url: str
+    enabled: bool | None  # None: the server does not report it (an SGLang without the feature)
+    attention_backend: str | None = None
+
+    def describe(self) -> str:
+        state = {True: "on", False: "off", None: "not reported"}[self.enabled]
+        return f"{self.url}: deterministic inference {state} (attention backend {self.attention_backend or '?'})"
+
+
+def server_determinism(url: str, info: Any) -> ServerDeterminism:
+    if not isinstance(info, dict):
+        raise EngineError(f"{url}/get_server_info did not answer a JSON object: {str(info)[:200]}")
+    enabled = info.get("enable_deterministic_inference")
+    return ServerDeterminism(url, None if enabled is None else bool(enabled), info.get("attention_backend"))
+
+
 class SGLangEngine:
     def __init__(self, config: SGLangConfig, client: httpx.AsyncClient | None = None,
                  policy_version: int = 0) -> None:
@@ -150,6 +181,9 @@ class SGLangEngine:
         return min(range(len(self.in_flight)), key=lambda i: self.in_flight[i])
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
+        s = request.sampling
+        if self.config.deterministic and s.temperature > 0 and s.seed is None:
+            raise ValueError("deterministic rollouts sample with a per-request seed (sampling_seed); got none")
         server = self._pick()
         version = self._version
         self.in_flight[server] += 1
@@ -162,6 +196,27 @@ class SGLangEngine:
         if response.status_code != 200:
             raise EngineError(f"SGLang /generate returned HTTP {response.status_code}: {response.text[:200]}")
         return parse_generate_response(response.json(), version)
+
+    async def server_info(self, url: str) -> Any:
+        """One server's ``/get_server_info`` body."""
+        try:
+            response = await self.client.get(f"{url}/get_server_info")
+            body = response.json()
+        except (httpx.HTTPError, ValueError) as error:
+            raise EngineError(f"{url}/get_server_info failed: {error!r}") from None
+        if response.status_code != 200:
+            raise EngineError(f"{url}/get_server_info returned HTTP {response.status_code}: {response.text[:200]}")
+        return body
+
+    async def check_deterministic_inference(self) -> list[ServerDeterminism]:
+        """Pre-flight: what every server reports; with ``config.deterministic`` a server that does not run
+        deterministic inference (or cannot say) is an error naming it and the flag it needs."""
+        report = [server_determinism(url, await self.server_info(url)) for url in self.config.urls]
+        missing = [r for r in report if r.enabled is not True]
+        if self.config.deterministic and missing:
+            raise EngineError("rollout.deterministic needs every SGLang server launched with "
+                              f"{DETERMINISTIC_FLAG}; " + "; ".join(r.describe() for r in missing))
+        return report
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Every server loads the checkpoint at ``model_path``; the version changes only if all did."""

@@ -37,6 +37,14 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def seed_generators(seed: int) -> None:
+    """Seeds every generator a run may draw from (Python's, NumPy's global, torch's on every device)
+    from the job seed, so a fresh start is as reproducible as a resumed one (which restores them)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def rng_state() -> dict[str, Any]:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
@@ -55,6 +63,21 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     """Newest complete checkpoint under ``root`` (None when there is none)."""
     done = sorted(p for p in Path(root).glob("step_*") if (p / MARKER).is_file())
     return done[-1] if done else None
+
+
+def discard_checkpoints_after(root: str | Path, step: int) -> list[str]:
+    """Removes checkpoints of steps after ``step`` and every incomplete one (a save cut short);
+    returns their directory names. Only the run directory's owner calls it, with no save under way."""
+    removed = []
+    for path in sorted(Path(root).glob("step_*")):
+        try:
+            at = int(path.name.removeprefix("step_"))
+        except ValueError:
+            continue
+        if at > step or not (path / MARKER).is_file():
+            shutil.rmtree(path)
+            removed.append(path.name)
+    return removed
 
 
 def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -101,14 +124,14 @@ def resume_state(root: str | Path, model: torch.nn.Module, optimizer: torch.opti
                  stream: Stateful, resume: bool = True) -> dict[str, Any]:
     """Continues from the newest complete checkpoint under ``root`` (when ``resume``): restores the
     model, optimizer, RNG, scheduler and data stream in place and returns the trainer state, whose
-    ``step`` and stage-specific keys the caller reads; ``{}`` means a fresh start."""
+    ``step``, ``checkpoint`` (its path) and stage-specific keys the caller reads; ``{}`` means a fresh start."""
     latest = latest_checkpoint(root) if resume else None
     if latest is None:
         return {}
     state = load_checkpoint(latest, model, optimizer)
     scheduler.load_state_dict(state["scheduler"])
     stream.load_state_dict(state["cursor"])
-    return state
+    return {**state, "checkpoint": str(latest)}
 
 
 def finish_stage(save: Callable[[int], None], step: int, resumed: int, total: int, recipe: Any,

@@ -69,6 +69,7 @@ from osvl.trainer.grpo_data import (
 from osvl.trainer.metrics import peak_memory_gib, stage_metrics
 from osvl.trainer.optim import build_optimizer, build_scheduler
 from osvl.trainer.policy import build_policy, lm_head_weight, policy_arch
+from osvl.trainer.resume import resume_records
 from osvl.trainer.sft import StageResult
 from osvl.trainer.sft_data import SFTStream
 from osvl.trainer.tool_env import (
@@ -182,12 +183,13 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
     optimizer = build_optimizer(params, recipe.optimizer)
     scheduler = build_scheduler(optimizer, total * minis, recipe.scheduler)
     local = LocalEngine(build_model(arch, init=False), tokenizer, renderer.image_config,
-                        max_batch=recipe.rollout.max_in_flight)
+                        max_batch=recipe.rollout.max_in_flight, deterministic=recipe.rollout.deterministic)
     engine = engine_wrapper(local) if engine_wrapper else local
     ckpt_root = run_dir / "checkpoints"
     state = resume_state(ckpt_root, model, optimizer, scheduler, stream, resume=recipe.checkpoint.resume)
     step = resumed = state.get("step", 0)
     version = state["policy_version"] if state else 0  # optimizer steps taken: the engines' weight version
+    resumption = resume_records(recipe, rank, state, total)  # cuts the dead attempt's records; says so
     sync_weights(model, local, version)
     metrics = stage_metrics(recipe, rank)
     recorder = RolloutRecorder(run_dir / "rollouts")
@@ -200,7 +202,7 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
         save_checkpoint(ckpt_root, at, model, optimizer, stage_state(scheduler, stream, policy_version=version),
                         keep_last=recipe.checkpoint.keep_last)
 
-    final_loss = float("nan")
+    final_loss = resumption.final_loss
     end = total if stop_after is None else min(total, step + stop_after)
     with environment(recipe, rank) as env:
         while step < end:

@@ -24,6 +24,7 @@ from osvl.trainer.loss import sft_loss
 from osvl.trainer.metrics import peak_memory_gib, stage_metrics
 from osvl.trainer.optim import build_optimizer, build_scheduler
 from osvl.trainer.policy import build_policy, lm_head_weight, policy_arch
+from osvl.trainer.resume import resume_records
 from osvl.trainer.sft_data import SFTStream, load_sft_sequences, rank_microbatches
 from osvl.trainer.tool_env import stage_renderer
 
@@ -67,6 +68,7 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
     ckpt_root = run_dir / "checkpoints"
     state = resume_state(ckpt_root, model, optimizer, scheduler, stream, resume=recipe.checkpoint.resume)
     step = resumed = state.get("step", 0)
+    resumption = resume_records(recipe, rank, state, total)  # cuts the dead attempt's records; says so
     metrics = stage_metrics(recipe, rank)
     peak = resolve_peak_tflops(recipe.metrics.peak_tflops, device_name())
     train_vision = not recipe.model.freeze_vision
@@ -75,7 +77,7 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
         save_checkpoint(ckpt_root, at, model, optimizer, stage_state(scheduler, stream),
                         keep_last=recipe.checkpoint.keep_last)
 
-    loss_value = float("nan")
+    loss_value = resumption.final_loss
     end = total if stop_after is None else min(total, step + stop_after)
     while step < end:
         start = time.perf_counter()
