@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from osvl.run_lock import LOCK_FILE, RunDirInUse, RunDirLock, held_lock, own_run_dir
+from tests.parallel.harness import run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 HOLDER = ("import sys, time\n"
@@ -105,6 +106,26 @@ def test_own_run_dir_without_a_process_group(tmp_path):
     try:
         with pytest.raises(RunDirInUse, match=f"pid {holder.pid}"), own_run_dir(tmp_path, rank=0):
             pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _refused_on_every_rank(rank: int, world: int, run_dir: str, holder_pid: int) -> None:
+    try:
+        with own_run_dir(run_dir, rank):
+            pass
+    except RunDirInUse as error:
+        assert f"is owned by pid {holder_pid} on host" in str(error), (rank, str(error))
+    else:
+        raise AssertionError(f"rank {rank} of {world} went on in a run directory another job owns")
+
+
+def test_every_rank_learns_rank_0s_refusal(tmp_path):
+    """Only rank 0 reads the lock; rank 1 (here, or on another node) stops with the same message."""
+    holder = _holder(tmp_path)
+    try:
+        run_ranks(_refused_on_every_rank, 2, str(tmp_path), holder.pid)
     finally:
         holder.kill()
         holder.wait()
