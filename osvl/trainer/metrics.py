@@ -7,7 +7,6 @@ run first cuts both records back to its checkpoint's step (``truncate_metrics``,
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -134,29 +133,36 @@ def truncate_tensorboard(run_dir: str | Path, after: int) -> int:
     """Rewrites the run's TensorBoard event files without the scalars of steps after ``after`` (and
     without a record torn by a kill); returns how many events were dropped. Each file is replaced
     atomically; a file with nothing to drop is left as it is."""
-    files = sorted(glob.glob(str(Path(run_dir) / "tensorboard" / "events.out.tfevents.*")))
+    directory = Path(run_dir) / "tensorboard"
+    for leftover in directory.glob("events.out.tfevents.*.tmp"):  # a rewrite cut short: its original is intact
+        leftover.unlink()
+    files = sorted(p for p in directory.glob("events.out.tfevents.*") if p.suffix != ".tmp")
     if not files:
         return 0
-    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
-    from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.summary.writer.record_writer import RecordWriter
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.record_writer import RecordWriter
+    except ImportError:
+        raise RuntimeError(f"{directory} holds TensorBoard events but tensorboard is not installed, so they cannot "
+                           f"be cut back to step {after}: install tensorboard or remove {directory}") from None
 
     def beyond(record: bytes) -> bool:
         event = Event.FromString(record)
         return event.HasField("summary") and event.step > after
 
     dropped = 0
-    for name in files:
-        raw = list(RawEventFileLoader(name).Load())
+    for path in files:
+        raw = list(RawEventFileLoader(str(path)).Load())
         kept = [r for r in raw if not beyond(r)]
-        torn = os.path.getsize(name) != sum(len(r) + 16 for r in raw)  # 16 = length, two CRCs
+        torn = path.stat().st_size != sum(len(r) + 16 for r in raw)  # 16 = length, two CRCs
         if len(kept) == len(raw) and not torn:
             continue
         dropped += len(raw) - len(kept)
-        tmp = f"{name}.tmp"
+        tmp = path.with_name(path.name + ".tmp")
         writer = RecordWriter(open(tmp, "wb"))  # noqa: SIM115 (RecordWriter closes it)
         for record in kept:
             writer.write(record)
         writer.close()
-        os.replace(tmp, name)
+        os.replace(tmp, path)
     return dropped

@@ -70,7 +70,9 @@ def test_tensorboard_events_are_cut_back(tmp_path):
     event_file = next((tmp_path / "tensorboard").iterdir())
     with open(event_file, "ab") as handle:
         handle.write(b"\x10\x00\x00")  # a record torn by the kill
+    event_file.with_name(event_file.name + ".tmp").write_bytes(b"half")  # a rewrite cut short
     assert truncate_tensorboard(tmp_path, 3) == 2 * 3  # loss and lr of steps 4-6
+    assert [p.name for p in (tmp_path / "tensorboard").iterdir()] == [event_file.name]
     _log(tmp_path, range(4, 6), loss=lambda s: 7.0, tensorboard=True)  # the relaunch
     assert _scalars(tmp_path) == [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3)), (4, 7.0), (5, 7.0)]
     assert truncate_tensorboard(tmp_path, 10) == 0 and truncate_tensorboard(tmp_path / "none", 0) == 0
