@@ -191,8 +191,6 @@ def own_run_dir(run_dir: str | os.PathLike[str], rank: int, job: str = "") -> It
         dist.broadcast_object_list(box, src=0)
         refusal = box[0]
     if refusal is not None:
-        if lock is not None:
-            lock.release()
         raise RunDirInUse(refusal)
     try:
         yield lock

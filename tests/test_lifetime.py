@@ -22,7 +22,8 @@ CHILD = ("import sys, time\n"
          "time.sleep(120)\n")
 # The parent starts the child from its main thread (as torchrun's agent does), reports its pid, then waits.
 PARENT = ("import subprocess, sys, time\n"
-          "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE, text=True)\n"
+          "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE,\n"
+          "                         text=True)\n"
           "child.stdout.readline()\n"
           "print(child.pid, flush=True)\n"
           "time.sleep(120)\n")

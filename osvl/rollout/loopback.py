@@ -3,7 +3,8 @@ offline demo exercise the SGLang client without a GPU.
 
 It answers ``POST /generate``, ``POST /update_weights_from_disk``, ``GET /health`` and
 ``GET /get_server_info`` (the fields the client reads: deterministic inference is the local
-engine's ``deterministic``) with SGLang's JSON shapes (the fields are listed in :mod:`osvl.rollout.sglang`). Differences:
+engine's ``deterministic``) with SGLang's JSON shapes (the fields are listed in
+:mod:`osvl.rollout.sglang`). Differences:
 ``/update_weights_from_disk`` reads a ``torch.save``'d state dict (SGLang reads an HF checkpoint
 directory), and request fields the local engine cannot honor (prompt logprobs, top-k, penalties,
 ``logit_bias``, batches) are refused with HTTP 400 rather than silently ignored.

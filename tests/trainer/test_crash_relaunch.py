@@ -48,6 +48,14 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _started(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (tells a pid from its reuse); None once gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _rank_of(pid: int) -> int:
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return int(next(v for v in environ if v.startswith(b"RANK=")).split(b"=", 1)[1])
@@ -75,11 +83,13 @@ class Launch:
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.agent = subprocess.Popen(command, stdout=out, stderr=err, cwd=REPO, env=env, start_new_session=True)
         self.ranks: dict[int, int] = {}
+        self._started: dict[int, int | None] = {}
 
     def wait_for_ranks(self) -> dict[int, int]:
         pids = _wait_for(lambda: len(_children(self.agent.pid)) == 2 and _children(self.agent.pid), 120,
                          "the agent to start 2 ranks")
         self.ranks = {_rank_of(pid): pid for pid in pids}
+        self._started = {pid: _started(pid) for pid in pids}
         return self.ranks
 
     def lines(self) -> list[str]:
@@ -89,11 +99,13 @@ class Launch:
         return self.agent.wait(timeout_s)
 
     def kill_everything(self) -> None:
-        for pid in [self.agent.pid, *self.ranks.values()]:
-            try:
+        """Whatever of this launch still runs (a failed test must not leave ranks behind); a pid that
+        has since been reused by another process is left alone."""
+        if self.agent.poll() is None:
+            self.agent.kill()
+        for pid in self.ranks.values():
+            if self._started.get(pid) is not None and _started(pid) == self._started[pid]:
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.agent.wait(30)
 
 
@@ -243,13 +255,12 @@ def test_a_second_job_on_the_run_directory_is_refused_on_every_rank(chain):
     _, _, seen = chain
     assert seen["refused_code"] != 0
     err = seen["refused_err"]
-    assert (f"python -m osvl.train: error: job.run_dir" in err
-            and f"is owned by pid {seen['first_rank0']} on host {socket.gethostname()} (job tiny_sft" in err), err[-3000:]
-    # rank 0 stopped with the refusal (exit 2, the root cause); rank 1 did too, or the agent's SIGTERM got to it
-    # first (that every rank learns the refusal is tested in tests/test_run_lock.py); nothing crashed or hung
-    root_cause = err[err.index("Root Cause"):]
-    assert re.search(r"rank\s*: 0 .*\n.*exitcode\s*: 2 ", root_cause), err[-3000:]
-    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", err)) <= {"2", "-15"}, err[-3000:]
+    owner = f"is owned by pid {seen['first_rank0']} on host {socket.gethostname()} (job tiny_sft"
+    assert "python -m osvl.train: error: job.run_dir" in err and owner in err, err[-3000:]
+    # every rank stopped with the refusal (exit 2), unless the agent's SIGTERM reached it first once another had
+    # (that every rank learns the refusal is tested in tests/test_run_lock.py); nothing crashed or hung
+    codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", err))
+    assert "2" in codes and codes <= {"2", "-15"}, err[-3000:]
     assert seen["untouched"]  # and it wrote nothing
 
 
@@ -278,7 +289,8 @@ def test_killing_the_agent_leaves_no_orphans(chain):
     _, _, seen = chain
     assert seen["orphans"] == []
     assert seen["quiet_after_agent"]  # nothing kept writing the run directory
-    assert re.fullmatch(seen["expect_fourth"], seen["fourth_lines"][0]), (seen["fourth_lines"][0], seen["expect_fourth"])
+    line = seen["fourth_lines"][0]
+    assert re.fullmatch(seen["expect_fourth"], line), (line, seen["expect_fourth"])
     assert seen["stale_fourth"] == seen["third_rank0"]
     assert seen["fourth_lines"][1].startswith(f"lock: took over the stale lock of pid {seen['third_rank0']}")
 
@@ -314,4 +326,5 @@ def test_a_finished_run_says_so_and_reports_its_recorded_loss(chain, capsys, mon
     loss = _metrics(run)[STEPS]
     assert lines[0] == (f"finished: {run}/checkpoints/step_{STEPS:08d} holds step {STEPS} of {STEPS} (policy version "
                         f"{STEPS}); nothing left to train; recorded final loss {loss:.4f}; discarded nothing")
-    assert lines[-1] == f"tiny_sft: {STEPS} steps (already finished: nothing trained), final loss {loss:.4f}, run dir {run}"
+    assert lines[-1] == (f"tiny_sft: {STEPS} steps (already finished: nothing trained), final loss {loss:.4f}, "
+                         f"run dir {run}")
