@@ -35,7 +35,11 @@ STALE_AFTER_S = 120.0  # a foreign host's lock whose heartbeat is older than thi
 _held: dict[Path, RunDirLock] = {}  # run directories this process owns, by resolved path
 
 
-class RunDirInUse(RuntimeError):
+class RunDirError(RuntimeError):
+    """The job cannot own its run directory."""
+
+
+class RunDirInUse(RunDirError):
     """Another live job owns the run directory."""
 
 
@@ -177,7 +181,9 @@ def held_lock(run_dir: str | os.PathLike[str]) -> RunDirLock | None:
 @contextmanager
 def own_run_dir(run_dir: str | os.PathLike[str], rank: int, job: str = "") -> Iterator[RunDirLock | None]:
     """Collective when a process group is up: rank 0 takes the lock and every rank learns the outcome,
-    raising the same ``RunDirInUse`` on a refusal. Yields rank 0's lock (None on other ranks)."""
+    raising ``RunDirInUse`` (another job owns it) or ``RunDirError`` (it cannot be locked, e.g. not
+    writable) with rank 0's message, so no rank waits on a peer that stopped. Yields rank 0's lock
+    (None on other ranks)."""
     import torch.distributed as dist
 
     lock, refusal = None, None
@@ -185,13 +191,16 @@ def own_run_dir(run_dir: str | os.PathLike[str], rank: int, job: str = "") -> It
         try:
             lock = RunDirLock(run_dir, job).acquire()
         except RunDirInUse as error:
-            refusal = str(error)
+            refusal = ("in use", str(error))
+        except OSError as error:
+            refusal = ("error", f"cannot lock job.run_dir {run_dir}: {error}")
     if dist.is_initialized():
         box = [refusal]
         dist.broadcast_object_list(box, src=0)
         refusal = box[0]
     if refusal is not None:
-        raise RunDirInUse(refusal)
+        kind, message = refusal
+        raise (RunDirInUse if kind == "in use" else RunDirError)(message)
     try:
         yield lock
     finally:

@@ -75,7 +75,7 @@ def _train(recipe: Recipe, rank: int, world: int) -> int:
     from osvl.parallel import teardown, use_host_device
     from osvl.parallel._compat import default_backend
     from osvl.trainer import run_grpo, run_sft
-    from osvl.run_lock import RunDirInUse, own_run_dir
+    from osvl.run_lock import RunDirError, own_run_dir
 
     use_host_device()
     if world > 1:
@@ -83,7 +83,7 @@ def _train(recipe: Recipe, rank: int, world: int) -> int:
     try:
         with own_run_dir(recipe.job.run_dir, rank, recipe.job.name):
             result = (run_grpo if recipe.job.stage == "grpo" else run_sft)(recipe, rank, world)
-    except RunDirInUse as error:
+    except RunDirError as error:
         if rank == 0:
             print(f"python -m osvl.train: error: {error}", file=sys.stderr)
         return 2

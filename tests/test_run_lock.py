@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from osvl.run_lock import LOCK_FILE, RunDirInUse, RunDirLock, held_lock, own_run_dir
+from osvl.run_lock import LOCK_FILE, RunDirError, RunDirInUse, RunDirLock, held_lock, own_run_dir
 from tests.parallel.harness import run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,6 +109,9 @@ def test_own_run_dir_without_a_process_group(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RunDirError, match="cannot lock job.run_dir .*file"), own_run_dir(tmp_path / "file", rank=0):
+        pass  # a path that is not a directory
 
 
 def _refused_on_every_rank(rank: int, world: int, run_dir: str, holder_pid: int) -> None:

@@ -176,8 +176,8 @@ class RolloutConfig:
     trajectory_deadline_s: float = 900.0
     max_retries: int = 2
     # Rollouts that do not depend on which requests share a generation batch (that depends on timing):
-    # the local engine decodes each request on its own, SGLang servers must run
-    # --enable-deterministic-inference (the pre-flight checks). Local cost: bench/rollout/bench_deterministic.py
+    # the local engine decodes each request on its own (tiny_grpo, decode-bound: 1.9x step time,
+    # bench/rollout/bench_deterministic.py); SGLang servers must run --enable-deterministic-inference
     deterministic: bool = False
 
     def __post_init__(self) -> None:
