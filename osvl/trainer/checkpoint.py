@@ -8,13 +8,11 @@ the data cursor. A ``complete`` marker is written last; only marked checkpoints 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -24,6 +22,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.data.image import ImageConfig
 from osvl.model import save_pretrained
+from osvl.trainer.rng import rng_state, set_rng_state
 
 MARKER = "complete"
 
@@ -35,24 +34,6 @@ def _rank() -> int:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def seed_generators(seed: int) -> None:
-    """Seeds every generator a run may draw from (Python's, NumPy's global, torch's on every device)
-    from the job seed, so a fresh start is as reproducible as a resumed one (which restores them)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
 
 
 def step_dir(root: Path, step: int) -> Path:

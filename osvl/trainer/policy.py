@@ -22,7 +22,7 @@ from osvl.model import (
 )
 from osvl.model.presets import preset
 from osvl.parallel import parallelize, sharded_model_config
-from osvl.trainer.checkpoint import seed_generators
+from osvl.trainer.rng import seed_generators
 
 # CPU presets: (hidden, heads, kv heads, head_dim, intermediate); two layers each.
 # tiny: unit and end-to-end tests (GQA, MoE). small: make demo, whose policy starts from random

@@ -13,7 +13,8 @@ import torch
 from osvl.config import load_recipe
 from osvl.rl.trajectory import FinishReason, Prompt, Trajectory
 from osvl.rollout import RolloutRecorder
-from osvl.trainer.checkpoint import MARKER, discard_checkpoints_after, seed_generators
+from osvl.trainer.checkpoint import MARKER, discard_checkpoints_after
+from osvl.trainer.rng import seed_generators
 from osvl.trainer.metrics import MetricsWriter, read_metrics, truncate_metrics, truncate_tensorboard
 from osvl.trainer.resume import Discarded, Resumption, discard_records_after, recorded_loss, resume_records, step_ranges
 
