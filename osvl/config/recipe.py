@@ -199,6 +199,10 @@ class RolloutConfig:
     max_turns: int = 16
     trajectory_deadline_s: float = 900.0
     max_retries: int = 2
+    # Rollouts that do not depend on which requests share a generation batch (that depends on timing):
+    # the local engine decodes each request on its own (tiny_grpo, decode-bound: 1.9x step time,
+    # bench/rollout/bench_deterministic.py); SGLang servers must run --enable-deterministic-inference
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         _positive(self, "max_in_flight", "max_turns", "trajectory_deadline_s", "weight_sync_bucket_mb",

@@ -7,12 +7,20 @@ With ``prefix_cache_tokens > 0`` a request that extends an earlier generation's 
 turn of a rollout) reuses that context's keys/values and prefills only the new tokens.
 Reserved vision placeholders and the model's padded vocabulary rows are never sampled
 (see :mod:`osvl.rollout.reserved`).
+
+Batched results depend on the batch: padding sets the shapes of every matmul and the width of every
+attention reduction, and floating-point sums taken in another order round differently. Which
+requests share a batch depends on when they arrive, so two identical runs differ in the last bits
+of their logprobs, then in sampled tokens. With ``deterministic=True`` every request runs alone
+(``[1, L]`` prefill and decode, a cache sized by the request): each result is a function of the
+request and the weights only, whatever else is in flight and in whatever order it arrived.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -45,11 +53,16 @@ def _pad(rows: Sequence[np.ndarray], fill: int = 0) -> np.ndarray:
 
 class LocalEngine:
     def __init__(self, model: Qwen3VLModel, tokenizer: Tokenizer, image_config: ImageConfig, *,
-                 max_batch: int = 8, policy_version: int = 0, prefix_cache_tokens: int = 0) -> None:
+                 max_batch: int = 8, policy_version: int = 0, prefix_cache_tokens: int = 0,
+                 deterministic: bool = False) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
+        if deterministic and prefix_cache_tokens:
+            # a hit prefills only the new tokens (other matmul shapes than a miss), and whether an entry
+            # survives eviction depends on the order concurrent rollouts stored theirs
+            raise ValueError("prefix_cache_tokens must be 0 in deterministic mode: cache hits depend on arrival order")
         if model.arch.image_token_id != tokenizer.special.image_pad:
             raise ValueError(f"model image_token_id {model.arch.image_token_id} != tokenizer's <|image_pad|> "
                              f"{tokenizer.special.image_pad}")
@@ -59,12 +72,14 @@ class LocalEngine:
         self.tokenizer = tokenizer
         self.image_config = image_config
         self.max_batch = max_batch
+        self.deterministic = deterministic
         self._version = policy_version
         self._lock = threading.Lock()  # a batch and a weight swap never interleave
         self._pending: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._drainer: asyncio.Task | None = None
         self.generated_tokens = 0
         self.prefilled_tokens = 0
+        self.batch_sizes: Counter[int] = Counter()  # batches the request queue formed, by size
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self._banned = torch.tensor([*reserved_vision_ids(tokenizer),
                                      *range(tokenizer.vocab_size, model.arch.text.vocab_size)],
@@ -116,10 +131,13 @@ class LocalEngine:
                 .permute(1, 0, 2), pixels, grid, next_position)
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Synchronous batched generation; each row samples with its own seeded generator."""
+        """Synchronous batched generation (one request at a time in deterministic mode); each row
+        samples with its own seeded generator."""
         if not requests:
             return []
         with self._lock:
+            if self.deterministic:
+                return [self._generate([request])[0] for request in requests]
             return self._generate(requests)
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
@@ -207,6 +225,7 @@ class LocalEngine:
         await asyncio.sleep(0)  # let callers scheduled in the same tick join the batch
         while self._pending:
             batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+            self.batch_sizes[len(batch)] += 1
             try:
                 results = await asyncio.to_thread(self.generate_batch, [r for r, _ in batch])
             except Exception as error:  # noqa: BLE001 - one bad batch must not strand its callers

@@ -246,7 +246,8 @@ class LoopbackServer:
     def server_info(self) -> dict[str, Any]:
         image = self.engine.image_config
         return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "skip_tokenizer_init": True,
-                "tp_size": 1, "dp_size": 1, "context_length": None, "enable_deterministic_inference": False,
+                "tp_size": 1, "dp_size": 1, "context_length": None,
+                "enable_deterministic_inference": self.engine.deterministic, "attention_backend": "torch_sdpa",
                 "weight_version": self.weight_version, "version": "osvl-loopback",
                 "mm_process_config": {"image": {"min_pixels": image.min_pixels, "max_pixels": image.max_pixels}},
                 "max_batch": self.engine.max_batch}

@@ -63,6 +63,12 @@ Facts the contract relies on:
   ``names``, ``dtypes``, ``shapes``, ``group_name``, ``flush_cache``, ``weight_version`` and
   blocks until the broadcasts arrive, so it is sent first and the tensors broadcast after, in
   the same order [io hs].
+- Deterministic inference (results independent of batch composition) is a server launch flag,
+  ``--enable-deterministic-inference`` (batch-invariant kernels; FlashInfer, FA3 or Triton
+  attention), not a request field; with temperature > 0 it also needs each request's
+  ``sampling_seed``. A client learns whether a server runs it only from ``/get_server_info``, so with
+  ``SGLangConfig.deterministic`` the pre-flight (``check_deterministic_inference``) refuses a server
+  that does not, and a request without a seed is refused.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ from osvl.rollout.engine import (
 )
 
 Routing = Literal["round_robin", "least_loaded"]
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"  # the SGLang server flag rollout.deterministic needs
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ class SGLangConfig:
     update_urls: tuple[str, ...] = ()  # the servers that take weight updates; () = urls (no router)
     routing: Routing = "least_loaded"
     timeout_s: float = 600.0
+    deterministic: bool = False  # recipe rollout.deterministic: servers must run DETERMINISTIC_FLAG
 
     def __post_init__(self) -> None:
         for name in ("urls", "update_urls"):
@@ -162,6 +170,26 @@ def _refusal(response: httpx.Response) -> str:
     return str(body)[:300]
 
 
+@dataclass(frozen=True)
+class ServerDeterminism:
+    """Whether one server runs deterministic inference, as its ``/get_server_info`` says."""
+
+    url: str
+    enabled: bool | None  # None: the server does not report it (an SGLang without the feature)
+    attention_backend: str | None = None
+
+    def describe(self) -> str:
+        state = {True: "on", False: "off", None: "not reported"}[self.enabled]
+        return f"{self.url}: deterministic inference {state} (attention backend {self.attention_backend or '?'})"
+
+
+def server_determinism(url: str, info: Any) -> ServerDeterminism:
+    if not isinstance(info, dict):
+        raise EngineError(f"{url}/get_server_info did not answer a JSON object: {str(info)[:200]}")
+    enabled = info.get("enable_deterministic_inference")
+    return ServerDeterminism(url, None if enabled is None else bool(enabled), info.get("attention_backend"))
+
+
 class SGLangEngine:
     """The ``Engine`` protocol over SGLang servers, and the servers' weight-update and info routes.
 
@@ -186,6 +214,9 @@ class SGLangEngine:
         return min(range(len(self.in_flight)), key=lambda i: self.in_flight[i])
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
+        s = request.sampling
+        if self.config.deterministic and s.temperature > 0 and s.seed is None:
+            raise ValueError("deterministic rollouts sample with a per-request seed (sampling_seed); got none")
         server = self._pick()
         version = self._version
         self.in_flight[server] += 1
@@ -237,6 +268,17 @@ class SGLangEngine:
         if stale:
             raise EngineError(f"weight version skew after the update to {version}: " + "; ".join(stale))
         self._version = version
+
+    async def check_deterministic_inference(self) -> list[ServerDeterminism]:
+        """Pre-flight: what every server reports; with ``config.deterministic`` a server that does not run
+        deterministic inference (or cannot say) is an error naming it and the flag it needs."""
+        report = [server_determinism(url, await self.get_json(url, "/get_server_info", timeout_s=30))
+                  for url in dict.fromkeys((*self.config.urls, *self.config.weight_urls))]
+        missing = [r for r in report if r.enabled is not True]
+        if self.config.deterministic and missing:
+            raise EngineError("rollout.deterministic needs every SGLang server launched with "
+                              f"{DETERMINISTIC_FLAG}; " + "; ".join(r.describe() for r in missing))
+        return report
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Every weight server loads the HF directory ``model_path``; the version changes only if all did."""

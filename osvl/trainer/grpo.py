@@ -191,7 +191,7 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
     router_losses = RouterLosses(stage.model, recipe.moe, recipe.parallel.tp)
     validator = Validator(recipe, renderer, rank, stage.dp_size) if recipe.validation.path else None
     advantage_config = AdvantageConfig(mode=g.fatal_mode, estimator=g.estimator)
-    final_loss = float("nan")
+    final_loss = stage.resumption.final_loss  # recorded at the resumed step; nan when fresh
     end = stage.total if stop_after is None else min(stage.total, stage.step + stop_after)
     with asyncio.Runner() as runner, environment(recipe, rank) as env:
         serving = build_serving(recipe, arch, tokenizer, renderer.image_config, runner.run, engine_wrapper)

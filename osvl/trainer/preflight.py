@@ -108,6 +108,10 @@ async def _check_servers(engine: SGLangEngine, arch: Qwen3VLConfig) -> list[str]
         else:
             lines.append(f"{url}: model {info.get('model_path')!r} is not readable from the trainer, so its "
                          f"architecture was not compared; the probe below still checks tokens and logprobs")
+    try:
+        lines += [r.describe() for r in await engine.check_deterministic_inference()]
+    except EngineError as error:
+        raise PreflightError(f"rollout.deterministic: {error}") from None
     return lines
 
 
@@ -278,7 +282,7 @@ def check_services(recipe: Recipe) -> list[str]:
         request = _probe_request(renderer, load_prompts(recipe.data)[0], recipe.grpo.temperature)
         with asyncio.Runner() as runner:
             engine = SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls),
-                                               timeout_s=r.request_timeout_s))
+                                               timeout_s=r.request_timeout_s, deterministic=r.deterministic))
             try:
                 lines += runner.run(_check_servers(engine, arch))
                 for url, result in runner.run(_probe(engine, request)):

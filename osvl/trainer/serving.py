@@ -47,11 +47,13 @@ def build_serving(recipe: Recipe, arch: Qwen3VLConfig, tokenizer: Tokenizer, ima
                   engine_wrapper: EngineWrapper | None = None) -> Serving:
     r = recipe.rollout
     if r.engine == "local":
-        local = LocalEngine(build_model(arch, init=False), tokenizer, image_config, max_batch=r.max_in_flight)
+        local = LocalEngine(build_model(arch, init=False), tokenizer, image_config, max_batch=r.max_in_flight,
+                            deterministic=r.deterministic)
         return Serving(engine_wrapper(local) if engine_wrapper else local, InProcessSync(local), local)
     if engine_wrapper is not None:
         raise ValueError("engine_wrapper scripts the local engine; rollout.engine is 'sglang'")
-    engine = SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls), timeout_s=r.request_timeout_s))
+    engine = SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls),
+                                       timeout_s=r.request_timeout_s, deterministic=r.deterministic))
     dtype = getattr(torch, recipe.parallel.param_dtype)
     if r.weight_sync == "disk":
         sync: WeightSync = DiskSync(engine, weights_dir(recipe), dtype, run)
