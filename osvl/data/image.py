@@ -15,7 +15,9 @@ duplicated temporal frame); :func:`pixel_values` expands them only when a micro-
 
 from __future__ import annotations
 
+import io
 import math
+import warnings
 from dataclasses import dataclass
 
 import cv2
@@ -193,10 +195,35 @@ def pixel_values(images: list[ProcessedImage], config: ImageConfig) -> np.ndarra
     return np.concatenate(rows, axis=0)
 
 
-def decode_image(data: bytes) -> np.ndarray:
-    """Encoded bytes (PNG, JPEG, WebP, ...) -> RGB uint8; gray is replicated and alpha dropped."""
+MAX_DECODE_PIXELS = 100_000_000  # what any image may declare before it is decoded (a decompression bomb)
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) read from the file header only, before any pixel is decoded."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the caller applies its own bound
+            with Image.open(io.BytesIO(data)) as header:
+                return header.size
+    except Image.DecompressionBombError as err:  # PIL refuses over twice its own limit before telling the size
+        raise ValueError(f"image declares too many pixels: {err}") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as err:
+        raise ValueError(f"not a readable image: {err}") from None
+
+
+def decode_image(data: bytes, max_pixels: int = MAX_DECODE_PIXELS) -> np.ndarray:
+    """Encoded bytes (PNG, JPEG, WebP, ...) -> RGB uint8; gray is replicated and alpha dropped. A
+    header declaring more than ``max_pixels`` is refused before anything is decoded."""
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) == 0:
         raise ValueError("image data must be non-empty bytes")
+    try:
+        width, height = image_size(bytes(data))
+    except ValueError as error:
+        raise ValueError(f"cannot decode image ({len(data)} bytes): corrupt or unsupported format ({error})") from None
+    if width * height > max_pixels:
+        raise ValueError(f"image declares {width}x{height} = {width * height} pixels, over the limit of {max_pixels}")
     decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     if decoded is None or decoded.size == 0:
         raise ValueError(f"cannot decode image ({len(data)} bytes): corrupt or unsupported format")
