@@ -1,6 +1,10 @@
 """Peak memory of linear_grpo_loss, measured from torch's CPU allocator events: the returned
 gradients, one logits chunk and the torch backend's bounded temporaries, and nothing [V, H]-sized
-beyond the weight gradient itself unless an fp32 accumulator is asked for."""
+beyond the weight gradient itself unless an fp32 accumulator is asked for.
+
+A CPU's half-precision GEMM may copy (reorder) an operand inside torch.mm, and whether it does
+depends on the CPU's instruction set and the GEMM library: that transient is measured on this
+machine, by the same method, and allowed on top, so the bound holds on every CPU."""
 
 from __future__ import annotations
 
@@ -26,6 +30,15 @@ def peak_allocated_bytes(fn) -> int:
     return peak
 
 
+def gemm_transient_bytes(hidden: torch.Tensor, weight: torch.Tensor) -> int:
+    """What this machine's torch.mm allocates beyond its output for one chunk's logits and dH GEMMs."""
+    h, w = hidden.detach()[:CHUNK], weight.detach()
+    logits = torch.mm(h, w.t())
+    forward = peak_allocated_bytes(lambda: torch.mm(h, w.t(), out=logits))
+    backward = peak_allocated_bytes(lambda: torch.mm(logits, w, out=torch.empty_like(h)))
+    return max(forward, backward - h.numel() * h.element_size())
+
+
 def run_step(accum: torch.dtype | None) -> tuple[int, int]:
     batch = random_packed_batch(seed=43, vocab=V, num_seqs=6)
     T = batch["hidden"].shape[0]
@@ -42,21 +55,21 @@ def run_step(accum: torch.dtype | None) -> tuple[int, int]:
 
     step()  # warm-up
     hidden.grad = weight.grad = None
-    return peak_allocated_bytes(step), T
+    return peak_allocated_bytes(step), T, gemm_transient_bytes(hidden, weight)
 
 
 def test_default_peak_is_the_returned_gradients_plus_one_chunk():
-    peak, T = run_step(None)
+    peak, T, gemm = run_step(None)
     grads = (V + T) * H * 2  # weight.grad + hidden.grad, bf16
-    # bf16 logits chunk + the torch backend's fp32 token-pass temporaries (a handful of [chunk, V]).
-    chunk_and_temporaries = CHUNK * V * 2 + 8 * CHUNK * V * 4
-    assert grads <= peak <= grads + chunk_and_temporaries + 64 * 1024
+    # bf16 logits chunk + the torch backend's fp32 block buffers (at most three [chunk, V]).
+    chunk_and_temporaries = CHUNK * V * 2 + 3 * CHUNK * V * 4
+    assert grads <= peak <= grads + chunk_and_temporaries + gemm + 64 * 1024
     # An fp32 [V, H] accumulator alone would be 2x weight.grad; with its cast, 3x.
-    assert peak < 2 * V * H * 2
+    assert peak - gemm < 2 * V * H * 2
 
 
 def test_fp32_accumulator_costs_its_bytes():
-    peak, T = run_step(torch.float32)
+    peak, T, _ = run_step(torch.float32)
     # fp32 accumulator (4 B) and its bf16 cast (2 B) live together at the end, beside hidden.grad.
     assert peak >= V * H * (4 + 2) + T * H * 2
 
@@ -64,7 +77,7 @@ def test_fp32_accumulator_costs_its_bytes():
 def test_torch_backend_rows_follow_the_working_set_budget(monkeypatch):
     import osvl_kernels.token_pass as token_pass_module
 
-    assert token_pass_module.chunk_rows(1000, budget_bytes=16 * 1000 * 7) == 7  # four fp32 [7, 1000]
+    assert token_pass_module.chunk_rows(1000, budget_bytes=12 * 1000 * 7) == 7  # three fp32 [7, 1000]
     assert token_pass_module.chunk_rows(10**9, budget_bytes=1) == 1
-    monkeypatch.setattr(token_pass_module, "TORCH_CHUNK_BYTES", 16 * 1000 * 3)
+    monkeypatch.setattr(token_pass_module, "TORCH_CHUNK_BYTES", 12 * 1000 * 3)
     assert token_pass_module.chunk_rows(1000) == 3  # the module budget is read at call time
