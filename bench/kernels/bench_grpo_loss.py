@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from bench.kernels.cases import CASES, Case, CaseOptions, Unavailable, build_case  # noqa: E402
 from bench.kernels.measure import (  # noqa: E402
-    MALLOC_ENV, Timing, cuda_peak_extra_bytes, time_step, time_steps_interleaved,
+    MALLOC_ENV, Timing, cuda_peak_extra_bytes, matmul_tflops, time_step, time_steps_interleaved,
 )
 from bench.kernels.report import (  # noqa: E402
     SCHEMA, add_ratios, device_name, device_tag, git_info, result_path, summarize, versions, write_record,
@@ -60,6 +60,8 @@ class BenchConfig:
     out_dir: Path
     cpu_memory: bool  # measure CPU peak RSS in a subprocess per case
     interleave: bool = False  # time every case's steps in turn (all cases built first)
+    matmul_rate: bool = False  # measure the lm_head GEMM's rate here: the fused-linear floor at that rate
+    measured_tflops: float | None = None  # filled in by run() when matmul_rate
 
 
 def parse_args(argv: list[str]) -> BenchConfig:
@@ -85,6 +87,8 @@ def parse_args(argv: list[str]) -> BenchConfig:
     p.add_argument("--name", default="grpo_loss")
     p.add_argument("--out-dir", type=Path, default=Path(os.environ.get("OUT") or REPO / "bench" / "results"))
     p.add_argument("--no-cpu-memory", action="store_true", help="skip the per-case RSS subprocesses on CPU")
+    p.add_argument("--matmul-rate", action="store_true",
+                   help="measure the [T, H] x [H, V] matmul rate first; linear cases get their floor at that rate")
     p.add_argument("--interleave", action="store_true",
                    help="build every case first, then time one step of each in turn per rep (shared machines)")
     a = p.parse_args(argv)
@@ -121,6 +125,7 @@ def parse_args(argv: list[str]) -> BenchConfig:
         device=a.device, shape=shape, cases=cases, warmup=warmup, reps=reps, seed=a.seed,
         options=options, peak_tflops=a.peak_tflops, peak_tbps=a.peak_tbps, name=a.name,
         out_dir=a.out_dir, cpu_memory=not a.no_cpu_memory, interleave=a.interleave,
+        matmul_rate=a.matmul_rate,
     )
 
 
@@ -194,6 +199,10 @@ def run_case(name: str, config: BenchConfig, workload: Workload, reference: floa
     else:
         floors = linear_floors(s.num_tokens, s.vocab, s.hidden, itemsize, peak)
         achieved = {"achieved_tflops": floors.flops / (timing.median_ms * 1e9)}
+        if config.measured_tflops:
+            floor_ms = floors.flops / (config.measured_tflops * 1e9)
+            achieved["floor_ms_at_measured_matmul"] = floor_ms
+            achieved["percent_of_measured_matmul_floor"] = percent_of_floor(floor_ms, timing.median_ms)
     return {
         **record,
         "median_ms": timing.median_ms,
@@ -282,6 +291,12 @@ def run(config: BenchConfig, argv: list[str] | None = None) -> tuple[dict, Path]
         "cases": [],
         "summary": {},
     }
+    if config.matmul_rate:
+        rate = matmul_tflops(s.num_tokens, s.hidden, s.vocab, s.torch_dtype, device)
+        config = replace(config, measured_tflops=rate)
+        record["matmul"] = {"shape_mkn": [s.num_tokens, s.hidden, s.vocab], "dtype": s.dtype, "tflops": rate,
+                            "linear_floor_ms": record["floors"]["linear"]["flops"] / (rate * 1e9)}
+        print(f"matmul [T, H] x [H, V]: {rate:.1f} TFLOP/s", flush=True)
     path = result_path(config.out_dir, config.name, device_tag(device), git["short"])
     if config.interleave:
         results = iter(interleaved_records(config, workload, reference, peak))

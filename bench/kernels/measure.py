@@ -86,6 +86,19 @@ def _timed_ms(case: Case, device: torch.device) -> float:
     return (time.perf_counter() - begin) * 1e3
 
 
+def matmul_tflops(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, reps: int = 5) -> float:
+    """Achieved dense matmul rate (TFLOP/s) of [m, k] @ [k, n] here: the rate the fused-linear FLOP
+    floor is divided by, measured in the same run as the cases (clocks, power caps and library differ
+    from the data sheet)."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+    out = torch.empty(m, n, device=device, dtype=dtype)
+    torch.mm(a, b, out=out)  # warm-up: library selection, clocks
+    case = Case(lambda: torch.mm(a, b, out=out)[0, 0], leaves=[])
+    timing = time_step(case, device, warmup=1, reps=reps)
+    return 2.0 * m * k * n / (timing.median_ms * 1e9)
+
+
 def cuda_peak_extra_bytes(case: Case) -> int:
     """Run one (already warmed-up) step; bytes allocated above the pre-step level at its peak."""
     case.reset()

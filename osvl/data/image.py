@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -181,6 +180,8 @@ def decode_image(data: bytes) -> np.ndarray:
     """Encoded bytes (PNG, JPEG, WebP, ...) -> RGB uint8; gray is replicated and alpha dropped."""
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) == 0:
         raise ValueError("image data must be non-empty bytes")
+    import cv2  # decoding only: packing and the model run without OpenCV (GPU images may lack it)
+
     decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     if decoded is None or decoded.size == 0:
         raise ValueError(f"cannot decode image ({len(data)} bytes): corrupt or unsupported format")

@@ -7,7 +7,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 
@@ -54,6 +53,8 @@ class FileStats:
 
 def decode_image_bytes(data: bytes, what: str) -> np.ndarray:
     """Encoded PNG/JPEG/... bytes -> uint8 RGB (H, W, 3)."""
+    import cv2  # decoding only: the trainer imports this module on machines without OpenCV
+
     decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR) if data else None
     if decoded is None:
         raise Rejected("bad image", f"{what} cannot be decoded as an image")
