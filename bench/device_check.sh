@@ -7,7 +7,8 @@
 #
 # Stages run in priority order, each under its own limit, and never past the total budget
 # (DEVICE_CHECK_BUDGET_S, default 520 s: a stage that cannot get its minimum is skipped, so the
-# run ends inside 9 minutes even when stages hang). Each stage writes its result as it finishes:
+# run ends inside 9 minutes even when stages hang). DEVICE_CHECK_LIMIT_PCT scales every stage's
+# limit (default 100), for rehearsing the run on a slow or loaded CPU host. Each stage writes its result as it finishes:
 # a JSON in $OUT (or bench/results/), a log and a line of $OUT/device_check/stages.jsonl, so a
 # run cut off from outside still returns what it measured. The last step writes
 # device_check/summary.json and summary.md (bench/device_summary.py): the one-page table.
@@ -26,6 +27,7 @@ if [ $# -gt 1 ]; then echo "usage: bash bench/device_check.sh [--smoke | --dry-r
 PY=${PYTHON:-python3}
 OUT_DIR=${OUT:-bench/results}
 BUDGET=${DEVICE_CHECK_BUDGET_S:-520}
+LIMIT_PCT=${DEVICE_CHECK_LIMIT_PCT:-100}  # stage limits in percent of the plan's (a slow CPU host rehearsing the run)
 SUMMARY_RESERVE=15  # seconds kept for the summary at the end
 KILL_GRACE=5        # SIGKILL this long after a stage's SIGTERM
 LOGS="$OUT_DIR/device_check"
@@ -37,12 +39,12 @@ export OUT="$OUT_DIR"
 
 # name | limit (s) | minimum worth starting (s) | what it measures
 PLAN=(
-  "environment|15|5|torch / CUDA / triton versions, GPU name, nvidia-smi"
-  "wheels|30|10|pip --no-index --find-links .whl into .device_deps (torchtitan, Liger, numpy, pytest, ...)"
-  "gpu_tests|110|40|pytest -m gpu: the compiled Triton kernels against float64 (tests/bench, tests/kernels)"
-  "logits|75|30|grpo_loss fwd+bwd T=16384 V=151936 bf16 vs Liger's Triton GRPO; 4·T·V bytes, % of HBM"
-  "linear|120|45|linear_grpo_loss H=4096 vs Liger's fused-linear GRPO: time, max_memory_allocated; 6·T·H·V at the measured matmul rate"
-  "train_step|140|60|8B-width Qwen3-VL, 4 layers, 16k packed tokens with images, full AC: tokens/s, MFU, peak memory, loss share"
+  "environment|30|10|torch / CUDA / triton versions, GPU name, nvidia-smi"
+  "wheels|45|15|pip --no-index --find-links .whl into .device_deps (torchtitan, Liger, numpy, pytest, ...)"
+  "gpu_tests|100|40|pytest -m gpu: the compiled Triton kernels against float64 (tests/bench, tests/kernels)"
+  "logits|70|30|grpo_loss fwd+bwd T=16384 V=151936 bf16 vs Liger's Triton GRPO; 4·T·V bytes, % of HBM"
+  "linear|110|45|linear_grpo_loss H=4096 vs Liger's fused-linear GRPO: time, max_memory_allocated; 6·T·H·V at the measured matmul rate"
+  "train_step|135|60|8B-width Qwen3-VL, 4 layers, 16k packed tokens with images, full AC: tokens/s, MFU, peak memory, loss share"
 )
 
 if [ "$MODE" = dry ]; then
@@ -69,7 +71,7 @@ limit_of() {  # the plan's limit and minimum for a stage
   local entry
   for entry in "${PLAN[@]}"; do
     IFS='|' read -r name limit minimum _ <<< "$entry"
-    if [ "$name" = "$1" ]; then echo "$limit $minimum"; return; fi
+    if [ "$name" = "$1" ]; then echo "$((limit * LIMIT_PCT / 100)) $((minimum * LIMIT_PCT / 100))"; return; fi
   done
   echo "unknown stage $1" >&2; exit 2
 }

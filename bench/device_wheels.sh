@@ -24,7 +24,7 @@ PY=${PYTHON:-python3}
 WHEELS=(
   torchtitan==0.3.0 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1 einops==0.8.2 spmd_types==0.2.3
   liger-kernel==0.8.5
-  numpy==2.5.5 safetensors==0.8.0 tokenizers==0.23.3
+  numpy==2.3.5 safetensors==0.8.0 tokenizers==0.23.3
   httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.16.0 idna==3.20 certifi==2026.10.19.post1 sniffio==1.3.1
   pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4
   hypothesis==6.170.17 sortedcontainers==2.4.0 attrs==26.1.0
