@@ -13,8 +13,7 @@
 #   liger-kernel                                                         the benchmark baseline
 #   numpy, safetensors, tokenizers, httpx + httpcore, h11, anyio,        osvl.data / osvl.model imports
 #     idna, certifi, sniffio
-#   pytest, pluggy, iniconfig, packaging                                  the gpu tests
-#   hypothesis, sortedcontainers, attrs                                   tests/kernels' gpu tests
+#   pytest, pluggy, iniconfig, packaging, pygments                        the gpu tests (none imports hypothesis)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,8 +25,7 @@ WHEELS=(
   liger-kernel==0.8.5
   numpy==2.3.5 safetensors==0.8.0 tokenizers==0.23.3
   httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.16.0 idna==3.20 certifi==2026.10.19.post1 sniffio==1.3.1
-  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4
-  hypothesis==6.170.17 sortedcontainers==2.4.0 attrs==26.1.0
+  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.19.2
 )
 
 if [ "${1:-}" = "--list" ]; then printf '%s\n' "${WHEELS[@]}"; exit 0; fi
