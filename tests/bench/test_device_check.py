@@ -80,3 +80,14 @@ def test_failing_stage_is_recorded_and_fails_the_run(tmp_path):
 def test_rejects_unknown_arguments():
     proc = subprocess.run(["bash", str(SCRIPT), "--fast"], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_device_wheels_are_pinned_and_leave_the_image_alone():
+    proc = subprocess.run(["bash", str(REPO / "bench" / "device_wheels.sh"), "--list"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    wheels = proc.stdout.split()
+    names = {w.split("==")[0] for w in wheels}
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][A-Za-z0-9.]*", w) for w in wheels)  # exact pins only
+    assert {"torchtitan", "liger-kernel", "numpy", "pytest"} <= names
+    assert not names & {"torch", "triton"}  # the image's own builds stay
