@@ -31,7 +31,10 @@ LIMIT_PCT=${DEVICE_CHECK_LIMIT_PCT:-100}  # stage limits in percent of the plan'
 SUMMARY_RESERVE=15  # seconds kept for the summary at the end
 KILL_GRACE=5        # SIGKILL this long after a stage's SIGTERM
 LOGS="$OUT_DIR/device_check"
-DEPS="$PWD/.device_deps"
+WHEELS=${DEVICE_CHECK_WHEELS:-.whl}
+# The carried wheels install into a private directory of this run (never $OUT, which travels back).
+DEPS=$(mktemp -d -t osvl_device_deps.XXXXXX)
+trap 'rm -rf "$DEPS"' EXIT
 # The tree is not pip-installed on the device: both packages (osvl, osvl_kernels) and the carried
 # wheels' private target go on the path.
 export PYTHONPATH="$PWD:$PWD/kernels:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
@@ -40,7 +43,7 @@ export OUT="$OUT_DIR"
 # name | limit (s) | minimum worth starting (s) | what it measures
 PLAN=(
   "environment|30|10|torch / CUDA / triton versions, GPU name, nvidia-smi"
-  "wheels|45|15|pip --no-index --find-links .whl into .device_deps (torchtitan, Liger, numpy, pytest, ...)"
+  "wheels|45|15|pip --no-index --find-links .whl into a private temp dir on PYTHONPATH (torchtitan, Liger, numpy, pytest, ...)"
   "gpu_tests|100|40|pytest -m gpu (the files with gpu-marked tests): the compiled Triton kernels against float64"
   "logits|70|30|grpo_loss fwd+bwd T=16384 V=151936 bf16 vs Liger's Triton GRPO; 4·T·V bytes, % of HBM"
   "linear|110|45|linear_grpo_loss H=4096 vs Liger's fused-linear GRPO: time, max_memory_allocated; 6·T·H·V at the measured matmul rate"
@@ -128,19 +131,19 @@ import triton; print(\"triton\", triton.__version__)
 " || exit; if command -v nvidia-smi > /dev/null; then nvidia-smi; fi' "$PY"
 
 # --- 2. carried wheels -----------------------------------------------------------------------
-if compgen -G ".whl/*.whl" > /dev/null && ! "$PY" -c "import sys; sys.exit(sys.version_info[:2] != (3, 12))"; then
+if compgen -G "$WHEELS/*.whl" > /dev/null && ! "$PY" -c "import sys; sys.exit(sys.version_info[:2] != (3, 12))"; then
   skip wheels "the carried wheels are for Python 3.12 (the GPU image); this Python is $("$PY" -V 2>&1)"
-elif compgen -G ".whl/*.whl" > /dev/null; then
+elif compgen -G "$WHEELS/*.whl" > /dev/null; then
   # pip offline into a private target (no index, no dependency resolution: .whl/ is the closure).
   # A Python without pip unpacks the wheels instead (pure-Python and manylinux wheels need no build).
   stage wheels bash -c '
     if "$0" -m pip --version > /dev/null 2>&1; then
-      "$0" -m pip install --no-index --find-links .whl --no-deps --target "$1" --upgrade --quiet .whl/*.whl
+      "$0" -m pip install --no-index --find-links "$2" --no-deps --target "$1" --upgrade --quiet "$2"/*.whl
     else
-      "$0" -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" "$1" .whl/*.whl
-    fi && ls "$1"' "$PY" "$DEPS"
+      "$0" -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" "$1" "$2"/*.whl
+    fi && ls "$1"' "$PY" "$DEPS" "$WHEELS"
 else
-  skip wheels "no .whl/ directory (bash bench/device_wheels.sh): torchtitan and Liger stages will fail or be unavailable"
+  skip wheels "no wheels in $WHEELS/ (bash bench/device_wheels.sh): torchtitan and Liger stages will fail or be unavailable"
 fi
 
 # --- 3. GPU correctness: compiled Triton kernels (interpreter off) ---------------------------
