@@ -13,7 +13,7 @@ SCRIPT = REPO / "bench" / "device_check.sh"
 STAGES = ["environment", "wheels", "gpu_tests", "logits", "linear", "train_step"]
 
 
-def run(tmp_path, *args, env_extra=None, timeout=600):
+def run(tmp_path, *args, env_extra=None, timeout=1200):
     # No carried wheels: the stages run on this Python's own packages, whatever .whl/ holds here.
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable,
            "DEVICE_CHECK_WHEELS": str(tmp_path / "no-wheels"), **(env_extra or {})}
@@ -34,7 +34,8 @@ def test_dry_run_prints_the_plan_within_nine_minutes(tmp_path):
 
 
 def test_smoke_run_records_every_stage_and_the_summary(tmp_path):
-    proc = run(tmp_path, "--smoke")
+    # The limits are sized for the GPU machine: scaled up so a loaded CPU host cannot time a stage out.
+    proc = run(tmp_path, "--smoke", env_extra={"DEVICE_CHECK_LIMIT_PCT": "1000", "DEVICE_CHECK_BUDGET_S": "5000"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     stages = [json.loads(line) for line in (tmp_path / "device_check" / "stages.jsonl").read_text().splitlines()]
     assert [s["stage"] for s in stages] == STAGES
@@ -57,12 +58,15 @@ def test_smoke_run_records_every_stage_and_the_summary(tmp_path):
 
 
 def test_exhausted_budget_skips_the_remaining_stages(tmp_path):
-    proc = run(tmp_path, "--smoke", env_extra={"DEVICE_CHECK_BUDGET_S": "30"}, timeout=120)
-    stages = {json.loads(line)["stage"]: json.loads(line)
-              for line in (tmp_path / "device_check" / "stages.jsonl").read_text().splitlines()}
-    assert list(stages) == STAGES
-    assert "budget" in stages["train_step"]["skipped"]
-    assert proc.returncode == 0  # a skipped stage is not a failure; summary.json says what ran
+    """With no budget left every stage is skipped, says why, and the run still summarises (no timing involved)."""
+    proc = run(tmp_path, "--smoke", env_extra={"DEVICE_CHECK_BUDGET_S": "0"}, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    stages = [json.loads(line) for line in (tmp_path / "device_check" / "stages.jsonl").read_text().splitlines()]
+    assert [s["stage"] for s in stages] == STAGES
+    budget_skips = [s for s in stages if "budget" in (s.get("skipped") or "")]
+    assert {s["stage"] for s in budget_skips} >= {"environment", "gpu_tests", "logits", "linear", "train_step"}
+    assert not list(tmp_path.glob("device_*.json"))  # nothing ran
+    assert (tmp_path / "device_check" / "summary.md").is_file()
 
 
 def test_failing_stage_is_recorded_and_fails_the_run(tmp_path):
