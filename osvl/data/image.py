@@ -20,7 +20,6 @@ import math
 import warnings
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -224,6 +223,8 @@ def decode_image(data: bytes, max_pixels: int = MAX_DECODE_PIXELS) -> np.ndarray
         raise ValueError(f"cannot decode image ({len(data)} bytes): corrupt or unsupported format ({error})") from None
     if width * height > max_pixels:
         raise ValueError(f"image declares {width}x{height} = {width * height} pixels, over the limit of {max_pixels}")
+    import cv2  # decoding only: packing and the model run without OpenCV (GPU images may lack it)
+
     decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     if decoded is None or decoded.size == 0:
         raise ValueError(f"cannot decode image ({len(data)} bytes): corrupt or unsupported format")

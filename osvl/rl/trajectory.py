@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 from osvl.jsonl import iter_jsonl
@@ -223,6 +222,8 @@ class ImageStore:
         sha = image_sha256(image)
         target = self.directory / f"{sha}.png"
         if not target.exists():
+            import cv2  # image files only: the training path runs without OpenCV (GPU images may lack it)
+
             ok, png = cv2.imencode(".png", cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
             if not ok:
                 raise ValueError(f"PNG encoding failed for image of shape {image.shape}")
@@ -235,6 +236,8 @@ class ImageStore:
 
     def get(self, sha: str) -> np.ndarray:
         path = self.directory / f"{sha}.png"
+        import cv2
+
         data = np.fromfile(path, dtype=np.uint8)
         decoded = cv2.imdecode(data, cv2.IMREAD_COLOR)
         if decoded is None:

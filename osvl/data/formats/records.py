@@ -7,7 +7,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 from osvl.data.image import decode_image
