@@ -15,15 +15,14 @@ duplicated temporal frame); :func:`pixel_values` expands them only when a micro-
 
 from __future__ import annotations
 
-import io
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from osvl.image_header import image_size
 from osvl.rl.trajectory import check_image
 
 MAX_ASPECT_RATIO = 200  # Qwen's smart_resize refuses anything more elongated
@@ -195,21 +194,6 @@ def pixel_values(images: list[ProcessedImage], config: ImageConfig) -> np.ndarra
 
 
 MAX_DECODE_PIXELS = 100_000_000  # what any image may declare before it is decoded (a decompression bomb)
-
-
-def image_size(data: bytes) -> tuple[int, int]:
-    """(width, height) read from the file header only, before any pixel is decoded."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the caller applies its own bound
-            with Image.open(io.BytesIO(data)) as header:
-                return header.size
-    except Image.DecompressionBombError as err:  # PIL refuses over twice its own limit before telling the size
-        raise ValueError(f"image declares too many pixels: {err}") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as err:
-        raise ValueError(f"not a readable image: {err}") from None
 
 
 def decode_image(data: bytes, max_pixels: int = MAX_DECODE_PIXELS) -> np.ndarray:

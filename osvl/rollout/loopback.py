@@ -206,8 +206,7 @@ class LoopbackServer:
         self.weight_version = str(engine.policy_version)
         self._groups: dict[str, _UpdateGroup] = {}
         self._staged: dict[str, torch.Tensor] = {}  # HF tensors of an update whose experts are incomplete
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), _handler(self))
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="osvl-sglang-loopback")
 
@@ -311,6 +310,13 @@ class LoopbackServer:
             raise ValueError(f"no parameter named {name!r}")
         limit = int(body.get("truncate_size", 100))
         return state[name].float().flatten()[:limit].tolist()
+
+
+class _Server(ThreadingHTTPServer):
+    """A listen backlog for many concurrent clients (the stdlib's 5 refuses connections under load)."""
+
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 def _handler(server: LoopbackServer):

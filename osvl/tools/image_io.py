@@ -12,7 +12,7 @@ import os
 import cv2
 import numpy as np
 
-from osvl.data.image import image_size
+from osvl.image_header import image_size
 
 
 def decode_image(data: bytes, max_pixels: int, max_bytes: int | None = None) -> np.ndarray:
