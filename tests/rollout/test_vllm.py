@@ -10,7 +10,8 @@ head sizes from 32 up, so the ``tiny`` preset (head_dim 16) cannot be served.
 from __future__ import annotations
 
 import asyncio
-import json
+import threading
+import time
 
 import httpx
 import numpy as np
@@ -36,6 +37,7 @@ from osvl.rollout import (
 from osvl.rollout.engine import hits_stop
 from osvl.rollout.weight_sync import DiskSync
 from osvl.trainer import read_metrics
+from osvl.trainer.checkpoint import latest_checkpoint, step_dir
 from osvl.trainer.export import PolicyDefaults, model_files
 from osvl.trainer.policy import image_config, policy_arch
 from osvl.trainer.preflight import trainer_logprobs
@@ -169,37 +171,90 @@ def test_grpo_stage_serves_every_optimizer_step_through_vllm(served):
     for m in metrics:
         assert m["logprob_abs_diff"] <= 1e-4, m
         assert m["train_tokens"] > 0 and m["sync_bytes"] > 0
-    assert httpx.get(f"{server.url}/weight_info", timeout=30).json()["weight_version"] == "4"
+    assert httpx.get(f"{server.url}/weight_info", timeout=30, trust_env=False).json()["weight_version"] == "4"
     recorder = RolloutRecorder(root / "run" / "rollouts")
     for step, version in ((1, 0), (2, 2)):
         steps = [s for t in recorder.read(step) for s in t.steps]
         assert steps and {s.policy_version for s in steps} == {version}  # the server's word, per token span
 
 
-def test_a_killed_server_gives_typed_infra_errors_and_fails_the_sync(served, env):
-    """Last in the module: the server dies (SIGKILL) under load."""
-    root, server, model = served
-    (stage_renderer, prompts), requests = _requests(root, 0.7)
-    assert server.process.poll() is None
-    engine = VLLMEngine(VLLMConfig((server.url,), timeout_s=60))
-    long = [GenerationRequest(r.input_ids, [], SamplingParams(temperature=0.7, max_new_tokens=1500, stop=(), seed=i))
-            for i, r in enumerate(requests)]
-
-    async def crash():
-        inflight = [asyncio.create_task(engine.generate(r)) for r in long]
-        await asyncio.sleep(1.0)
-        assert not any(t.done() for t in inflight)  # still generating when the node dies
-        await asyncio.to_thread(server.kill)
-        outcomes = await asyncio.gather(*inflight, return_exceptions=True)
-        group = await run_group(prompts[0], 0, engine, env, stage_renderer, AgentConfig(max_turns=2),
-                                RolloutConfig(group_size=2, max_retries=1, trajectory_deadline_s=60))
-        return outcomes, group
+def crash_body(rank: int, world: int, overrides: list[str], url: str) -> None:
+    from osvl.trainer import run_grpo
+    from tests.trainer.grpo_fixtures import echo_environment
 
     try:
-        outcomes, group = asyncio.run(crash())
+        run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
+    except EngineError as error:  # every rank, with the dead server named
+        assert url in str(error), error
+        return
+    raise AssertionError("step 3 went through with its vLLM server dead")
+
+
+def _running(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
+def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothing(served, env):
+    """Last in the module: the server dies (SIGKILL) while step 3 rolls out (resumed from step 2's
+    checkpoint). Requests in flight end as ``EngineError`` naming it; the step fails on every rank at
+    the weight sync; the two finished steps, their checkpoint and rollouts stay as they were."""
+    root, server, model = served
+    (renderer, prompts), requests = _requests(root, 0.7)
+    before = (root / "run" / "metrics.jsonl").read_text()
+    outcomes: list = []
+
+    def kill_during_rollouts() -> None:
+        deadline = time.monotonic() + 600
+        while _running(server.url) < 2:  # the stage's rollouts (its probe is one request)
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        engine = VLLMEngine(VLLMConfig((server.url,), timeout_s=120))
+        long = [GenerationRequest(r.input_ids, [], SamplingParams(temperature=0.7, max_new_tokens=1500, stop=(),
+                                                                   seed=i)) for i, r in enumerate(requests)]
+
+        async def crash():
+            inflight = [asyncio.create_task(engine.generate(r)) for r in long]
+            await asyncio.sleep(0.5)
+            outcomes.append(not any(t.done() for t in inflight))  # still generating when the node dies
+            await asyncio.to_thread(server.kill)
+            outcomes.extend(await asyncio.gather(*inflight, return_exceptions=True))
+            await engine.aclose()
+
+        asyncio.run(crash())
+
+    killer = threading.Thread(target=kill_during_rollouts)
+    killer.start()
+    overrides = _recipe_overrides(root) + [
+        # long turns (a random policy rarely stops early) keep step 3's rollouts going past the kill
+        "grpo.max_steps=3", "grpo.max_response_tokens=256", "rollout.max_retries=1", "rollout.engine=vllm",
+        f'rollout.vllm_urls=["{server.url}"]',
+        "rollout.text_only_export=true"]
+    try:
+        run_ranks(crash_body, 2, overrides, server.url)
     finally:
-        asyncio.run(engine.aclose())
-    assert all(isinstance(o, EngineError) and server.url in str(o) for o in outcomes), outcomes
+        killer.join(120)
+    assert server.process.poll() is not None and outcomes and outcomes[0] is True
+    assert all(isinstance(o, EngineError) and server.url in str(o) for o in outcomes[1:]), outcomes
+    assert (root / "run" / "metrics.jsonl").read_text() == before  # steps 1-2 as they were; no step 3
+    assert latest_checkpoint(root / "run" / "checkpoints") == step_dir(root / "run" / "checkpoints", 2)
+    recorder = RolloutRecorder(root / "run" / "rollouts")
+    assert recorder.read(1) and recorder.read(2)
+    with pytest.raises(ValueError, match="no rollouts recorded for step 3"):
+        recorder.read(3)
+
+    # what the step's rollouts saw: each trajectory retried as configured, then kept as an infra_error record
+    async def rollout_and_sync():
+        engine = VLLMEngine(VLLMConfig((server.url,), timeout_s=10))
+        try:
+            return await run_group(prompts[0], 0, engine, env, renderer, AgentConfig(max_turns=2),
+                                   RolloutConfig(group_size=2, max_retries=1, trajectory_deadline_s=60))
+        finally:
+            await engine.aclose()
+
+    group = asyncio.run(rollout_and_sync())
     assert all(t.finish_reason is FinishReason.INFRA_ERROR and t.infra_retries == 1 for t in group.trajectories)
     with asyncio.Runner() as runner:
         client = VLLMEngine(VLLMConfig((server.url,), timeout_s=10))
@@ -207,6 +262,3 @@ def test_a_killed_server_gives_typed_infra_errors_and_fails_the_sync(served, env
         with pytest.raises(EngineError, match=f"weight reload to version 5.*{server.url}"):
             sync.sync(model, 5)
         runner.run(client.aclose())
-    metrics = read_metrics(root / "run")
-    assert [m["step"] for m in metrics] == [1, 2]  # the finished steps stay as they were
-    assert json.loads((root / "run" / "metrics.jsonl").read_text().splitlines()[-1])["policy_version"] == 4
