@@ -156,6 +156,10 @@ class VLLMEngine:
     def policy_version(self) -> int:
         return self._version
 
+    def for_server(self, url: str) -> VLLMEngine:
+        """This client aimed at one server (pre-flight probes each), sharing the connection pool."""
+        return VLLMEngine(VLLMConfig((url,), timeout_s=self.config.timeout_s), self.client, self._version)
+
     def _pick(self) -> int:
         if self.config.routing == "round_robin":
             return next(self._next)

@@ -133,10 +133,12 @@ class DistributedSync:
     """Bucketed broadcasts from trainer rank 0 to every server's ranks (gloo on CPU, NCCL on GPUs)."""
 
     def __init__(self, engine: SGLangEngine, dtype: torch.dtype, run: Runner, *, bucket_bytes: int,
-                 master_address: str, master_port: int = 0, backend: str = "gloo", timeout_s: float = 600.0) -> None:
+                 master_address: str, master_port: int = 0, backend: str = "gloo", timeout_s: float = 600.0,
+                 text_only: bool = False) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self.engine, self.dtype, self.run, self.bucket_bytes = engine, dtype, run, bucket_bytes
+        self.text_only = text_only
         self.master_address, self.master_port, self.backend, self.timeout_s = master_address, master_port, backend, timeout_s
         self.group_name = f"osvl-weights-{uuid.uuid4().hex[:8]}"
         self._group: Any = None
@@ -190,7 +192,8 @@ class DistributedSync:
                 error = f"weights update group: {_message(failure)}"
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
-        for name, tensor in iter_hf_tensors(model, self.dtype):  # collective: every rank gathers every layer
+        # collective: every rank gathers every layer
+        for name, tensor in iter_hf_tensors(model, self.dtype, text_only=self.text_only):
             if not lead or error is not None:
                 continue
             if bucket and size + tensor.numel() * tensor.element_size() > self.bucket_bytes:

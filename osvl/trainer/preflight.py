@@ -45,16 +45,15 @@ from osvl.rollout import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
-    SGLangConfig,
     SGLangEngine,
 )
 from osvl.rollout.engine import DEFAULT_STOP
-from osvl.rollout.vllm import PROCESSED_LOGPROBS, VLLMConfig, VLLMEngine
+from osvl.rollout.vllm import PROCESSED_LOGPROBS, VLLMEngine
 from osvl.tools import ToolEnvironment
 from osvl.tools.fleet import ToolServerFleet
 from osvl.trainer.grpo_data import with_grpo_filler
 from osvl.trainer.policy import lm_head_weight
-from osvl.trainer.serving import Serving
+from osvl.trainer.serving import Serving, remote_engine
 
 PROBE_TOKENS = 16
 PROBE_SEED = 1234
@@ -171,15 +170,8 @@ async def _probe(engine: Engine, request: GenerationRequest) -> list[tuple[str, 
     out = []
     key = "rollout.vllm_urls" if isinstance(engine, VLLMEngine) else "rollout.sglang_urls"
     for url in dict.fromkeys((*engine.config.urls, *engine.config.weight_urls)):
-        single: SGLangEngine | VLLMEngine
-        if isinstance(engine, VLLMEngine):
-            single = VLLMEngine(VLLMConfig((url,), timeout_s=engine.config.timeout_s), engine.client,
-                                engine.policy_version)
-        else:
-            single = SGLangEngine(SGLangConfig((url,), timeout_s=engine.config.timeout_s), engine.client,
-                                  engine.policy_version)
         try:
-            out.append((url, await single.generate(request)))
+            out.append((url, await engine.for_server(url).generate(request)))
         except EngineError as error:
             raise PreflightError(f"{key}: the probe turn failed: {error}") from None
     return out
@@ -329,16 +321,9 @@ def check_services(recipe: Recipe) -> list[str]:
     finally:
         scorer.close()
     if recipe.rollout.engine in ("sglang", "vllm"):
-        r = recipe.rollout
         request = _probe_request(renderer, load_prompts(recipe.data)[0], recipe.grpo.temperature)
         with asyncio.Runner() as runner:
-            engine: SGLangEngine | VLLMEngine
-            if r.engine == "vllm":
-                engine = VLLMEngine(VLLMConfig(tuple(r.vllm_urls), tuple(r.vllm_update_urls),
-                                               timeout_s=r.request_timeout_s))
-            else:
-                engine = SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls),
-                                                   timeout_s=r.request_timeout_s))
+            engine = remote_engine(recipe)
             try:
                 lines += runner.run(_check_servers(engine, arch) if isinstance(engine, SGLangEngine)
                                     else _check_vllm_servers(engine, arch, bool(request.sampling.stop)))

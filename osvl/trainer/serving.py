@@ -47,6 +47,14 @@ def weights_dir(recipe: Recipe) -> Path:
     return Path(recipe.rollout.weights_dir or Path(recipe.job.run_dir) / "weights")
 
 
+def remote_engine(recipe: Recipe) -> SGLangEngine | VLLMEngine:
+    """The client of the recipe's inference servers (``rollout.engine`` sglang or vllm)."""
+    r = recipe.rollout
+    if r.engine == "vllm":
+        return VLLMEngine(VLLMConfig(tuple(r.vllm_urls), tuple(r.vllm_update_urls), timeout_s=r.request_timeout_s))
+    return SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls), timeout_s=r.request_timeout_s))
+
+
 def build_serving(recipe: Recipe, arch: Qwen3VLConfig, tokenizer: Tokenizer, image_config: ImageConfig, run: Runner,
                   engine_wrapper: EngineWrapper | None = None) -> Serving:
     r = recipe.rollout
@@ -56,19 +64,16 @@ def build_serving(recipe: Recipe, arch: Qwen3VLConfig, tokenizer: Tokenizer, ima
     if engine_wrapper is not None:
         raise ValueError(f"engine_wrapper scripts the local engine; rollout.engine is {r.engine!r}")
     dtype = getattr(torch, recipe.parallel.param_dtype)
-    if r.engine == "vllm":
-        client = VLLMEngine(VLLMConfig(tuple(r.vllm_urls), tuple(r.vllm_update_urls), timeout_s=r.request_timeout_s))
-        if r.weight_sync == "disk":
-            return Serving(client, DiskSync(client, weights_dir(recipe), dtype, run, text_only=r.text_only_export))
-        return Serving(client, VLLMNCCLSync(client, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20,
-                                            text_only=r.text_only_export))
-    engine = SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls), timeout_s=r.request_timeout_s))
+    engine = remote_engine(recipe)
+    sync: WeightSync
     if r.weight_sync == "disk":
-        sync: WeightSync = DiskSync(engine, weights_dir(recipe), dtype, run, text_only=r.text_only_export)
+        sync = DiskSync(engine, weights_dir(recipe), dtype, run, text_only=r.text_only_export)
+    elif isinstance(engine, VLLMEngine):
+        sync = VLLMNCCLSync(engine, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20, text_only=r.text_only_export)
     else:
         sync = DistributedSync(engine, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20,
                                master_address=r.weight_sync_master_addr, master_port=r.weight_sync_port,
-                               backend="nccl" if torch.cuda.is_available() else "gloo")
+                               backend="nccl" if torch.cuda.is_available() else "gloo", text_only=r.text_only_export)
     return Serving(engine, sync)
 
 
