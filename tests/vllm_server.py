@@ -42,9 +42,9 @@ class VLLMServer:
                 "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
                 "--logprobs-mode", "processed_logprobs", "--enable-scale-out", "--generation-config", "vllm",
                 "--max-model-len", "2048", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--seed", "0",
-                # -O0: no torch.compile warm-up (a minute on 2 cores) for a model this small; uni: the
-                # worker runs in the engine-core process (one process start fewer: ~50 s instead of ~2 min)
-                "-O0", "--distributed-executor-backend", "uni", *extra]
+                # -O0: no torch.compile warm-up (a minute on 2 cores) for a model this small. The worker
+                # stays in its own process (vLLM's CPU platform needs the mp executor to bind OpenMP threads)
+                "-O0", *extra]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
         env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CACHE_ROOT=str(log.parent / "vllm-cache"),
                    VLLM_NO_USAGE_STATS="1", VLLM_LOGGING_LEVEL="WARNING")
