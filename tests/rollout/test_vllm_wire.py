@@ -4,21 +4,24 @@ and the recipe, serving and pre-flight pieces around it (the real server: ``test
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from osvl.config import load_recipe
 from osvl.data.image import ProcessedImage
-from osvl.rollout import EngineError, GenerationRequest, SamplingParams, StopKind, VLLMConfig, VLLMEngine
-from osvl.rollout.vllm import generate_payload, parse_generate_response
-from osvl.serve import Layout, plan_commands
 from osvl.model import config_to_hf
 from osvl.model.text_export import text_config_to_hf
+from osvl.rollout import EngineError, GenerationRequest, SamplingParams, StopKind, VLLMConfig, VLLMEngine
+from osvl.rollout.vllm import generate_payload, parse_generate_response
+from osvl.rollout.weight_sync import VLLMNCCLSync
+from osvl.serve import Layout, plan_commands
 from osvl.trainer.preflight import PreflightError, _check_vllm_servers, _served_arch_mismatch
-from tests.rollout.helpers import model_config
+from tests.rollout.helpers import model_config, tiny_model
 
 
 def _body(ids, logprobs, finish="stop", versions=None, prompt_tokens=5):
@@ -175,3 +178,55 @@ def test_preflight_refuses_pre_temperature_logprobs_and_tokenizerless_servers(tm
         wider = {**text_config_to_hf(arch), "num_hidden_layers": 3}
         (tmp_path / "config.json").write_text(json.dumps(wider))
         asyncio.run(_check_vllm_servers(server(good), arch, True))
+
+
+def test_nccl_update_routes_follow_vllms_rl_api():
+    """The GPU path's HTTP side (its NCCL data plane needs GPUs): the group join, then per update
+    pause + start, one announcement per bucket, finish with the version + resume, then the check."""
+    calls, version = [], {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        host = request.url.host
+        calls.append((host, request.url.path, body))
+        if request.url.path == "/finish_weight_update":
+            version[host] = body["weight_version"]
+        if request.url.path == "/get_world_size":
+            return httpx.Response(200, json={"world_size": 2})
+        if request.url.path == "/weight_info":
+            return httpx.Response(200, json={"weight_version": version.get(host, "default")})
+        return httpx.Response(200, json={})
+
+    engine = VLLMEngine(VLLMConfig(("http://a:1", "http://b:2")),
+                        httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+
+    async def update():
+        sizes = await engine.server_ranks()
+        await engine.init_weight_transfer(b"\x01" * 128, sizes)
+        await engine.start_weight_update()
+        await engine.update_weights(["model.norm.weight"], ["bfloat16"], [(8,)])
+        await engine.finish_weight_update(7)
+
+    asyncio.run(update())
+    inits = {host: body["init_info"] for host, path, body in calls if path == "/init_weight_transfer_engine"}
+    assert {h: i["rank_offset"] for h, i in inits.items()} == {"a": 1, "b": 3}  # trainer rank 0, then 2 ranks each
+    assert all(i["world_size"] == 5 and base64.b64decode(i["nccl_unique_id_b64"]) == b"\x01" * 128
+               for i in inits.values())
+    for host in ("a", "b"):
+        sequence = [(path, body) for h, path, body in calls if h == host]
+        assert [path for path, _ in sequence] == [
+            "/get_world_size", "/init_weight_transfer_engine", "/pause", "/start_weight_update", "/update_weights",
+            "/finish_weight_update", "/resume", "/weight_info"]
+        assert sequence[4][1] == {"update_info": {"names": ["model.norm.weight"], "dtype_names": ["bfloat16"],
+                                                  "shapes": [[8]]}}
+        assert sequence[5][1] == {"weight_version": "7"}
+    assert engine.policy_version == 7
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
+def test_nccl_sync_refuses_without_cuda_and_names_the_way_that_works():
+    engine = _engine(lambda r: httpx.Response(200, json={"world_size": 1}))
+    with asyncio.Runner() as runner:
+        sync = VLLMNCCLSync(engine, torch.float32, runner.run, bucket_bytes=1 << 20)
+        with pytest.raises(EngineError, match="needs CUDA \\(NCCL\\); use 'disk' on CPU"):
+            sync.sync(tiny_model(0), 1)
