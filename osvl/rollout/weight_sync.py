@@ -237,7 +237,8 @@ class VLLMNCCLSync:
                  text_only: bool = False) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-        self.engine, self.dtype, self.run, self.bucket_bytes, self.text_only = engine, dtype, run, bucket_bytes, text_only
+        self.engine, self.dtype, self.run, self.bucket_bytes = engine, dtype, run, bucket_bytes
+        self.text_only = text_only
         self._comm: Any = None
 
     def _connect(self) -> None:

@@ -69,7 +69,8 @@ def build_serving(recipe: Recipe, arch: Qwen3VLConfig, tokenizer: Tokenizer, ima
     if r.weight_sync == "disk":
         sync = DiskSync(engine, weights_dir(recipe), dtype, run, text_only=r.text_only_export)
     elif isinstance(engine, VLLMEngine):
-        sync = VLLMNCCLSync(engine, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20, text_only=r.text_only_export)
+        sync = VLLMNCCLSync(engine, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20,
+                            text_only=r.text_only_export)
     else:
         sync = DistributedSync(engine, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20,
                                master_address=r.weight_sync_master_addr, master_port=r.weight_sync_port,
