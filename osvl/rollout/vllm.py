@@ -7,9 +7,10 @@ Checked against vLLM 0.32's source (``vllm/entrypoints/...``); the server runs w
 ==============================  ==================================================================
 route / field                   as used here
 ==============================  ==================================================================
-``POST /inference/v1/generate`` ``token_ids`` (the exact context), ``sampling_params`` (vLLM's own
+``POST /inference/v1/generate`` ``token_ids`` (the exact context, each image's pad run collapsed to
+                                one ``<|image_pad|>``), ``sampling_params`` (vLLM's own
                                 ``SamplingParams``), ``content_parts`` ``[{type: image_url, url}]``
-                                for images (data URLs; the server's processor expands the pads)
+                                for images (PNG data URLs, in pad-run order)
 - ``logprobs``: 0               the sampled token's logprob only
 - ``ignore_eos``: true          only the request's stop ids/strings end a turn (as every osvl engine)
 - ``include_stop_str_in_output`` the matched stop stays in the output; ``token_ids`` keep every
@@ -37,6 +38,13 @@ NCCL (GPU servers, ``--weight-transfer-config '{"backend": "nccl"}'``):
 ``/update_weights``,            shapes}}`` and broadcast tensor by tensor from rank 0 while the
 ``/finish_weight_update``       call waits; ``{weight_version}`` ends the update
 ==============================  ==================================================================
+
+Images: vLLM's Qwen3-VL processor replaces each single ``<|image_pad|>`` with the pads of its own
+resize (``PromptReplacement`` targeting one pad, ``model_executor/models/qwen3_vl.py``), so an
+expanded run would be expanded again: the client sends one pad per image, and the server's
+``usage.prompt_tokens`` (counted after its expansion) must equal the trainer's context length,
+which pre-flight checks (equal only when the servers' processor settings equal the trainer's).
+Unverified against a server: vLLM's CPU build cannot load its image stack.
 
 Logprobs: the server must run with ``--logprobs-mode processed_logprobs`` (the default,
 ``raw_logprobs``, is taken before temperature); processed logprobs are ``log_softmax(logits / T)``
@@ -67,6 +75,7 @@ class VLLMConfig:
     update_urls: tuple[str, ...] = ()  # the servers that take weight updates; () = urls
     routing: Routing = "least_loaded"
     timeout_s: float = 600.0
+    image_token_id: int | None = None  # the policy's <|image_pad|>: requests with images need it
 
     def __post_init__(self) -> None:
         for name in ("urls", "update_urls"):
@@ -83,7 +92,25 @@ class VLLMConfig:
         return self.update_urls or self.urls
 
 
-def generate_payload(request: GenerationRequest) -> dict[str, Any]:
+def collapse_image_pads(input_ids: Sequence[int], images: Sequence, image_token_id: int) -> list[int]:
+    """Each image's run of ``image_token_id`` as one id (vLLM's processor expands it again); the runs
+    must be the images' ``num_tokens`` long, in order, or the request is malformed."""
+    out: list[int] = []
+    runs: list[int] = []
+    for token in input_ids:
+        if token == image_token_id and out and out[-1] == image_token_id:
+            runs[-1] += 1
+            continue
+        if token == image_token_id:
+            runs.append(1)
+        out.append(token)
+    expected = [image.num_tokens for image in images]
+    if runs != expected:
+        raise ValueError(f"image pad runs of lengths {runs} for images of {expected} tokens")
+    return out
+
+
+def generate_payload(request: GenerationRequest, image_token_id: int | None = None) -> dict[str, Any]:
     s = request.sampling
     sampling: dict[str, Any] = {
         "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_new_tokens, "logprobs": 0,
@@ -95,6 +122,9 @@ def generate_payload(request: GenerationRequest) -> dict[str, Any]:
         sampling["seed"] = s.seed
     payload: dict[str, Any] = {"token_ids": list(request.input_ids), "sampling_params": sampling}
     if request.images:
+        if image_token_id is None:
+            raise ValueError("a request with images needs VLLMConfig.image_token_id (the policy's <|image_pad|>)")
+        payload["token_ids"] = collapse_image_pads(request.input_ids, request.images, image_token_id)
         payload["content_parts"] = [{"type": "image_url", "url": image_data_url(image.pixels)}
                                     for image in request.images]
     return payload
@@ -158,7 +188,8 @@ class VLLMEngine:
 
     def for_server(self, url: str) -> VLLMEngine:
         """This client aimed at one server (pre-flight probes each), sharing the connection pool."""
-        return VLLMEngine(VLLMConfig((url,), timeout_s=self.config.timeout_s), self.client, self._version)
+        config = VLLMConfig((url,), timeout_s=self.config.timeout_s, image_token_id=self.config.image_token_id)
+        return VLLMEngine(config, self.client, self._version)
 
     def _pick(self) -> int:
         if self.config.routing == "round_robin":
@@ -170,7 +201,8 @@ class VLLMEngine:
         url, version = self.config.urls[server], self._version
         self.in_flight[server] += 1
         try:
-            response = await self.client.post(f"{url}/inference/v1/generate", json=generate_payload(request))
+            payload = generate_payload(request, self.config.image_token_id)
+            response = await self.client.post(f"{url}/inference/v1/generate", json=payload)
         except httpx.HTTPError as error:
             raise EngineError(f"vLLM server {url} unreachable: {error!r}") from None
         finally:

@@ -323,7 +323,7 @@ def check_services(recipe: Recipe) -> list[str]:
     if recipe.rollout.engine in ("sglang", "vllm"):
         request = _probe_request(renderer, load_prompts(recipe.data)[0], recipe.grpo.temperature)
         with asyncio.Runner() as runner:
-            engine = remote_engine(recipe)
+            engine = remote_engine(recipe, arch)
             try:
                 lines += runner.run(_check_servers(engine, arch) if isinstance(engine, SGLangEngine)
                                     else _check_vllm_servers(engine, arch, bool(request.sampling.stop)))

@@ -47,11 +47,12 @@ def weights_dir(recipe: Recipe) -> Path:
     return Path(recipe.rollout.weights_dir or Path(recipe.job.run_dir) / "weights")
 
 
-def remote_engine(recipe: Recipe) -> SGLangEngine | VLLMEngine:
+def remote_engine(recipe: Recipe, arch: Qwen3VLConfig) -> SGLangEngine | VLLMEngine:
     """The client of the recipe's inference servers (``rollout.engine`` sglang or vllm)."""
     r = recipe.rollout
     if r.engine == "vllm":
-        return VLLMEngine(VLLMConfig(tuple(r.vllm_urls), tuple(r.vllm_update_urls), timeout_s=r.request_timeout_s))
+        return VLLMEngine(VLLMConfig(tuple(r.vllm_urls), tuple(r.vllm_update_urls), timeout_s=r.request_timeout_s,
+                                     image_token_id=arch.image_token_id))
     return SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls), timeout_s=r.request_timeout_s))
 
 
@@ -64,7 +65,7 @@ def build_serving(recipe: Recipe, arch: Qwen3VLConfig, tokenizer: Tokenizer, ima
     if engine_wrapper is not None:
         raise ValueError(f"engine_wrapper scripts the local engine; rollout.engine is {r.engine!r}")
     dtype = getattr(torch, recipe.parallel.param_dtype)
-    engine = remote_engine(recipe)
+    engine = remote_engine(recipe, arch)
     sync: WeightSync
     if r.weight_sync == "disk":
         sync = DiskSync(engine, weights_dir(recipe), dtype, run, text_only=r.text_only_export)

@@ -17,7 +17,7 @@ from osvl.data.image import ProcessedImage
 from osvl.model import config_to_hf
 from osvl.model.text_export import text_config_to_hf
 from osvl.rollout import EngineError, GenerationRequest, SamplingParams, StopKind, VLLMConfig, VLLMEngine
-from osvl.rollout.vllm import generate_payload, parse_generate_response
+from osvl.rollout.vllm import collapse_image_pads, generate_payload, parse_generate_response
 from osvl.rollout.weight_sync import VLLMNCCLSync
 from osvl.serve import Layout, plan_commands
 from osvl.trainer.preflight import PreflightError, _check_vllm_servers, _served_arch_mismatch
@@ -42,7 +42,7 @@ def test_payload_carries_ids_sampling_stops_seed_and_images():
                  "include_stop_str_in_output": True, "seed": 11}
     no_strings = generate_payload(GenerationRequest([1], [], SamplingParams(stop=())))["sampling_params"]
     assert no_strings["detokenize"] is False and "stop" not in no_strings and "seed" not in no_strings
-    with_image = generate_payload(GenerationRequest([1, 2], [image, image], SamplingParams()))
+    with_image = generate_payload(GenerationRequest([1, 9, 2, 9], [image, image], SamplingParams()), image_token_id=9)
     assert [p["type"] for p in with_image["content_parts"]] == ["image_url", "image_url"]
     assert with_image["content_parts"][0]["url"].startswith("data:image/png;base64,")
 
@@ -230,3 +230,16 @@ def test_nccl_sync_refuses_without_cuda_and_names_the_way_that_works():
         sync = VLLMNCCLSync(engine, torch.float32, runner.run, bucket_bytes=1 << 20)
         with pytest.raises(EngineError, match="needs CUDA \\(NCCL\\); use 'disk' on CPU"):
             sync.sync(tiny_model(0), 1)
+
+
+def test_images_go_as_one_pad_each_for_vllms_processor_to_expand():
+    pad, a, b = 9, ProcessedImage(np.zeros((4, 4, 3), np.uint8), (1, 2, 2), 3), \
+        ProcessedImage(np.zeros((4, 8, 3), np.uint8), (1, 2, 4), 2)
+    ids = [1, 7, pad, pad, pad, 8, 2, 7, pad, pad, 8, 3]
+    assert collapse_image_pads(ids, [a, b], pad) == [1, 7, pad, 8, 2, 7, pad, 8, 3]
+    payload = generate_payload(GenerationRequest(ids, [a, b], SamplingParams()), image_token_id=pad)
+    assert payload["token_ids"] == [1, 7, pad, 8, 2, 7, pad, 8, 3] and len(payload["content_parts"]) == 2
+    with pytest.raises(ValueError, match=r"runs of lengths \[3, 2\] for images of \[2, 3\] tokens"):
+        collapse_image_pads(ids, [b, a], pad)
+    with pytest.raises(ValueError, match="needs VLLMConfig.image_token_id"):
+        generate_payload(GenerationRequest(ids, [a, b], SamplingParams()))
