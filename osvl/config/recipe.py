@@ -182,10 +182,15 @@ class GRPOConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: Literal["local", "sglang"] = "local"  # local: an in-process engine per rank (CPU form)
+    engine: Literal["local", "sglang", "vllm"] = "local"  # local: an in-process engine per rank (CPU form)
     sglang_urls: tuple[str, ...] = ()  # where /generate goes: the servers, or one sglang-router URL
     sglang_update_urls: tuple[str, ...] = ()  # the servers that take weight updates; () = sglang_urls
-    weight_sync: Literal["disk", "distributed"] = "disk"  # disk: HF safetensors in weights_dir; distributed: broadcast
+    vllm_urls: tuple[str, ...] = ()  # engine 'vllm': the vLLM servers rollouts go to
+    vllm_update_urls: tuple[str, ...] = ()  # the vLLM servers that take weight updates; () = vllm_urls
+    text_only_export: bool = False  # servers serve the language model as a Qwen3 text checkpoint (vLLM on CPU)
+    # disk: HF safetensors in weights_dir (vLLM: reloaded through /collective_rpc, the CPU path);
+    # distributed: broadcast (SGLang's update group; vLLM's NCCL weight transfer, GPUs only)
+    weight_sync: Literal["disk", "distributed"] = "disk"
     weights_dir: str = ""  # shared by trainer and servers; "" = <run_dir>/weights (last 2 versions kept)
     weight_sync_bucket_mb: int = 512  # distributed: bytes per /update_weights_from_distributed bucket
     weight_sync_master_addr: str = "127.0.0.1"  # distributed: where the servers reach trainer rank 0
@@ -212,7 +217,9 @@ class RolloutConfig:
         _non_negative(self, "max_retries", "weight_sync_port")
         if self.engine == "sglang" and not self.sglang_urls:
             raise ValueError("engine 'sglang' needs sglang_urls")
-        for name in ("sglang_urls", "sglang_update_urls"):
+        if self.engine == "vllm" and not self.vllm_urls:
+            raise ValueError("engine 'vllm' needs vllm_urls")
+        for name in ("sglang_urls", "sglang_update_urls", "vllm_urls", "vllm_update_urls"):
             bad = [u for u in getattr(self, name) if not u.startswith(("http://", "https://"))]
             if bad:
                 raise ValueError(f"{name} must be http(s) base URLs, got {bad}")

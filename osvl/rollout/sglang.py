@@ -208,6 +208,10 @@ class SGLangEngine:
     def policy_version(self) -> int:
         return self._version
 
+    def for_server(self, url: str) -> SGLangEngine:
+        """This client aimed at one server (pre-flight probes each), sharing the connection pool."""
+        return SGLangEngine(SGLangConfig((url,), timeout_s=self.config.timeout_s), self.client, self._version)
+
     def _pick(self) -> int:
         if self.config.routing == "round_robin":
             return next(self._next)
