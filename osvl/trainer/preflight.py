@@ -78,6 +78,9 @@ def check_grpo_recipe(recipe: Recipe, dp_size: int) -> None:
         raise ValueError(f"rollout.engine = 'local' keeps an unsharded generation copy of the policy in every trainer "
                          f"rank, the CPU form only; serve {recipe.model.preset} with rollout.engine = 'sglang' "
                          f"(python -m osvl.serve --recipe ... prints the servers' commands)")
+    if recipe.rollout.engine == "vllm" and recipe.rollout.deterministic:
+        raise ValueError("rollout.deterministic: osvl cannot check or switch on batch-invariant inference in a vLLM "
+                         "server; use rollout.engine = 'sglang' (--enable-deterministic-inference) or 'local'")
     if not t.servers and t.backend == "offline" and not t.world_dir:
         raise ValueError("tools.world_dir must name a world directory for the offline backends (or set tools.servers)")
 
