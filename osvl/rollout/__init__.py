@@ -13,6 +13,7 @@ from osvl.rollout.agent import (
 from osvl.rollout.engine import (
     Engine,
     EngineError,
+    GenerationPreempted,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
@@ -34,18 +35,18 @@ from osvl.rollout.worker_pool import (
 )
 from osvl.rollout.workers import (
     Group,
+    Preemption,
     RolloutConfig,
     RolloutMetrics,
-    is_stale,
     run_group,
     stream_groups,
 )
 
 __all__ = [
-    "Action", "AgentConfig", "Engine", "EngineError", "GenerationRequest", "GenerationResult", "Group",
-    "LocalEngine", "LoopbackServer", "ParityReport", "ProcessEngine", "ProcessEngineConfig", "ReplayEngine",
-    "RolloutConfig", "RolloutMetrics", "RolloutRecorder", "RolloutSetup", "RolloutWorkerPool", "SGLangConfig",
-    "SGLangEngine", "SamplingParams", "StopKind", "UnusableToken", "WorkerPoolConfig", "WorkerPoolStats",
-    "derive_seed", "find_unusable", "is_stale", "logprob_parity", "malformed_step", "parse_action",
+    "Action", "AgentConfig", "Engine", "EngineError", "GenerationPreempted", "GenerationRequest", "GenerationResult",
+    "Group", "LocalEngine", "LoopbackServer", "ParityReport", "Preemption", "ProcessEngine", "ProcessEngineConfig",
+    "ReplayEngine", "RolloutConfig", "RolloutMetrics", "RolloutRecorder", "RolloutSetup", "RolloutWorkerPool",
+    "SGLangConfig", "SGLangEngine", "SamplingParams", "StopKind", "UnusableToken", "WorkerPoolConfig",
+    "WorkerPoolStats", "derive_seed", "find_unusable", "logprob_parity", "malformed_step", "parse_action",
     "reserved_vision_ids", "run_group", "run_trajectory", "stream_groups", "trainer_logprobs",
 ]

@@ -12,11 +12,18 @@ ranks; only rank 0 talks to the servers, and its outcome reaches every rank):
 - ``DistributedSync``: rank 0 joins a weights-update group with the servers and broadcasts the
   HF-named tensors in buckets of ``bucket_bytes`` (``/update_weights_from_distributed``), gathered
   one layer at a time from the shards.
+
+With ``pause`` (asynchronous GRPO: the servers generate while the trainer trains) rank 0 pauses
+generation on every server (``/pause_generation``, abort mode) before the first byte moves and
+continues it after the version is confirmed, so no request ever runs on half-updated weights (a
+bucketed update is many calls). The in-process engine needs no pause: it swaps the whole state
+between two batches under its lock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import shutil
 import time
@@ -69,6 +76,19 @@ def _agree(error: str | None) -> None:
         raise EngineError(error)
 
 
+@contextlib.contextmanager
+def _paused(engine: SGLangEngine, run: Runner, pause: bool):
+    """Generation paused on every server for the block (when ``pause``), continued whatever happens."""
+    if not pause:
+        yield
+        return
+    run(engine.pause_generation())
+    try:
+        yield
+    finally:
+        run(engine.continue_generation())
+
+
 class InProcessSync:
     """Gathers the full (unsharded) weights on every rank into that rank's local engine."""
 
@@ -90,10 +110,11 @@ class DiskSync:
     """HF safetensors into ``directory/v{version:06d}``, loaded by every server from there."""
 
     def __init__(self, engine: SGLangEngine, directory: str | Path, dtype: torch.dtype, run: Runner,
-                 keep: int = 2) -> None:
+                 keep: int = 2, pause: bool = False) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.engine, self.directory, self.dtype, self.run, self.keep = engine, Path(directory), dtype, run, keep
+        self.pause = pause
 
     def sync(self, model: torch.nn.Module, version: int) -> SyncStats:
         start = time.perf_counter()
@@ -102,7 +123,8 @@ class DiskSync:
         error = None
         if _rank() == 0:
             try:
-                self.run(self.engine.update_weights_from_disk(str(path.resolve()), version))
+                with _paused(self.engine, self.run, self.pause):
+                    self.run(self.engine.update_weights_from_disk(str(path.resolve()), version))
             except Exception as failure:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
                 error = _message(failure)
             else:
@@ -119,10 +141,12 @@ class DistributedSync:
     """Bucketed broadcasts from trainer rank 0 to every server's ranks (gloo on CPU, NCCL on GPUs)."""
 
     def __init__(self, engine: SGLangEngine, dtype: torch.dtype, run: Runner, *, bucket_bytes: int,
-                 master_address: str, master_port: int = 0, backend: str = "gloo", timeout_s: float = 600.0) -> None:
+                 master_address: str, master_port: int = 0, backend: str = "gloo", timeout_s: float = 600.0,
+                 pause: bool = False) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self.engine, self.dtype, self.run, self.bucket_bytes = engine, dtype, run, bucket_bytes
+        self.pause = pause
         self.master_address, self.master_port, self.backend, self.timeout_s = master_address, master_port, backend, timeout_s
         self.group_name = f"osvl-weights-{uuid.uuid4().hex[:8]}"
         self._group: Any = None
@@ -174,6 +198,13 @@ class DistributedSync:
                 self._connect()
             except Exception as failure:  # noqa: BLE001
                 error = f"weights update group: {_message(failure)}"
+        paused = False
+        if lead and error is None and self.pause:
+            try:
+                self.run(self.engine.pause_generation())
+                paused = True
+            except Exception as failure:  # noqa: BLE001
+                error = _message(failure)
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         for name, tensor in iter_hf_tensors(model, self.dtype):  # collective: every rank gathers every layer
@@ -194,6 +225,11 @@ class DistributedSync:
                 self.run(self.engine.confirm_version(version))
             except Exception as failure:  # noqa: BLE001
                 error = _message(failure)
+        if paused:
+            try:
+                self.run(self.engine.continue_generation())
+            except Exception as failure:  # noqa: BLE001
+                error = error or _message(failure)
         _agree(error)
         return SyncStats(time.perf_counter() - start, nbytes)
 

@@ -51,14 +51,16 @@ def build_serving(recipe: Recipe, arch: Qwen3VLConfig, tokenizer: Tokenizer, ima
         return Serving(engine_wrapper(local) if engine_wrapper else local, InProcessSync(local), local)
     if engine_wrapper is not None:
         raise ValueError("engine_wrapper scripts the local engine; rollout.engine is 'sglang'")
-    engine = SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls), timeout_s=r.request_timeout_s))
+    engine = SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls), timeout_s=r.request_timeout_s,
+                                       partial_rollouts=r.partial_rollouts), decode=tokenizer.decode)
     dtype = getattr(torch, recipe.parallel.param_dtype)
+    pause = r.max_staleness > 0  # the servers generate while the trainer trains: pause them around each update
     if r.weight_sync == "disk":
-        sync: WeightSync = DiskSync(engine, weights_dir(recipe), dtype, run)
+        sync: WeightSync = DiskSync(engine, weights_dir(recipe), dtype, run, pause=pause)
     else:
         sync = DistributedSync(engine, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20,
                                master_address=r.weight_sync_master_addr, master_port=r.weight_sync_port,
-                               backend="nccl" if torch.cuda.is_available() else "gloo")
+                               backend="nccl" if torch.cuda.is_available() else "gloo", pause=pause)
     return Serving(engine, sync)
 
 

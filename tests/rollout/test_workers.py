@@ -9,7 +9,7 @@ from osvl.rollout.engine import EngineError, SamplingParams
 from osvl.rollout.local_engine import ReplayEngine
 from osvl.rollout.parity import logprob_parity, trainer_logprobs
 from osvl.rollout.recorder import RolloutRecorder
-from osvl.rollout.workers import RolloutConfig, RolloutMetrics, is_stale, stream_groups
+from osvl.rollout.workers import RolloutConfig, RolloutMetrics, stream_groups
 from tests.rollout.helpers import prompts
 from tests.rollout.scripts import call, respond, scripted
 
@@ -64,13 +64,9 @@ def test_groups_stay_together_with_faults_and_metrics(local_engine, env, rendere
     assert summary["fatal_rate"] == 0 and summary["engine_tokens_per_s"] > 0
 
 
-def test_staleness_knob():
-    from osvl.rl.trajectory import Step, Trajectory
-    traj = Trajectory(prompts(1)[0], [Step([1], [0.0], policy_version=3), Step([2], [0.0], policy_version=4)],
-                      FinishReason.RESPONSE, 0, 0)
-    assert not is_stale(traj, 3, 0) and is_stale(traj, 4, 0) and not is_stale(traj, 4, 1)
-    with pytest.raises(ValueError, match="max_retries and max_staleness"):
-        RolloutConfig(max_staleness=-1)
+def test_rollout_config_refuses_bad_values():
+    with pytest.raises(ValueError, match="max_retries"):
+        RolloutConfig(max_retries=-1)
     with pytest.raises(ValueError, match="trajectory_deadline_s"):
         RolloutConfig(trajectory_deadline_s=0)
 
