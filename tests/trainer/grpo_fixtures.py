@@ -7,6 +7,7 @@ real while the mix of outcomes (right, wrong, tool-using, fatal) is known.
 
 from __future__ import annotations
 
+import json
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +53,28 @@ def script_for(tok):
             out = f'<think>look it up</think>\n<tool_call>{{"name": "{name}", "arguments": {{"tag": "{word} code"}}}}</tool_call>'
         else:
             out = f"<think>I know it</think>\n<response>{'wrong' if kind == 2 else word}</response>"
+        return tok.encode(out) + [tok.special.im_end]
+
+    return script
+
+
+SLOW_WORD = "ember"  # the gated policy's slow prompt
+
+
+def gated_script_for(tok):
+    """``script_for``, except that every rollout of the slow prompt first calls the gate tool (which
+    holds it until the test opens the gate), then answers."""
+    plain = script_for(tok)
+
+    def script(request):
+        text = tok.decode(request.input_ids, skip_special_tokens=False)
+        if _WORD.search(text).group(1) != SLOW_WORD:
+            return plain(request)
+        if "</tool_call>" not in text:
+            call = json.dumps({"name": "gate", "arguments": {"tag": SLOW_WORD}})
+            out = f"<think>wait for it</think>\n<tool_call>{call}</tool_call>"
+        else:
+            out = f"<think>now I know</think>\n<response>{SLOW_WORD}</response>"
         return tok.encode(out) + [tok.special.im_end]
 
     return script
