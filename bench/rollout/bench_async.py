@@ -155,7 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--long-factor", type=float, default=10.0, help="how much longer a long trajectory's turn is")
     parser.add_argument("--long-frac", type=float, default=0.1, help="share of trajectories that are long")
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
-    parser.add_argument("--out", default="", help="JSON path; default bench/rollout/results/async_grpo-cpu-<commit>.json")
+    parser.add_argument("--out", default="",
+                        help="JSON path; default bench/rollout/results/async_grpo-cpu-<commit>.json")
     return parser.parse_args(argv)
 
 
@@ -170,8 +171,9 @@ def main(argv: list[str] | None = None) -> dict:
               "argv": vars(args), "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
                                            "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()},
               "workload": {"trajectories_per_step": args.batch_prompts * args.group_size,
-                           "short_trajectory_s": 2 * args.turn_s, "long_trajectory_s": 2 * args.turn_s * args.long_factor,
-                           "long_frac": args.long_frac}, "settings": []}
+                           "short_trajectory_s": 2 * args.turn_s,
+                           "long_trajectory_s": 2 * args.turn_s * args.long_factor, "long_frac": args.long_frac},
+              "settings": []}
     with tempfile.TemporaryDirectory(prefix="osvl-bench-async-") as tmp:
         root = Path(tmp)
         tokenizer, prompts = write_inputs(root, prompts=max(2 * args.batch_prompts, 8))

@@ -194,8 +194,8 @@ class GRPOConfig:
         if self.batch_prompts % self.mini_batch_prompts:
             raise ValueError(f"mini_batch_prompts {self.mini_batch_prompts} must divide batch_prompts {self.batch_prompts}")
         if self.rollout_correction != "off" and self.old_logprobs != "trainer":
-            raise ValueError(f"rollout_correction {self.rollout_correction!r} weighs exp(old_trainer - engine): it needs "
-                             f"old_logprobs = \"trainer\", got {self.old_logprobs!r}")
+            raise ValueError(f"rollout_correction {self.rollout_correction!r} weighs exp(old_trainer - engine): it "
+                             f"needs old_logprobs = \"trainer\", got {self.old_logprobs!r}")
 
 
 @dataclass(frozen=True)

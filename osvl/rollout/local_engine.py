@@ -222,7 +222,8 @@ class LocalEngine:
             if self._abort.is_set():
                 for request, future in batch:
                     if not future.done():
-                        future.set_result(GenerationResult([], [], StopKind.ABORT, self._version, len(request.input_ids)))
+                        future.set_result(GenerationResult([], [], StopKind.ABORT, self._version,
+                                                           len(request.input_ids)))
                 continue
             try:
                 results = await asyncio.to_thread(self.generate_batch, [r for r, _ in batch])
