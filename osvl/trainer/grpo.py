@@ -41,7 +41,7 @@ from osvl.rollout.event_loop import EventLoopThread
 from osvl.rollout.generator import GeneratorStats, RolloutGenerator
 from osvl.rollout.replay import ScoredGroup, staleness_metrics
 from osvl.trainer.correction import mismatch_metrics, mismatch_sums, old_policy_logprobs, rollout_correction
-from osvl.trainer.flops import generation_flops, mfu, packed_batch_flops, trajectory_turns
+from osvl.trainer.flops import generation_flops, mfu, packed_batch_flops, packed_forward_flops, trajectory_turns
 from osvl.trainer.grpo_data import load_prompts, rank_minibatch, stage_scorer, training_sequences
 from osvl.trainer.metrics import peak_memory_gib
 from osvl.trainer.policy import lm_head_weight
@@ -99,6 +99,7 @@ def old_policy(stage: Stage, minibatches: Sequence[Sequence[PackedBatch]], route
         for b, lp in zip(batches, logprobs):
             for key, value in mismatch_sums(lp, b.old_logprobs, b.loss_mask).items():
                 _add(sums, key, value)
+            _add(sums, "train_flops", packed_forward_flops(stage.model.arch, b))
         out.append(logprobs)
     return out
 

@@ -199,3 +199,39 @@ def test_config_refuses_bad_values():
         GeneratorConfig(groups_per_step=1, stale_groups="keep")
     with pytest.raises(ValueError, match="partial_rollouts"):
         GeneratorConfig(groups_per_step=1, partial_rollouts="finish")
+
+
+def test_restart_mode_rolls_the_trajectories_in_flight_out_again_on_the_new_weights(env, renderer):
+    """The generator with the real rollout workers: a weight update under partial_rollouts = "restart"
+    aborts the samples in flight; they start again once the new weights serve, so no trajectory
+    mixes versions."""
+    from osvl.rollout import AgentConfig, LocalEngine, ReplayEngine, RolloutConfig, RolloutMetrics, SamplingParams
+    from osvl.rollout.workers import run_group
+    from tests.rollout.helpers import IMAGE_CONFIG, prompts, tiny_model, tokenizer
+    from tests.rollout.scripts import respond, scripted
+    from tests.rollout.test_workers import HeldEngine
+
+    local = LocalEngine(tiny_model(), tokenizer(), IMAGE_CONFIG)
+    engine = HeldEngine(ReplayEngine(local, scripted([respond()])))
+    agent = AgentConfig(max_turns=2, sampling=SamplingParams(temperature=1.0, max_new_tokens=32))
+    metrics = RolloutMetrics()
+
+    async def rollout(ticket, preemption):
+        group = await run_group(prompts(1)[0], ticket.position, engine, env, renderer, agent,
+                                RolloutConfig(group_size=2), step=ticket.batch, metrics=metrics, preemption=preemption)
+        return group.trajectories
+
+    with EventLoopThread() as loop:
+        generator = make(rollout, loop, Stream(), partial_rollouts="restart")
+        while engine.calls < 2 * PER_STEP:  # every sample of the step is generating on version 0
+            loop.run(asyncio.sleep(0.01))
+
+        def sync():
+            local.load_weights(local.model.state_dict(), 2)
+            engine.held = False
+
+        generator.update_weights(sync, 2)
+        batch = generator.next_batch()
+        generator.close()
+    assert metrics.restarts == 2 * PER_STEP
+    assert all(s.policy_version == 2 and not s.token_versions for g in batch for t in g.trajectories for s in t.steps)
