@@ -15,7 +15,10 @@ in every setting).
 
 Idle fractions per step: the trainer's is the share of the step it waited for groups; the
 generator's is the share of the step no group was rolling out (at N = 0 it idles while the trainer
-trains; at N >= 1 the next steps' groups roll out meanwhile).
+trains; at N >= 1 the next steps' groups roll out meanwhile). A step takes the groups that finished
+first, so long trajectories are the ones that go stale: ``long_share_trained`` (against the
+workload's ``--long-frac``) shows how much of the long tail a setting trained on, and
+``stale_groups`` how much generation it threw away (or rolled out again: ``--stale-groups``).
 
     python -m bench.rollout.bench_async [--staleness 0 1 2] [--steps 8] [--turn-s 0.4] [--out ...]
 """
@@ -38,7 +41,7 @@ from bench.kernels.report import git_info
 from osvl.config import load_recipe
 from osvl.data.tokenizer import train_bpe_tokenizer
 from osvl.rl.trajectory import Prompt, ToolResult, ToolStatus
-from osvl.rollout import GenerationRequest, GenerationResult, LocalEngine, ReplayEngine
+from osvl.rollout import GenerationRequest, GenerationResult, LocalEngine, ReplayEngine, RolloutRecorder
 from osvl.synth.records import write_prompts
 from osvl.tools import ToolEnvironment, ToolRegistry
 from osvl.tools.registry import ToolSpec
@@ -47,10 +50,12 @@ from osvl.trainer import read_metrics, run_grpo
 SCHEMA = "osvl.bench.async_grpo/1"
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ["amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor"]
+LONG_MARK = "slowly"
 
 
-def _call(word: str) -> str:
-    return f'<think>look it up</think>\n<tool_call>{{"name": "lookup", "arguments": {{"q": "{word}"}}}}</tool_call>'
+def _call(word: str, long: bool = False) -> str:
+    query = f"{word} {LONG_MARK}" if long else word  # a long trajectory says so, for counting what was trained on
+    return f'<think>look it up</think>\n<tool_call>{{"name": "lookup", "arguments": {{"q": "{query}"}}}}</tool_call>'
 
 
 def _answer(word: str) -> str:
@@ -94,7 +99,7 @@ class PacedPolicy:
     def _script(self, request: GenerationRequest) -> list[int]:
         turn, word = self._turn(request)
         tok = self.local.tokenizer
-        return tok.encode(_call(word) if turn == 0 else _answer(word)) + [tok.special.im_end]
+        return tok.encode(_call(word, self.is_long(request)) if turn == 0 else _answer(word)) + [tok.special.im_end]
 
     def is_long(self, request: GenerationRequest) -> bool:
         turn, _ = self._turn(request)
@@ -107,7 +112,7 @@ class PacedPolicy:
 
 
 def write_inputs(root: Path, prompts: int) -> tuple[Path, Path]:
-    corpus = [_call(w) + _answer(w) + f" The code word is {w}. What is it? found: {w}" for w in WORDS] * 8
+    corpus = [_call(w, long=True) + _answer(w) + f" The code word is {w}. What is it? found: {w}" for w in WORDS] * 8
     tok = train_bpe_tokenizer(corpus, vocab_size=384)
     tok.save(root / "tokenizer.json")
     write_prompts(root / "prompts.jsonl", [Prompt(id=f"p{i}", question=f"The code word is {WORDS[i % 8]}. What is it?",
@@ -123,6 +128,7 @@ def run_setting(args: argparse.Namespace, staleness: int, root: Path, tokenizer:
                  "grpo.max_response_tokens=64", "grpo.max_prompt_tokens=512", "rollout.max_turns=4",
                  f"rollout.max_in_flight={args.max_in_flight}", "rollout.trajectory_deadline_s=3600",
                  "rollout.max_retries=0", f"rollout.max_staleness={staleness}", "tools.fault_rate=0.0",
+                 f"rollout.stale_groups={args.stale_groups}",
                  "checkpoint.every_steps=0", "checkpoint.export_hf=false", "metrics.console=false",
                  "metrics.tensorboard=false"]
     start = time.perf_counter()
@@ -135,13 +141,17 @@ def run_setting(args: argparse.Namespace, staleness: int, root: Path, tokenizer:
         return sum(m[key] for m in steady) / len(steady)
 
     seconds = sum(m["step_time_s"] for m in steady)
+    recorder = RolloutRecorder(run_dir / "rollouts")
+    trained = [t for m in steady for t in recorder.read(m["step"]) if t.steps and t.steps[0].tool_call]
+    long_share = sum(t.steps[0].tool_call.arguments.get("q", "").endswith(LONG_MARK) for t in trained) / len(trained)
     return {"max_staleness": staleness, "steps": args.steps, "steady_steps": len(steady), "wall_s": wall,
             "steady_s": seconds, "steps_per_hour": 3600 * len(steady) / seconds,
             "trainer_idle_frac": mean("trainer_idle_frac"), "generator_idle_frac": mean("generator_idle_frac"),
             "time_train_s": mean("time_train_s"), "time_wait_s": mean("time_wait_s"),
             "group_lag_mean": mean("group_lag_mean"), "offpolicy_token_frac": mean("offpolicy_token_frac"),
             "stale_groups": sum(m["stale_groups"] for m in read_metrics(run_dir)),
-            "reward": mean("reward")}
+            "regenerated": sum(m["regenerated"] for m in read_metrics(run_dir)),
+            "long_share_trained": long_share, "reward": mean("reward")}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -154,6 +164,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--turn-s", type=float, default=0.4, help="wall time of one generated turn")
     parser.add_argument("--long-factor", type=float, default=10.0, help="how much longer a long trajectory's turn is")
     parser.add_argument("--long-frac", type=float, default=0.1, help="share of trajectories that are long")
+    parser.add_argument("--stale-groups", choices=("drop", "regenerate"), default="drop")
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     parser.add_argument("--out", default="",
                         help="JSON path; default bench/rollout/results/async_grpo-cpu-<commit>.json")

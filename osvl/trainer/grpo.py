@@ -80,7 +80,7 @@ def _all_gather(item: T) -> list[T]:
 def rollout_step(generator: RolloutGenerator, scorer: GroupScorer) -> RolloutBatch:
     """This rank's groups of the step (as soon as the generator has them), then every rank's."""
     mine = generator.next_batch()
-    parts = _all_gather((mine, generator.take_stats(), scorer.stats.take()))
+    parts = _all_gather((mine, generator.take_stats(), scorer.take_stats()))
     groups = sorted((g for part, _, _ in parts for g in part), key=lambda g: g.ticket)
     scored = [dataclasses.replace(t, group_id=i) for i, g in enumerate(groups) for t in g.trajectories]
     judges = JudgeStats.merge([judged for _, _, judged in parts]).metrics(scored)

@@ -20,6 +20,7 @@ def test_bench_async_writes_a_record(tmp_path):
     for s in record["settings"]:
         assert s["steady_steps"] == 1 and s["steps_per_hour"] > 0 and math.isfinite(s["steps_per_hour"])
         assert 0 <= s["trainer_idle_frac"] <= 1 and 0 <= s["generator_idle_frac"] <= 1
+        assert 0 <= s["long_share_trained"] <= 1 and s["stale_groups"] >= 0 and s["regenerated"] == 0
         assert s["speedup_vs_sync"] == pytest.approx(s["steps_per_hour"] / sync["steps_per_hour"])
     assert sync["group_lag_mean"] == 0 and sync["offpolicy_token_frac"] == 0  # N = 0 is on-policy
     assert overlapped["group_lag_mean"] <= 1
