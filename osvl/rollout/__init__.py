@@ -1,7 +1,8 @@
 """Rollouts: engines (local torch with a KV cache, SGLang over HTTP), the ReAct agent loop,
 grouped streaming with deadlines and retries (in the caller's process or in worker processes),
-engine server processes, weight sync, logprob parity, the recorder, and the reserved vision ids
-no engine output may carry."""
+engine server processes, weight sync, logprob parity, the recorder, the reserved vision ids
+no engine output may carry, and asynchronous GRPO's rollout generator and replay buffer
+(``osvl.rollout.generator``, ``osvl.rollout.replay``)."""
 
 from osvl.rollout.agent import (
     Action,

@@ -205,6 +205,9 @@ class RolloutGenerator:
         if state["version"] != self.version:
             raise ValueError(f"the rollout generator's state is of policy version {state['version']}, the resumed "
                              f"weights are version {self.version}")
+        if len(state["buffer"]["groups"]) > self.config.capacity:
+            raise ValueError(f"the checkpoint's replay buffer holds {len(state['buffer']['groups'])} groups, more than "
+                             f"rollout.max_staleness = {self.config.max_staleness} allows ({self.config.capacity})")
         self.buffer.load_state_dict(state["buffer"])
         self.pending.extend(state["pending"])
 

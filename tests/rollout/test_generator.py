@@ -180,6 +180,9 @@ def test_checkpoint_state_holds_the_buffer_and_every_ticket_not_trained_on():
         generator.close()
     with pytest.raises(ValueError, match="policy version 0, the resumed weights are version 2"):
         RolloutGenerator(GeneratorConfig(groups_per_step=PER_STEP), Rollout(), None, Stream(), 2, state)
+    crowded = {**state, "buffer": {"groups": state["buffer"]["groups"] * 3}}
+    with pytest.raises(ValueError, match="holds 3 groups, more than rollout.max_staleness = 0 allows"):
+        RolloutGenerator(GeneratorConfig(groups_per_step=1), Rollout(), None, Stream(), 0, crowded)
 
 
 def test_a_failing_rollout_surfaces_in_next_batch():
