@@ -42,6 +42,7 @@ class EventLoopThread:
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """The coroutine's result, computed on the loop; the calling thread waits for it."""
         if threading.current_thread() is self._thread:
+            coro.close()
             raise RuntimeError("EventLoopThread.run called from its own loop: it would wait on itself")
         return self.submit(coro).result()
 
