@@ -6,7 +6,8 @@ Weights are swapped in place between batches (``load_weights``), stamping a new 
 With ``prefix_cache_tokens > 0`` a request that extends an earlier generation's context (the next
 turn of a rollout) reuses that context's keys/values and prefills only the new tokens.
 Reserved vision placeholders and the model's padded vocabulary rows are never sampled
-(see :mod:`osvl.rollout.reserved`).
+(see :mod:`osvl.rollout.reserved`). ``abort`` ends every request in flight as ``StopKind.ABORT``
+with the tokens it has (the loopback server's ``/pause_generation``) until ``resume``.
 
 Batched results depend on the batch: padding sets the shapes of every matmul and the width of every
 attention reduction, and floating-point sums taken in another order round differently. Which
@@ -75,6 +76,7 @@ class LocalEngine:
         self.deterministic = deterministic
         self._version = policy_version
         self._lock = threading.Lock()  # a batch and a weight swap never interleave
+        self._abort = threading.Event()  # set: running rows stop at their next token, queued requests at once
         self._pending: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._drainer: asyncio.Task | None = None
         self.generated_tokens = 0
@@ -104,6 +106,13 @@ class LocalEngine:
             self._version = version
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()  # keys/values of the old weights
+
+    def abort(self) -> None:
+        """Ends every request in flight, and every request made until ``resume``, as ``StopKind.ABORT``."""
+        self._abort.set()
+
+    def resume(self) -> None:
+        self._abort.clear()
 
     def _prefill_inputs(self, requests: Sequence[GenerationRequest], skips: Sequence[tuple[int, int]] | None = None):
         """Padded new ids, their MRoPE positions and new images; row b skips its first
@@ -168,6 +177,9 @@ class LocalEngine:
         active = [True] * len(requests)
         decode = lambda t: self.tokenizer.decode(t)
         while True:
+            if self._abort.is_set():
+                finish = [StopKind.ABORT if active[b] else finish[b] for b in range(len(requests))]
+                break
             step_ids = torch.zeros(len(requests), dtype=torch.long, device=self.device)
             for b, request in enumerate(requests):
                 if not active[b]:
@@ -226,6 +238,12 @@ class LocalEngine:
         while self._pending:
             batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
             self.batch_sizes[len(batch)] += 1
+            if self._abort.is_set():
+                for request, future in batch:
+                    if not future.done():
+                        future.set_result(GenerationResult([], [], StopKind.ABORT, self._version,
+                                                           len(request.input_ids)))
+                continue
             try:
                 results = await asyncio.to_thread(self.generate_batch, [r for r, _ in batch])
             except Exception as error:  # noqa: BLE001 - one bad batch must not strand its callers
@@ -268,8 +286,11 @@ class ReplayEngine:
                 break
             if len(ids) >= s.max_new_tokens:
                 break
-        logprobs = self.engine.score(request, ids, s.temperature)
-        return GenerationResult(ids, logprobs, finish, self.engine.policy_version, len(request.input_ids))
+        while True:  # the version the logprobs were computed on: a weight swap may land in between
+            version = self.engine.policy_version
+            logprobs = self.engine.score(request, ids, s.temperature)
+            if self.engine.policy_version == version:
+                return GenerationResult(ids, logprobs, finish, version, len(request.input_ids))
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await asyncio.to_thread(self.replay, request)

@@ -17,11 +17,18 @@ ranks; only rank 0 talks to the servers, and its outcome reaches every rank):
 
 ``text_only``: the servers serve the language model alone as a Qwen3 text checkpoint
 (:mod:`osvl.model.text_export`; vLLM's CPU build, which cannot run the vision tower).
+
+With ``pause`` (asynchronous GRPO on SGLang servers: they generate while the trainer trains) rank 0
+pauses generation on every server (``/pause_generation``, abort mode) before the first byte moves
+and continues it after the version is confirmed, so no request ever runs on half-updated weights (a
+bucketed update is many calls). The in-process engine needs no pause: it swaps the whole state
+between two batches under its lock; vLLM's disk update pauses (``/pause?mode=wait``) itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import shutil
 import time
@@ -81,6 +88,19 @@ def _agree(error: str | None) -> None:
         raise EngineError(error)
 
 
+@contextlib.contextmanager
+def _paused(engine: SGLangEngine, run: Runner, pause: bool):
+    """Generation paused on every server for the block (when ``pause``), continued whatever happens."""
+    if not pause:
+        yield
+        return
+    run(engine.pause_generation())
+    try:
+        yield
+    finally:
+        run(engine.continue_generation())
+
+
 class InProcessSync:
     """Gathers the full (unsharded) weights on every rank into that rank's local engine."""
 
@@ -102,11 +122,11 @@ class DiskSync:
     """HF safetensors into ``directory/v{version:06d}``, loaded by every server from there."""
 
     def __init__(self, engine: DiskLoader, directory: str | Path, dtype: torch.dtype, run: Runner,
-                 keep: int = 2, text_only: bool = False) -> None:
+                 keep: int = 2, text_only: bool = False, pause: bool = False) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.engine, self.directory, self.dtype, self.run, self.keep = engine, Path(directory), dtype, run, keep
-        self.text_only = text_only
+        self.text_only, self.pause = text_only, pause
 
     def sync(self, model: torch.nn.Module, version: int) -> SyncStats:
         start = time.perf_counter()
@@ -116,7 +136,8 @@ class DiskSync:
         error = None
         if _rank() == 0:
             try:
-                self.run(self.engine.update_weights_from_disk(str(path.resolve()), version))
+                with _paused(self.engine, self.run, self.pause):
+                    self.run(self.engine.update_weights_from_disk(str(path.resolve()), version))
             except Exception as failure:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
                 error = _message(failure)
             else:
@@ -134,11 +155,11 @@ class DistributedSync:
 
     def __init__(self, engine: SGLangEngine, dtype: torch.dtype, run: Runner, *, bucket_bytes: int,
                  master_address: str, master_port: int = 0, backend: str = "gloo", timeout_s: float = 600.0,
-                 text_only: bool = False) -> None:
+                 text_only: bool = False, pause: bool = False) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self.engine, self.dtype, self.run, self.bucket_bytes = engine, dtype, run, bucket_bytes
-        self.text_only = text_only
+        self.text_only, self.pause = text_only, pause
         self.master_address, self.master_port, self.backend, self.timeout_s = master_address, master_port, backend, timeout_s
         self.group_name = f"osvl-weights-{uuid.uuid4().hex[:8]}"
         self._group: Any = None
@@ -190,6 +211,13 @@ class DistributedSync:
                 self._connect()
             except Exception as failure:  # noqa: BLE001
                 error = f"weights update group: {_message(failure)}"
+        paused = False
+        if lead and error is None and self.pause:
+            try:
+                self.run(self.engine.pause_generation())
+                paused = True
+            except Exception as failure:  # noqa: BLE001
+                error = _message(failure)
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         # collective: every rank gathers every layer
@@ -211,6 +239,11 @@ class DistributedSync:
                 self.run(self.engine.confirm_version(version))
             except Exception as failure:  # noqa: BLE001
                 error = _message(failure)
+        if paused:
+            try:
+                self.run(self.engine.continue_generation())
+            except Exception as failure:  # noqa: BLE001
+                error = error or _message(failure)
         _agree(error)
         return SyncStats(time.perf_counter() - start, nbytes)
 

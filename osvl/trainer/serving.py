@@ -14,7 +14,7 @@ writes the language model alone as a Qwen3 text checkpoint, what a vLLM CPU serv
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,14 +47,16 @@ def weights_dir(recipe: Recipe) -> Path:
     return Path(recipe.rollout.weights_dir or Path(recipe.job.run_dir) / "weights")
 
 
-def remote_engine(recipe: Recipe, arch: Qwen3VLConfig) -> SGLangEngine | VLLMEngine:
-    """The client of the recipe's inference servers (``rollout.engine`` sglang or vllm)."""
+def remote_engine(recipe: Recipe, arch: Qwen3VLConfig,
+                  decode: Callable[[Sequence[int]], str] | None = None) -> SGLangEngine | VLLMEngine:
+    """The client of the recipe's inference servers (``rollout.engine`` sglang or vllm); ``decode``
+    (the tokenizer's) finds a stop string split across a continued (paused) generation."""
     r = recipe.rollout
     if r.engine == "vllm":
         return VLLMEngine(VLLMConfig(tuple(r.vllm_urls), tuple(r.vllm_update_urls), timeout_s=r.request_timeout_s,
                                      image_token_id=arch.image_token_id))
     return SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls), timeout_s=r.request_timeout_s,
-                                     deterministic=r.deterministic))
+                                     deterministic=r.deterministic, partial_rollouts=r.partial_rollouts), decode=decode)
 
 
 def build_serving(recipe: Recipe, arch: Qwen3VLConfig, tokenizer: Tokenizer, image_config: ImageConfig, run: Runner,
@@ -67,17 +69,19 @@ def build_serving(recipe: Recipe, arch: Qwen3VLConfig, tokenizer: Tokenizer, ima
     if engine_wrapper is not None:
         raise ValueError(f"engine_wrapper scripts the local engine; rollout.engine is {r.engine!r}")
     dtype = getattr(torch, recipe.parallel.param_dtype)
-    engine = remote_engine(recipe, arch)
+    engine = remote_engine(recipe, arch, decode=tokenizer.decode)
+    pause = r.max_staleness > 0 and isinstance(engine, SGLangEngine)  # servers generate while the trainer trains
     sync: WeightSync
     if r.weight_sync == "disk":
-        sync = DiskSync(engine, weights_dir(recipe), dtype, run, text_only=r.text_only_export)
+        sync = DiskSync(engine, weights_dir(recipe), dtype, run, text_only=r.text_only_export, pause=pause)
     elif isinstance(engine, VLLMEngine):
         sync = VLLMNCCLSync(engine, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20,
                             text_only=r.text_only_export)
     else:
         sync = DistributedSync(engine, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20,
                                master_address=r.weight_sync_master_addr, master_port=r.weight_sync_port,
-                               backend="nccl" if torch.cuda.is_available() else "gloo", text_only=r.text_only_export)
+                               backend="nccl" if torch.cuda.is_available() else "gloo", text_only=r.text_only_export,
+                               pause=pause)
     return Serving(engine, sync)
 
 

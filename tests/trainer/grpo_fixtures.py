@@ -8,6 +8,7 @@ real while the mix of outcomes (right, wrong, tool-using, fatal) is known.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from contextlib import contextmanager
 from dataclasses import replace
@@ -93,6 +94,28 @@ class SampledThoughts:
         closing_lp = await self._forced(context + opening + thought.token_ids, request.images, closing, s.temperature)
         return GenerationResult(opening + thought.token_ids + closing, opening_lp + thought.logprobs + closing_lp,
                                 StopKind.STOP, thought.policy_version, len(context))
+
+
+SLOW_WORD = "ember"  # the gated policy's slow prompt
+
+
+def gated_script_for(tok):
+    """``script_for``, except that every rollout of the slow prompt first calls the gate tool (which
+    holds it until the test opens the gate), then answers."""
+    plain = script_for(tok)
+
+    def script(request):
+        text = tok.decode(request.input_ids, skip_special_tokens=False)
+        if _WORD.search(text).group(1) != SLOW_WORD:
+            return plain(request)
+        if "</tool_call>" not in text:
+            call = json.dumps({"name": "gate", "arguments": {"tag": SLOW_WORD}})
+            out = f"<think>wait for it</think>\n<tool_call>{call}</tool_call>"
+        else:
+            out = f"<think>now I know</think>\n<response>{SLOW_WORD}</response>"
+        return tok.encode(out) + [tok.special.im_end]
+
+    return script
 
 
 @contextmanager

@@ -11,8 +11,7 @@ import pytest
 from osvl.rl.trajectory import ToolResult, ToolStatus
 from osvl.rollout.agent import CallIdentity, current_call
 from osvl.tools import Job, ToolEnvironment
-from osvl.trainer.grpo import step_faults
-from osvl.trainer.tool_env import INJECTED, FaultInjectingRunner, fault_draw
+from osvl.trainer.tool_env import INJECTED, FaultInjectingRunner, fault_draw, step_faults
 
 CALLS = [CallIdentity(g, s, t) for g, s, t in product(range(4), range(4), range(3))]
 
