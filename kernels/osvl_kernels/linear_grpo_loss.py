@@ -26,7 +26,8 @@ import torch.distributed as dist
 from osvl_kernels.grpo_loss import GRPOLossOutput, grpo_loss_output
 from osvl_kernels.importance import RolloutCorrection
 from osvl_kernels.inputs import LossHyper, check_linear_inputs, plan_grpo_loss
-from osvl_kernels.token_pass import TokenPassResult, resolve_backend, token_pass
+from osvl_kernels.token_pass import resolve_backend, token_pass
+from osvl_kernels.token_results import TokenPassResult
 from osvl_kernels.vocab_parallel import vocab_parallel_token_pass, vocab_shard
 
 # Absolute cap on one default chunk of logits, in bytes of the input dtype.

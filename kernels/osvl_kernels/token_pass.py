@@ -18,40 +18,19 @@ All statistics are over z' = logits / temperature, in fp32.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import torch
 
 from osvl_kernels.inputs import LossHyper
 from osvl_kernels.objective import TokenTerms, token_terms
+from osvl_kernels.token_results import RowStats, TokenPassResult
+from osvl_kernels.triton_token_pass import grad_from_stats_triton, row_stats_triton, token_pass_triton
 
 # The torch backend's fp32 working set (bytes): at most three [rows, V] buffers reused block after block
 # (usually one or two are needed). Small enough to stay in cache, so the several passes over a block cost
 # one read of the logits from memory; large enough that per-op overheads stay small.
 TORCH_CHUNK_BYTES = 6 * 2**20
-
-
-@dataclass
-class TokenPassResult:
-    """Per-token outputs (fp32/bool, [T]); rows with weight 0 hold zeros."""
-
-    logp: torch.Tensor
-    entropy: torch.Tensor
-    loss: torch.Tensor  # unweighted per-token objective incl. KL and entropy terms
-    ratio: torch.Tensor
-    clipped: torch.Tensor
-    dual_clipped: torch.Tensor
-    kl: torch.Tensor
-
-
-@dataclass
-class RowStats:
-    """Partial log-softmax statistics of each row over the vocab entries a rank holds."""
-
-    max: torch.Tensor  # [T] max_j z'_j (-inf for an empty shard)
-    sumexp: torch.Tensor  # [T] sum_j exp(z'_j - max)
-    zexp: torch.Tensor  # [T] sum_j exp(z'_j - max) * z'_j   (for the entropy)
-    target: torch.Tensor  # [T] z'_target if the target lies in this shard, else 0
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -108,8 +87,6 @@ def token_pass(
     """Whole-vocab rows. When `grad_out` is given ([T, V], may alias `logits`) it receives
     weight_t * d(loss_t)/d(logits_t), with zero rows where weight is 0 (the invalid rows)."""
     if resolve_backend(backend, logits.device) == "triton":
-        from osvl_kernels.triton_token_pass import token_pass_triton
-
         return token_pass_triton(
             logits, target_ids, weight, advantage, old_logprobs, ref_logprobs, hyper, grad_out
         )
@@ -290,8 +267,6 @@ def row_stats(
     (their fields hold max=0, sumexp=1, zexp=0, target=0 so downstream math stays finite).
     A valid row whose shard is empty or all -inf holds max=-inf, sumexp=0, zexp=0."""
     if resolve_backend(backend, logits.device) == "triton":
-        from osvl_kernels.triton_token_pass import row_stats_triton
-
         return row_stats_triton(logits, target_ids, valid, vocab_start, temperature)
     T, V = logits.shape
     out = RowStats(*(torch.zeros(T, dtype=torch.float32, device=logits.device) for _ in range(4)))
@@ -338,8 +313,6 @@ def grad_from_stats(
     for this shard's columns, where p = softmax(logits / temperature) with the global `lse`.
     Rows with coef_logp == coef_entropy == 0 are written as zeros. `grad_out` may alias `logits`."""
     if resolve_backend(backend, logits.device) == "triton":
-        from osvl_kernels.triton_token_pass import grad_from_stats_triton
-
         grad_from_stats_triton(
             logits, target_ids, vocab_start, lse, entropy, coef_logp, coef_entropy, temperature, grad_out
         )
