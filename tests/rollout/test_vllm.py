@@ -54,6 +54,15 @@ def _recipe_overrides(root):
                           "rollout.max_turns=2", "tools.fault_rate=0.0", "checkpoint.every_steps=1")
 
 
+@pytest.fixture(autouse=True)
+def one_worker_runs_the_module(request):
+    """The module shares one server, and its last test kills it: under ``--dist loadgroup`` every test
+    here must carry the group, or xdist spreads them over workers (pytest 9.2 with xdist 3.8 did)."""
+    if getattr(request.config.option, "loadgroup", False):
+        assert request.node.nodeid.endswith("@vllm"), (
+            f"{request.node.nodeid}: --dist loadgroup is not grouping; check the pytest / pytest-xdist pins")
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The server over a text export of the policy architecture (seed-7 weights) and that policy."""
@@ -157,16 +166,24 @@ def stage_body(rank: int, world: int, overrides: list[str]) -> None:
     assert result.steps == 2, result
 
 
-def test_grpo_stage_serves_every_optimizer_step_through_vllm(served):
-    """The stage pushes its weights at start, then after each step's optimizer steps reloads the
-    server from disk; the first mini-batch of every step scores the tokens on the weights that
-    generated them, so step 2's parity proves the server sampled from the updated weights."""
+@pytest.fixture(scope="module")
+def two_steps(served):
+    """The GRPO stage on 2 gloo ranks serving through the module's server for 2 steps, run once: the
+    stage test reads it and the killed-server test resumes from its checkpoint, whichever runs."""
     root, server, _ = served
     overrides = _recipe_overrides(root) + [
         "rollout.engine=vllm", f'rollout.vllm_urls=["{server.url}"]', "rollout.text_only_export=true",
         "rollout.max_logprob_diff=1e-4"]
     run_ranks(stage_body, 2, overrides)
-    metrics = read_metrics(root / "run")
+    return read_metrics(root / "run")
+
+
+def test_grpo_stage_serves_every_optimizer_step_through_vllm(served, two_steps):
+    """The stage pushes its weights at start, then after each step's optimizer steps reloads the
+    server from disk; the first mini-batch of every step scores the tokens on the weights that
+    generated them, so step 2's parity proves the server sampled from the updated weights."""
+    root, server, _ = served
+    metrics = two_steps
     assert [m["policy_version"] for m in metrics] == [2, 4]
     for m in metrics:
         assert m["logprob_abs_diff"] <= 1e-4, m
@@ -190,13 +207,11 @@ def crash_body(rank: int, world: int, overrides: list[str], url: str) -> None:
     raise AssertionError("step 3 went through with its vLLM server dead")
 
 
-def _running(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:num_requests_running"))
+def _log_count(log, needle: str) -> int:
+    return log.read_text(errors="replace").count(needle)
 
 
-def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothing(served, env):
+def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothing(served, two_steps, env):
     """Last in the module: the server dies (SIGKILL) while step 3 rolls out (resumed from step 2's
     checkpoint). Requests in flight end as ``EngineError`` naming it; the step fails on every rank at
     the weight sync; the two finished steps, their checkpoint and rollouts stay as they were."""
@@ -205,9 +220,13 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
     before = (root / "run" / "metrics.jsonl").read_text()
     outcomes: list = []
 
+    log, pushes = root / "vllm.log", _log_count(root / "vllm.log", "/update_weight_version")
+
     def kill_during_rollouts() -> None:
+        """Kills the server once the resumed stage has pushed its weights (its step-3 rollouts start
+        then, and its training keeps step 3's weight sync seconds away), with requests of its own in flight."""
         deadline = time.monotonic() + 600
-        while _running(server.url) < 2:  # the stage's rollouts (its probe is one request)
+        while _log_count(log, "/update_weight_version") <= pushes:
             if time.monotonic() > deadline:
                 return
             time.sleep(0.05)
