@@ -42,7 +42,7 @@ from osvl.rl.advantages import DROP_INFRA, DROP_UNSCORED, MODES, AdvantageConfig
 from osvl.rl.fatal import FatalConfig, FatalErrors, InfraRollouts, find_fatal_step
 from osvl.rl.judges import ExactMatchAccuracyJudge, Verdict
 from osvl.rl.rewards import INFRA_UNSCORED, RewardConfig, score_trajectory
-from osvl.rl.trajectory import FinishReason, Prompt, Step, ToolCall, ToolResult, ToolStatus, Trajectory
+from osvl.rl.trajectory import FinishReason, Prompt, Step, ToolCall, ToolResult, Trajectory
 
 CALL, ANSWER = 1, 0  # token ids of the two actions
 _PROMPT = Prompt(id="toy", question="What is the answer two lookups away?", answer="right")
@@ -65,7 +65,8 @@ class ToyAgent:
     estimator: str = "rloo"
 
     def __post_init__(self) -> None:
-        if not (self.hops >= 1 and self.max_turns > self.hops and self.outage_start_turns >= 1 and self.group_size >= 2):
+        valid = self.hops >= 1 and self.max_turns > self.hops and self.outage_start_turns >= 1
+        if not (valid and self.group_size >= 2):
             raise ValueError(f"need hops >= 1, max_turns > hops, outage_start_turns >= 1, group_size >= 2: {self}")
         if not 0.0 <= self.guess <= 1.0:
             raise ValueError(f"guess must lie in [0, 1], got {self.guess}")

@@ -84,7 +84,8 @@ def test_dropping_outage_hit_rollouts_leaves_nothing_for_the_modes_to_differ_on(
 def test_counting_only_policy_errors_leaves_outage_rollouts_unmasked():
     """An outage never breaches the policy-only rule: the rollout runs out of turns, fatal at its end
     with nothing masked, so fatal masking is vanilla there and only the clamp protects the calls."""
-    vanilla, mask, clamp = (expected_push(AGENT, 0.4, m, "policy", "keep") for m in ("vanilla", "fatal_mask", "fatal_clamp"))
+    vanilla, mask, clamp = (expected_push(AGENT, 0.4, m, "policy", "keep")
+                            for m in ("vanilla", "fatal_mask", "fatal_clamp"))
     assert math.isclose(vanilla.on_logit, mask.on_logit, rel_tol=1e-9) and vanilla.from_fatal < 0
     assert clamp.on_probability > vanilla.on_probability
 

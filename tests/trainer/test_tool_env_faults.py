@@ -240,7 +240,8 @@ def test_bad_outage_models_are_refused(kwargs, message):
 
 @pytest.mark.parametrize(("override", "message"), [
     ("tools.outage_rate=-0.1", "tools: outage_rate"), ("tools.outage_mean_turns=0.5", "tools: outage_mean_turns"),
-    ("tools.outage_start_turns=0", "tools: outage_start_turns"), ("tools.outage_tools=[]", "tools: outage_rate > 0 needs outage_tools"),
+    ("tools.outage_start_turns=0", "tools: outage_start_turns"),
+    ("tools.outage_tools=[]", "tools: outage_rate > 0 needs outage_tools"),
 ])
 def test_bad_outage_recipes_name_the_key(override, message):
     extra = ["tools.outage_rate=0.2"] if "outage_tools" in override else []
