@@ -23,12 +23,14 @@ faults are off (``tools.fault_rate = 0``): the fatal rollouts come from outages 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import os
 import resource
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -39,6 +41,10 @@ from osvl.rl.advantages import MODES
 SFT_RUN = "sft"
 DONE = "done.json"
 ROWS = "eval.jsonl"
+# tiny_grpo's 600 s bounds a whole trajectory on an idle machine, where one takes seconds; 32 rollouts sharing
+# one engine on a machine loaded 7x over ran past it and were dropped as infra errors (every SFT evaluation
+# rollout of a pilot). The study waits instead, so what it measures does not depend on the machine's load.
+TRAJECTORY_DEADLINE_S = 7200.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,12 @@ class StudyConfig:
     prompts: str = "runs/demo/data/rl_short/prompts.jsonl"
     eval_prompts: str = "runs/demo/data/rl_short/eval.jsonl"
     recipe: str = "tiny_grpo"
-    steps: int = 24
+    # From the pilot (docs/ablation.md): at tiny_grpo's lr 1e-4, 36 vanilla steps changed the greedy outcome of
+    # 16% of the held-out prompts; at 3e-4, 24 steps changed 39% (and 90% of the rollouts token for token)
+    # with every prompt still answered well-formed; at 1e-3 all changed and tool calls fell. 48 steps at 3e-4
+    # (four passes over the 48 training prompts) is what 90 minutes of 2 idle cores hold for 36 runs.
+    steps: int = 48
+    lr: float = 3e-4
     seeds: tuple[int, ...] = (0, 1, 2)
     modes: tuple[str, ...] = MODES
     rates: tuple[float, ...] = (0.0, 0.3)
@@ -83,9 +94,9 @@ class StudyConfig:
     overrides: tuple[str, ...] = ()  # extra KEY=VALUE for every run (tests: tiny sizes)
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or not self.seeds or not self.rates:
-            raise ValueError(f"the study needs steps >= 1, seeds and rates, got {self.steps}, {self.seeds}, "
-                             f"{self.rates}")
+        if self.steps < 1 or not self.seeds or not self.rates or not self.lr > 0:
+            raise ValueError(f"the study needs steps >= 1, seeds, rates and lr > 0, got {self.steps}, {self.seeds}, "
+                             f"{self.rates}, {self.lr}")
         unknown = [m for m in (*self.modes, *self.choice_modes) if m not in MODES]
         if unknown:
             raise ValueError(f"unknown fatal modes {unknown}; expected some of {MODES}")
@@ -95,7 +106,7 @@ class StudyConfig:
                                  "policy/keep or all/keep")
 
 
-QUICK = StudyConfig(out="runs/ablation_quick", steps=2, seeds=(0, 1), eval_limit=16, choice_modes=("fatal_clamp",))
+QUICK = StudyConfig(out="runs/ablation_quick", steps=2, seeds=(0, 1), eval_limit=8, choice_modes=("fatal_clamp",))
 
 
 def plan(study: StudyConfig) -> list[RunSpec]:
@@ -127,16 +138,17 @@ def grpo_overrides(study: StudyConfig, spec: RunSpec) -> list[str]:
     return [f"model.pretrained={study.sft}", f"data.tokenizer={study.tokenizer}", f"data.train_path={study.prompts}",
             f"tools.world_dir={study.world}", f"job.run_dir={run_dir(study, spec)}", f"job.seed={spec.seed}",
             f"grpo.fatal_mode={spec.mode}", f"grpo.fatal_errors={spec.errors}",
-            f"grpo.infra_rollouts={spec.infra_rollouts}", f"grpo.max_steps={study.steps}",
+            f"grpo.infra_rollouts={spec.infra_rollouts}", f"grpo.max_steps={study.steps}", f"optimizer.lr={study.lr}",
             f"tools.outage_rate={spec.outage_rate}", "tools.fault_rate=0", "tools.workers=1",
             f"checkpoint.every_steps={study.checkpoint_every}", "checkpoint.keep_last=1",
-            "metrics.tensorboard=false", "metrics.console=false", "rollout.max_in_flight=16", *study.overrides]
+            "metrics.tensorboard=false", "metrics.console=false", "rollout.max_in_flight=16",
+            f"rollout.trajectory_deadline_s={TRAJECTORY_DEADLINE_S}", *study.overrides]
 
 
 def eval_overrides(study: StudyConfig) -> list[str]:
     return [f"data.tokenizer={study.tokenizer}", f"data.train_path={study.eval_prompts}",
-            f"tools.world_dir={study.world}",
-            "tools.workers=1", "rollout.max_in_flight=32", *study.overrides]
+            f"tools.world_dir={study.world}", "tools.workers=1", "rollout.max_in_flight=32",
+            f"rollout.trajectory_deadline_s={TRAJECTORY_DEADLINE_S}", *study.overrides]
 
 
 def prompt_row(trajectory) -> dict[str, Any]:
@@ -146,10 +158,13 @@ def prompt_row(trajectory) -> dict[str, Any]:
     calls = sum(step.tool_result is not None for step in trajectory.steps)
     answered = trajectory.final_answer is not None
     reward = trajectory.reward
+    statuses = Counter(step.tool_result.status.value for step in trajectory.steps if step.tool_result is not None)
+    generated = json.dumps([step.token_ids for step in trajectory.steps]).encode()
     return {"prompt": trajectory.prompt.id, "correct": reward.acc if reward is not None and reward.scored else None,
+            "answer": trajectory.final_answer, "rollout": hashlib.blake2b(generated, digest_size=8).hexdigest(),
             "answered": answered, "tool_calls": calls, "no_tool_answer": answered and calls == 0,
             "grounded": answer_is_grounded(trajectory), "fatal": trajectory.fatal_step >= 0,
-            "turns": len(trajectory.steps)}
+            "turns": len(trajectory.steps), "finish": trajectory.finish_reason.value, "statuses": dict(statuses)}
 
 
 def _cpu_seconds() -> float:
@@ -261,19 +276,32 @@ def run_study(study: StudyConfig, jobs: int = 2, threads: int = 1, engine_wrappe
     check_inputs(study)
     Path(study.out).mkdir(parents=True, exist_ok=True)
     _write_json(Path(study.out) / "study.json", asdict(study))
-    specs: list[RunSpec | None] = [None, *plan(study)]
     result = StudyResult()
-    pending = []
-    for spec in specs:
+    pending: list[RunSpec | None] = []
+    for spec in [None, *plan(study)]:
         if (run_dir(study, spec or SFT_RUN) / DONE).is_file():
             result.skipped.append(_label(spec))
         else:
             pending.append(spec)
-    context = multiprocessing.get_context("spawn")
     running: list[_Running] = []
-    walls: list[float] = []
     started = time.perf_counter()
-    last_line, last_print = "", 0.0
+    try:
+        _schedule(study, pending, running, result, jobs, threads, engine_wrapper, stream, poll_s)
+    finally:  # interrupted: stop the runs in flight; each resumes from its last checkpoint next time
+        for item in running:
+            item.process.terminate()
+            item.process.join()
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def _schedule(study: StudyConfig, pending: list[RunSpec | None], running: list[_Running], result: StudyResult,
+              jobs: int, threads: int, engine_wrapper: Callable | None, stream: TextIO, poll_s: float) -> None:
+    """Start runs while fewer than ``jobs`` are in flight, collect the finished ones, print the progress."""
+    context = multiprocessing.get_context("spawn")
+    total = len(pending) + len(result.skipped)
+    started, walls = time.perf_counter(), []
+    last_line, last_print, last_done = "", 0.0, 0
     while pending or running:
         while pending and len(running) < jobs:
             spec = pending.pop(0)
@@ -287,29 +315,28 @@ def run_study(study: StudyConfig, jobs: int = 2, threads: int = 1, engine_wrappe
         for item in [r for r in running if not r.process.is_alive()]:
             running.remove(item)
             item.process.join()
-            name = _label(item.spec)
-            if item.process.exitcode == 0 and (run_dir(study, item.spec or SFT_RUN) / DONE).is_file():
-                result.done.append(name)
+            directory = run_dir(study, item.spec or SFT_RUN)
+            if item.process.exitcode == 0 and (directory / DONE).is_file():
+                result.done.append(_label(item.spec))
                 if item.spec is not None:
                     walls.append(time.perf_counter() - item.started)
             else:
-                result.failed.append(f"{name} (exit code {item.process.exitcode}; see "
-                                     f"{run_dir(study, item.spec or SFT_RUN) / 'log.txt'})")
+                result.failed.append(f"{_label(item.spec)} (exit code {item.process.exitcode}; see "
+                                     f"{directory / 'log.txt'})")
         finished = len(result.done) + len(result.skipped)
-        line = _progress(study, len(specs), finished, running, len(result.failed), started, walls, jobs)
-        if line != last_line and (time.perf_counter() - last_print > 10 or not running):
+        line = _progress(study, total, finished, running, len(result.failed), started, walls, jobs)
+        if line != last_line and (time.perf_counter() - last_print > 30 or not running or finished > last_done):
             print(line, file=stream, flush=True)
-            last_line, last_print = line, time.perf_counter()
-    result.wall_s = time.perf_counter() - started
-    return result
+            last_line, last_print, last_done = line, time.perf_counter(), finished
 
 
 def _study(args: argparse.Namespace) -> StudyConfig:
     base = QUICK if args.quick else StudyConfig()
     given = {key: getattr(args, key) for key in ("out", "sft", "world", "tokenizer", "prompts", "eval_prompts")
              if getattr(args, key) is not None}
-    if args.steps is not None:
-        given["steps"] = args.steps
+    for key in ("steps", "lr"):
+        if getattr(args, key) is not None:
+            given[key] = getattr(args, key)
     for key in ("seeds", "modes", "rates"):
         if getattr(args, key) is not None:
             given[key] = tuple(getattr(args, key))
@@ -325,12 +352,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("plan", "run", "report"):
         command = sub.add_parser(name)
-        command.add_argument("--quick", action="store_true", help="the smoke form: 2 steps, 2 seeds, 16 prompts")
+        command.add_argument("--quick", action="store_true", help="the smoke form: 2 steps, 2 seeds, 8 prompts")
         command.add_argument("--out", help="the study's directory (default runs/ablation, runs/ablation_quick)")
         for flag in ("sft", "world", "tokenizer", "prompts", "eval-prompts"):
             default = getattr(StudyConfig, flag.replace("-", "_"))
             command.add_argument(f"--{flag}", help=f"default: the demo's ({default})")
         command.add_argument("--steps", type=int)
+        command.add_argument("--lr", type=float)
         command.add_argument("--seeds", type=int, nargs="+")
         command.add_argument("--modes", nargs="+", choices=MODES)
         command.add_argument("--rates", type=float, nargs="+", help="outage rates of the main grid")

@@ -83,6 +83,12 @@ class StudyRows:
     def seeds(self, key: tuple[float, str, str]) -> int:
         return len(self.settings.get(key, {}))
 
+    def cut_short(self) -> tuple[int, int]:
+        """(evaluation rollouts our infrastructure cut short, all of them): the former count as unanswered."""
+        runs = [r for by_seed in self.settings.values() for r in by_seed.values()] + ([self.sft] if self.sft else [])
+        finishes = [row.get("finish") for r in runs for row in r.values()]
+        return sum(f == "infra_error" for f in finishes), len(finishes)
+
 
 def _read_rows(path: Path) -> dict[str, dict]:
     return {row["prompt"]: row for _, row in iter_jsonl(path)}
@@ -222,6 +228,9 @@ def training_sums(study: StudyConfig) -> dict[tuple[float, str, str], dict[str, 
             out["scored"] += z.scored
             out["fatal"] += z.fatal
             out["infra_hit"] += sum(map(_met_infra_error, records))
+            statuses = [s["tool_result"]["status"] for r in records for s in r["steps"] if s.get("tool_result")]
+            out["tool_calls"] += len(statuses)
+            out["timeouts"] += statuses.count("timeout")
             out["infra_kept"] += sum(_met_infra_error(r) and reason is None for r, reason in zip(records, reasons))
             out["zeroed"] += z.clamped
             out["preserved"] += z.preserved
@@ -317,31 +326,35 @@ def _moving_average(values: np.ndarray, width: int) -> np.ndarray:
 
 def study_summary(study: StudyConfig, rows: StudyRows) -> str:
     cpu = wall = 0.0
-    runs = 0
     for spec in [*plan(study), None]:
         done = run_dir(study, spec or SFT_RUN) / DONE
         if done.is_file():
             record = json.loads(done.read_text())
             cpu += record["train_cpu_s"] + record["eval_cpu_s"]
             wall += record["train_wall_s"] + record["eval_wall_s"]
-            runs += 1
+    cut, evaluated = rows.cut_short()
+    warning = (f" **{cut} of {evaluated} evaluation rollouts were cut short by the trajectory deadline or the engine "
+               "and count as unanswered.**" if cut else "")
     return (f"{rows.done} of {rows.planned} GRPO runs finished (plus the SFT evaluation: "
             f"{'done' if rows.sft else 'not yet'}); {study.steps} GRPO steps each, seeds {list(study.seeds)}, "
             f"{len(rows.prompts)} held-out prompts evaluated greedily. The finished runs took {cpu / 3600:.2f} "
-            f"CPU-hours "
-            f"({wall / 3600:.2f} h of wall time summed over runs, on whatever load the machine had).")
+            f"CPU-hours ({wall / 3600:.2f} h of wall time summed over runs, on whatever load the machine had)."
+            + warning)
 
 
 def write_report(study: StudyConfig, doc: str | None = None, figures: str | None = None) -> str:
     """The generated markdown; written between the markers of ``doc`` when given, else to ``OUT/report.md``."""
     rows = load_rows(study)
     training = training_sums(study)
+    calls = sum(t.get("tool_calls", 0) for t in training.values())
+    timeouts = sum(t.get("timeouts", 0) for t in training.values())
     figures_dir = Path(figures) if figures else Path(study.out) / "figures"
     written = plot_curves(study, figures_dir)
     base = Path(doc).parent if doc else Path(study.out)
     links = " ".join(f"![{p.stem}]({_relative(p, base)})" for p in written)
     block = "\n\n".join([
-        study_summary(study, rows),
+        study_summary(study, rows) + (f" Tool calls in training rollouts: {int(calls)}, of which {int(timeouts)} "
+                                      "timed out (a timeout counts as the policy's error)." if calls else ""),
         "**Held-out accuracy (greedy, no faults or outages), Table 3b layout.** Mean over seeds and prompts; "
         "[95% two-level bootstrap interval over seeds and prompts]; Δ: paired by prompt against vanilla GRPO at "
         "the same outage rate. The paper's column is its 3-benchmark average for Qwen3-VL-8B, for the layout only.",
