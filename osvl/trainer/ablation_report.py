@@ -30,6 +30,7 @@ from osvl.rl.mechanism import ToyAgent, push_markdown, push_table
 from osvl.trainer.ablation import DONE, ROWS, SFT_RUN, StudyConfig, plan, run_dir
 
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
+MECHANISM = ("<!-- mechanism:begin -->", "<!-- mechanism:end -->")
 LABELS = {"vanilla": "+ Vanilla GRPO", "hard_mask": "+ GRPO w/ Hard Masking",
           "fatal_mask": "+ GRPO w/ Fatal Masking only", "fatal_clamp": "+ Fatal Masking + One-sided Clamp"}
 PAPER_TABLE_3B = {"sft": 64.6, "vanilla": 67.6, "hard_mask": 67.7, "fatal_mask": 69.1, "fatal_clamp": 71.8}
@@ -136,7 +137,7 @@ def table_3b(rows: StudyRows, rates: Sequence[float]) -> str:
     head = "| Method | " + " | ".join(f"accuracy, outage {r:g} | Δ vs vanilla" for r in rates) + " | paper Avg. |"
     lines = [head, "|---|" + "---:|---:|" * len(rates) + "---:|"]
     sft = _estimate(rows, None, ACCURACY)
-    lines.append("| SFT only | " + " | ".join(f"{_fmt(sft)} | " for _ in rates) + f" {PAPER_TABLE_3B['sft']} |")
+    lines.append("| SFT only | " + " | ".join(f"{_fmt(sft)} | –" for _ in rates) + f" | {PAPER_TABLE_3B['sft']} |")
     for mode in MODES:
         cells = []
         for rate in rates:
@@ -373,21 +374,28 @@ def write_report(study: StudyConfig, doc: str | None = None, figures: str | None
         "**Training curves** (training rollouts, 16 a step, at temperature 0.7 and under the run's outages; "
         "mean over seeds, band: min to max over seeds).",
         links,
-        "**The mechanism, exactly** (`osvl.rl.mechanism`, asserted by `tests/rl/test_mechanism.py`).",
-        push_markdown(push_table(ToyAgent()), ToyAgent()),
     ])
+    mechanism = push_markdown(push_table(ToyAgent()), ToyAgent())
     if doc is None:
         target = Path(study.out) / "report.md"
-        target.write_text(block + "\n")
+        target.write_text(f"{block}\n\n**The mechanism, exactly** (`osvl.rl.mechanism`).\n\n{mechanism}\n")
         return block
     path = Path(doc)
-    text = path.read_text() if path.is_file() else f"{BEGIN}\n{END}\n"
-    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"{doc} has no {BEGIN} ... {END} block to fill")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}")
+    text = _fill(path.read_text() if path.is_file() else f"{BEGIN}\n{END}\n", (BEGIN, END), block, doc)
+    if MECHANISM[0] in text:
+        text = _fill(text, MECHANISM, mechanism, doc)
+    path.write_text(text)
     return block
+
+
+def _fill(text: str, markers: tuple[str, str], block: str, doc: str) -> str:
+    """``text`` with what stands between the two markers replaced by ``block``."""
+    begin, end = markers
+    if begin not in text or end not in text or text.index(begin) > text.index(end):
+        raise ValueError(f"{doc} has no {begin} ... {end} block to fill")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{block}\n{end}{tail}"
 
 
 def _relative(path: Path, base: Path) -> str:

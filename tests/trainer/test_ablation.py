@@ -13,7 +13,7 @@ import pytest
 
 from osvl.rl.advantages import MODES
 from osvl.trainer.ablation import DONE, QUICK, ROWS, SFT_RUN, RunSpec, StudyConfig, main, plan, run_dir, run_study
-from osvl.trainer.ablation_report import BEGIN, END, load_rows, write_report
+from osvl.trainer.ablation_report import BEGIN, END, MECHANISM, load_rows, write_report
 from osvl.world.__main__ import main as world_main
 from tests.trainer.ablation_fixtures import TINY, searcher, study_inputs
 
@@ -76,13 +76,17 @@ def test_outages_reach_training_as_the_error_choice_says(quick):
 def test_the_report_is_well_formed(quick, tmp_path):
     study, _, _ = quick
     doc = tmp_path / "ablation.md"
-    doc.write_text(f"# reading\n\n{BEGIN}\nold\n{END}\n\nafter\n")
+    doc.write_text(f"# reading\n\n{BEGIN}\nold\n{END}\n\nmiddle\n{MECHANISM[0]}\nstale\n{MECHANISM[1]}\nafter\n")
     block = write_report(study, doc=str(doc), figures=str(tmp_path / "figures"))
     text = doc.read_text()
-    assert text.startswith("# reading") and text.endswith("after\n") and "old" not in text and block in text
+    assert text.startswith("# reading") and text.endswith("after\n") and block in text
+    assert "old" not in text and "stale" not in text and "middle" in text
+    assert "| fatal_clamp |" in text.split(MECHANISM[0])[1]  # the toy's exact table, refreshed
+    table = block.split("| Method | accuracy")[1].split("\n\n")[0].splitlines()
     for label in ("SFT only", "+ Vanilla GRPO", "+ GRPO w/ Hard Masking", "+ GRPO w/ Fatal Masking only",
                   "+ Fatal Masking + One-sided Clamp"):
         assert f"| {label} |" in block
+    assert len({line.count("|") for line in table}) == 1  # every row has the header's columns
     estimates = re.findall(rf"({NUMBER}) \[({NUMBER}), ({NUMBER})\]", block)
     assert len(estimates) > 30
     for value, low, high in map(lambda e: tuple(map(float, e)), estimates):
