@@ -82,7 +82,7 @@ def test_the_report_is_well_formed(quick, tmp_path):
     assert text.startswith("# reading") and text.endswith("after\n") and block in text
     assert "old" not in text and "stale" not in text and "middle" in text
     assert "| fatal_clamp |" in text.split(MECHANISM[0])[1]  # the toy's exact table, refreshed
-    table = block.split("| Method | accuracy")[1].split("\n\n")[0].splitlines()
+    table = ("| Method | accuracy" + block.split("| Method | accuracy")[1].split("\n\n")[0]).splitlines()
     for label in ("SFT only", "+ Vanilla GRPO", "+ GRPO w/ Hard Masking", "+ GRPO w/ Fatal Masking only",
                   "+ Fatal Masking + One-sided Clamp"):
         assert f"| {label} |" in block
