@@ -245,7 +245,7 @@ def _label(spec: RunSpec | None) -> str:
 
 def _steps_done(study: StudyConfig, spec: RunSpec | None) -> str:
     directory = run_dir(study, spec or SFT_RUN)
-    if (directory / "evaluating").exists():
+    if spec is None or (directory / "evaluating").exists():
         return "eval"
     metrics = directory / "metrics.jsonl"
     steps = {json.loads(line)["step"] for line in metrics.read_text().splitlines() if line} if metrics.is_file() else ()
