@@ -73,10 +73,9 @@ def _check_table(table: Table, prompts: int | None = None) -> Table:
     return numerator, denominator
 
 
-def _resampled(table: Table, prompt_draws: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def _resampled(table: Table, seed_draws: np.ndarray, prompt_draws: np.ndarray) -> np.ndarray:
     numerator, denominator = table
-    seeds = rng.integers(0, numerator.shape[0], size=(prompt_draws.shape[0], numerator.shape[0]))
-    pick = lambda x: x[seeds[:, :, None], prompt_draws[:, None, :]]  # noqa: E731 - [B, S, P]
+    pick = lambda x: x[seed_draws[:, :, None], prompt_draws[:, None, :]]  # noqa: E731 - [B, S, P]
     return _ratio(pick(numerator), None if denominator is None else pick(denominator))
 
 
@@ -85,22 +84,27 @@ def bootstrap_interval(table: Table, baseline: Table | None = None, *, resamples
     """A mean (or a ratio of sums) over a [seeds, prompts] table with its two-level percentile bootstrap
     interval: seeds and prompts are both drawn with replacement, so the interval covers the runs'
     randomness and the evaluation set's. With ``baseline`` (another table on the same prompts) the
-    estimate is the difference, with one prompt draw shared by both (paired) and seeds drawn
-    independently (the runs are independent)."""
+    estimate is the difference, with one prompt draw shared by both (paired); seeds are paired too when
+    both tables have the same number of them (seed k of each setting drew the same sampling and fault
+    streams: common random numbers), and drawn independently otherwise."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if resamples < 100:
         raise ValueError(f"resamples must be >= 100, got {resamples}")
     table = _check_table(table)
-    prompts = table[0].shape[1]
+    seeds, prompts = table[0].shape
     value = float(_ratio(*table))
     rng = np.random.default_rng(seed)
-    draws = rng.integers(0, prompts, size=(resamples, prompts))
-    samples = _resampled(table, draws, rng)
+    prompt_draws = rng.integers(0, prompts, size=(resamples, prompts))
+    seed_draws = rng.integers(0, seeds, size=(resamples, seeds))
+    samples = _resampled(table, seed_draws, prompt_draws)
     if baseline is not None:
         baseline = _check_table(baseline, prompts)
+        other = baseline[0].shape[0]
+        if other != seeds:
+            seed_draws = rng.integers(0, other, size=(resamples, other))
         value -= float(_ratio(*baseline))
-        samples = samples - _resampled(baseline, draws, rng)
+        samples = samples - _resampled(baseline, seed_draws, prompt_draws)
     samples = samples[np.isfinite(samples)]
     if not math.isfinite(value) or samples.size < resamples // 2:
         return Estimate(value, math.nan, math.nan)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from osvl.rl.advantages import MODES
+from osvl.rl.trajectory import Trajectory
 
 SFT_RUN = "sft"
 DONE = "done.json"
@@ -151,7 +152,7 @@ def eval_overrides(study: StudyConfig) -> list[str]:
             f"rollout.trajectory_deadline_s={TRAJECTORY_DEADLINE_S}", *study.overrides]
 
 
-def prompt_row(trajectory) -> dict[str, Any]:
+def prompt_row(trajectory: Trajectory) -> dict[str, Any]:
     """What the report needs of one greedy evaluation rollout."""
     from osvl.trainer.validation import answer_is_grounded
 

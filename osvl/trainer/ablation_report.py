@@ -7,7 +7,7 @@ answer, answers given without any tool, answers stated by an observation), the e
 choices, the one-sided clamp's bookkeeping next to the paper's Figure 5, and accuracy and tool use
 against the training step. Every interval is the two-level bootstrap of
 :func:`osvl.eval.interval.bootstrap_interval` over prompts and seeds; differences against vanilla
-are paired by prompt. The markdown goes between the ``<!-- ablation:begin -->`` and
+are paired by prompt and seed. The markdown goes between the ``<!-- ablation:begin -->`` and
 ``<!-- ablation:end -->`` markers of ``--doc`` (the hand-written reading around them stays).
 """
 
@@ -357,8 +357,9 @@ def write_report(study: StudyConfig, doc: str | None = None, figures: str | None
         study_summary(study, rows) + (f" Tool calls in training rollouts: {int(calls)}, of which {int(timeouts)} "
                                       "timed out (a timeout counts as the policy's error)." if calls else ""),
         "**Held-out accuracy (greedy, no faults or outages), Table 3b layout.** Mean over seeds and prompts; "
-        "[95% two-level bootstrap interval over seeds and prompts]; Δ: paired by prompt against vanilla GRPO at "
-        "the same outage rate. The paper's column is its 3-benchmark average for Qwen3-VL-8B, for the layout only.",
+        "[95% two-level bootstrap interval over seeds and prompts]; Δ: against vanilla GRPO at the same outage "
+        "rate, paired by prompt and by seed (seed k of every setting draws the same sampling and outage streams). "
+        "The paper's column is its 3-benchmark average for Qwen3-VL-8B, for the layout only.",
         table_3b(rows, study.rates),
         "**Tool use on the held-out prompts.** Tool calls per answer: calls made by rollouts that answered, per "
         "answer; answers without a tool: share of answers given with no tool call; grounded: share of answers "

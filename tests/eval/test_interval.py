@@ -94,3 +94,14 @@ def test_bootstrap_refuses_bad_tables(table, baseline, message):
         bootstrap_interval((table, None), baseline)
     with pytest.raises(ValueError, match="confidence"):
         bootstrap_interval((np.zeros((1, 2)), None), confidence=1.0)
+
+
+def test_matched_seeds_are_paired_in_a_difference():
+    rng = np.random.default_rng(5)
+    seed_effect = np.array([[0.0], [0.5], [1.0]])  # seeds differ a lot; each seed moves both settings alike
+    base = np.clip(seed_effect + 0.1 * rng.random((3, 64)), 0, None)
+    shifted = base + 0.05
+    paired = bootstrap_interval((shifted, None), (base, None))
+    assert paired.value == pytest.approx(0.05) and paired.high - paired.low < 1e-9  # the seed noise cancels
+    unpaired = bootstrap_interval((shifted, None), (base[:2], None))  # 3 seeds vs 2: drawn independently
+    assert unpaired.high - unpaired.low > 0.1
