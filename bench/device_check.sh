@@ -1,122 +1,191 @@
 #!/usr/bin/env bash
-# The one script a session with a lent GPU runs: environment, GPU correctness, kernel
-# benchmarks at issue 2's target shape, and the trainer's dry run of the paper's MoE recipe.
+# The one script a session with a lent GPU runs: every GPU number in one run of <= 9 minutes.
 #
-#   bash bench/device_check.sh            # on the GPU machine (stage limits sum to 15 minutes)
-#   bash bench/device_check.sh --smoke    # tiny shapes, any machine (tests/bench runs this)
+#   bash bench/device_check.sh              # on the GPU machine (carry=[".whl"], see bench/README.md)
+#   bash bench/device_check.sh --dry-run    # print the stage plan and time budget, run nothing
+#   bash bench/device_check.sh --smoke      # tiny shapes, any machine (tests/bench runs this on CPU)
 #
-# Everything goes to $OUT if set, else bench/results/: the benchmark JSON, one log per stage
-# in device_check/, and device_check/summary.json (per stage: exit code, seconds, timed out).
-# Every stage has its own timeout and a failing stage does not stop the next one.
-# Wheels found in .whl/ (carried with the tree) are unpacked into a private directory on the
-# path (pure-Python wheels need no pip for that): how Liger and pytest reach a machine with no
-# internet.
+# Stages run in priority order, each under its own limit, and never past the total budget
+# (DEVICE_CHECK_BUDGET_S, default 520 s: a stage that cannot get its minimum is skipped, so the
+# run ends inside 9 minutes even when stages hang). DEVICE_CHECK_LIMIT_PCT scales every stage's
+# limit (default 100), for rehearsing the run on a slow or loaded CPU host. Each stage writes its result as it finishes:
+# a JSON in $OUT (or bench/results/), a log and a line of $OUT/device_check/stages.jsonl, so a
+# run cut off from outside still returns what it measured. The last step writes
+# device_check/summary.json and summary.md (bench/device_summary.py): the one-page table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-SMOKE=0
+MODE=full
 case "${1:-}" in
-  --smoke) SMOKE=1 ;;
+  --smoke) MODE=smoke ;;
+  --dry-run) MODE=dry ;;
   "") ;;
-  *) echo "usage: bash bench/device_check.sh [--smoke]" >&2; exit 2 ;;
+  *) echo "usage: bash bench/device_check.sh [--smoke | --dry-run]" >&2; exit 2 ;;
 esac
+if [ $# -gt 1 ]; then echo "usage: bash bench/device_check.sh [--smoke | --dry-run]" >&2; exit 2; fi
 
 PY=${PYTHON:-python3}
 OUT_DIR=${OUT:-bench/results}
+BUDGET=${DEVICE_CHECK_BUDGET_S:-520}
+LIMIT_PCT=${DEVICE_CHECK_LIMIT_PCT:-100}  # stage limits in percent of the plan's (a slow CPU host rehearsing the run)
+SUMMARY_RESERVE=15  # seconds kept for the summary at the end
+KILL_GRACE=5        # SIGKILL this long after a stage's SIGTERM
 LOGS="$OUT_DIR/device_check"
-DEPS="$PWD/.device_deps"
-mkdir -p "$LOGS"
-: > "$LOGS/stages.jsonl"
-# The tree is not pip-installed on the device: put both packages (osvl, osvl_kernels) on the path.
+WHEELS=${DEVICE_CHECK_WHEELS:-.whl}
+# The carried wheels install into a private directory of this run (never $OUT, which travels back).
+DEPS=$(mktemp -d -t osvl_device_deps.XXXXXX)
+trap 'rm -rf "$DEPS"' EXIT
+# The tree is not pip-installed on the device: both packages (osvl, osvl_kernels) and the carried
+# wheels' private target go on the path.
 export PYTHONPATH="$PWD:$PWD/kernels:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
 export OUT="$OUT_DIR"
 
-# stage NAME LIMIT_SECONDS COMMAND...: runs with a hard timeout, logs, records the outcome.
-stage() {
-  local name=$1 limit=$2; shift 2
-  local start=$SECONDS
-  echo "== $name (limit ${limit}s)"
-  timeout --kill-after=10 "$limit" "$@" > "$LOGS/$name.log" 2>&1
-  local rc=$?
-  local took=$((SECONDS - start))
-  local timed_out=false
-  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then timed_out=true; fi
-  printf '{"stage": "%s", "rc": %d, "seconds": %d, "timed_out": %s, "log": "%s"}\n' \
-    "$name" "$rc" "$took" "$timed_out" "$LOGS/$name.log" >> "$LOGS/stages.jsonl"
-  tail -n 15 "$LOGS/$name.log"
-  echo "== $name: rc=$rc in ${took}s"
+# name | limit (s) | minimum worth starting (s) | what it measures
+PLAN=(
+  "environment|30|10|torch / CUDA / triton versions, GPU name, nvidia-smi"
+  "wheels|45|15|pip --no-index --find-links .whl into a private temp dir on PYTHONPATH (torchtitan, Liger, numpy, pytest, ...)"
+  "gpu_tests|100|40|pytest -m gpu (the files with gpu-marked tests): the compiled Triton kernels against float64"
+  "logits|70|30|grpo_loss fwd+bwd T=16384 V=151936 bf16 vs Liger's Triton GRPO; 4·T·V bytes, % of HBM"
+  "linear|110|45|linear_grpo_loss H=4096 vs Liger's fused-linear GRPO: time, max_memory_allocated; 6·T·H·V at the measured matmul rate"
+  "train_step|135|60|8B-width Qwen3-VL, 4 layers, 16k packed tokens with images, full AC: tokens/s, MFU, peak memory, loss share"
+)
+
+if [ "$MODE" = dry ]; then
+  total=0
+  printf '%-12s %7s %7s  %s\n' stage limit_s min_s what
+  for entry in "${PLAN[@]}"; do
+    IFS='|' read -r name limit minimum what <<< "$entry"
+    printf '%-12s %7s %7s  %s\n' "$name" "$limit" "$minimum" "$what"
+    total=$((total + limit + KILL_GRACE))
+  done
+  printf '%-12s %7s\n' summary "$SUMMARY_RESERVE"
+  echo "sum of stage limits (with ${KILL_GRACE}s kill grace each): ${total}s; budget ${BUDGET}s (stages are cut to fit it);" \
+       "summary reserve ${SUMMARY_RESERVE}s; wall <= $((BUDGET + SUMMARY_RESERVE))s"
+  echo "not a stage: one tiny GRPO rollout+update step on the GPU (the trainer places the policy on the CPU" \
+       "and the tool stack needs OpenCV, which the GPU image lacks; see bench/README.md)"
+  exit 0
+fi
+
+mkdir -p "$LOGS"
+: > "$LOGS/stages.jsonl"
+START=$SECONDS
+
+limit_of() {  # the plan's limit and minimum for a stage
+  local entry
+  for entry in "${PLAN[@]}"; do
+    IFS='|' read -r name limit minimum _ <<< "$entry"
+    if [ "$name" = "$1" ]; then echo "$((limit * LIMIT_PCT / 100)) $((minimum * LIMIT_PCT / 100))"; return; fi
+  done
+  echo "unknown stage $1" >&2; exit 2
+}
+
+record() {  # record NAME RC SECONDS LIMIT TIMED_OUT [SKIPPED_REASON]
+  local skipped=${6:-}
+  if [ -n "$skipped" ]; then
+    printf '{"stage": "%s", "rc": null, "seconds": 0, "limit": %d, "timed_out": false, "skipped": "%s"}\n' \
+      "$1" "$4" "$skipped" >> "$LOGS/stages.jsonl"
+  else
+    printf '{"stage": "%s", "rc": %d, "seconds": %d, "limit": %d, "timed_out": %s, "log": "%s"}\n' \
+      "$1" "$2" "$3" "$4" "$5" "$LOGS/$1.log" >> "$LOGS/stages.jsonl"
+  fi
 }
 
 skip() {
-  printf '{"stage": "%s", "rc": null, "seconds": 0, "timed_out": false, "skipped": "%s"}\n' "$1" "$2" >> "$LOGS/stages.jsonl"
+  read -r limit _ <<< "$(limit_of "$1")"
+  record "$1" 0 0 "$limit" false "$2"
   echo "== $1: skipped ($2)"
 }
 
-# --- 1. environment -------------------------------------------------------------------------
-stage environment 60 "$PY" -c '
-import platform, torch
-print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
-print("cuda available", torch.cuda.is_available())
-if torch.cuda.is_available():
-    print("device", torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory // 2**30, "GiB")
-import triton; print("triton", triton.__version__)
-'
-if command -v nvidia-smi > /dev/null; then stage nvidia_smi 30 nvidia-smi; fi
+# stage NAME COMMAND...: runs under min(its limit, what is left of the budget), logs, records.
+stage() {
+  local name=$1; shift
+  local limit minimum
+  read -r limit minimum <<< "$(limit_of "$name")"
+  local left=$((BUDGET - (SECONDS - START) - KILL_GRACE))
+  if [ "$left" -lt "$minimum" ]; then
+    skip "$name" "only ${left}s of the ${BUDGET}s budget left, needs ${minimum}s"
+    return
+  fi
+  if [ "$left" -lt "$limit" ]; then limit=$left; fi
+  local begin=$SECONDS
+  echo "== $name (limit ${limit}s, $((SECONDS - START))s into the run)"
+  timeout --kill-after=$KILL_GRACE "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  local took=$((SECONDS - begin))
+  local timed_out=false
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then timed_out=true; fi
+  record "$name" "$rc" "$took" "$limit" "$timed_out"
+  tail -n 12 "$LOGS/$name.log"
+  echo "== $name: rc=$rc in ${took}s"
+}
 
-# --- 2. carried wheels (Liger, pytest, ...) --------------------------------------------------
-if compgen -G ".whl/*.whl" > /dev/null; then
-  stage wheels 120 "$PY" -c '
-import sys, zipfile
-for wheel in sys.argv[2:]:
-    zipfile.ZipFile(wheel).extractall(sys.argv[1])
-    print("unpacked", wheel)
-' "$DEPS" .whl/*.whl
+# --- 1. environment -------------------------------------------------------------------------
+stage environment bash -c '"$0" -c "
+import platform, torch
+print(\"python\", platform.python_version(), \"torch\", torch.__version__, \"cuda\", torch.version.cuda)
+print(\"cuda available\", torch.cuda.is_available())
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(\"device\", torch.cuda.get_device_name(), p.total_memory // 2**30, \"GiB\", p.multi_processor_count, \"SMs\")
+import triton; print(\"triton\", triton.__version__)
+" || exit; if command -v nvidia-smi > /dev/null; then nvidia-smi; fi' "$PY"
+
+# --- 2. carried wheels -----------------------------------------------------------------------
+if compgen -G "$WHEELS/*.whl" > /dev/null && ! "$PY" -c "import sys; sys.exit(sys.version_info[:2] != (3, 12))"; then
+  skip wheels "the carried wheels are for Python 3.12 (the GPU image); this Python is $("$PY" -V 2>&1)"
+elif compgen -G "$WHEELS/*.whl" > /dev/null; then
+  # pip offline into a private target (no index, no dependency resolution: .whl/ is the closure).
+  # A Python without pip unpacks the wheels instead (pure-Python and manylinux wheels need no build).
+  stage wheels bash -c '
+    if "$0" -m pip --version > /dev/null 2>&1; then
+      "$0" -m pip install --no-index --find-links "$2" --no-deps --target "$1" --upgrade --quiet "$2"/*.whl
+    else
+      "$0" -c "import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]" "$1" "$2"/*.whl
+    fi && ls "$1"' "$PY" "$DEPS" "$WHEELS"
 else
-  skip wheels "no .whl/ directory: Liger cases will be reported unavailable"
+  skip wheels "no wheels in $WHEELS/ (bash bench/device_wheels.sh): torchtitan and Liger stages will fail or be unavailable"
 fi
 
 # --- 3. GPU correctness: compiled Triton kernels (interpreter off) ---------------------------
 if ! "$PY" -c "import pytest" 2> /dev/null; then
-  skip gpu_tests "pytest not importable (carry its wheels in .whl/, see bench/README.md)"
-elif [ "$SMOKE" -eq 1 ]; then
-  stage gpu_tests 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/bench/test_measure.py
+  skip gpu_tests "pytest not importable (carry its wheels: bash bench/device_wheels.sh)"
+elif [ "$MODE" = smoke ]; then
+  stage gpu_tests env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/bench/test_measure.py
 else
-  # `-m gpu`: every GPU-marked test. tests/kernels needs hypothesis at import time.
-  DIRS="tests/bench"
-  if "$PY" -c "import hypothesis" 2> /dev/null; then DIRS="tests/kernels tests/bench"; fi
-  stage gpu_tests 180 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider -m gpu $DIRS
+  # Only the files that hold gpu-marked tests: collecting the whole suite would import every
+  # integration (TRL, verl, OpenCV tools) the GPU image does not have, and cost a minute.
+  GPU_FILES=$(grep -rl --include='test_*.py' "pytest.mark.gpu" tests | sort)
+  stage gpu_tests env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider -m gpu $GPU_FILES
 fi
 
-# --- 4. kernel benchmarks at the issue's target shape (T=16384, V=151936, H=4096, bf16) --------
-if [ "$SMOKE" -eq 1 ]; then
-  stage bench_grpo_loss 120 "$PY" bench/kernels/bench_grpo_loss.py --tokens 64 --vocab 128 --hidden 16 \
-    --seqs 4 --warmup 1 --reps 1 --no-cpu-memory --cases osvl_grpo_loss,torch_eager \
-    --name device_check_smoke --out-dir "$OUT_DIR"
+# --- 4. grpo_loss at the target shape against Liger's Triton GRPO loss and the bytes floor ------
+if [ "$MODE" = smoke ]; then
+  stage logits "$PY" bench/kernels/bench_grpo_loss.py --tokens 64 --vocab 128 --hidden 16 --seqs 4 --warmup 1 --reps 1 \
+    --no-cpu-memory --cases osvl_grpo_loss,torch_eager --name device_logits --out-dir "$OUT_DIR"
 else
-  stage bench_grpo_loss 270 "$PY" bench/kernels/bench_grpo_loss.py --out-dir "$OUT_DIR"
+  stage logits "$PY" bench/kernels/bench_grpo_loss.py --interleave \
+    --cases osvl_grpo_loss,liger_grpo_loss_same_rows,liger_grpo_loss_padded --name device_logits --out-dir "$OUT_DIR"
 fi
 
-# --- 4b. fused-linear peak memory vs Liger at the real shape (max_memory_allocated) + dW error ---
-if [ "$SMOKE" -eq 1 ]; then
-  stage bench_linear_memory 120 "$PY" bench/kernels/bench_linear_memory.py --scale 128 --numerics-tokens 256 \
-    --name device_check_linear_memory_smoke --out-dir "$OUT_DIR"
+# --- 5. linear_grpo_loss against Liger's fused-linear GRPO (time, memory, FLOP floor) -----------
+if [ "$MODE" = smoke ]; then
+  stage linear "$PY" bench/kernels/bench_grpo_loss.py --tokens 64 --vocab 128 --hidden 16 --seqs 4 --warmup 1 --reps 1 \
+    --no-cpu-memory --matmul-rate --cases osvl_linear_grpo_loss,liger_fused_linear_grpo --name device_linear \
+    --out-dir "$OUT_DIR"
 else
-  stage bench_linear_memory 120 "$PY" bench/kernels/bench_linear_memory.py --out-dir "$OUT_DIR"
+  stage linear "$PY" bench/kernels/bench_grpo_loss.py --matmul-rate --reps 5 \
+    --cases osvl_linear_grpo_loss,liger_fused_linear_grpo --name device_linear --out-dir "$OUT_DIR"
 fi
 
-# --- 5. trainer ----------------------------------------------------------------------------
-# The recipe system and the dry-run memory planner of the paper's MoE recipe (seconds, no data).
-# A real short GPU training step joins here once the demo pipeline (world -> SFT -> GRPO) exists.
-stage train_dry_run 120 "$PY" -m osvl.train --recipe grpo_30b_moe --dry-run
+# --- 6. one trainer step of an 8B-width Qwen3-VL cut to 4 decoder layers ------------------------
+if [ "$MODE" = smoke ]; then
+  stage train_step "$PY" bench/train_step.py --smoke --steps 2 --tokens 256 --name device_train_step --out-dir "$OUT_DIR"
+else
+  stage train_step "$PY" bench/train_step.py --name device_train_step --out-dir "$OUT_DIR"
+fi
 
 # --- summary ---------------------------------------------------------------------------------
-"$PY" - "$LOGS" <<'PYEOF'
-import json, sys
-from pathlib import Path
-logs = Path(sys.argv[1])
-stages = [json.loads(line) for line in (logs / "stages.jsonl").read_text().splitlines() if line.strip()]
-failed = [s["stage"] for s in stages if s.get("rc") not in (None, 0)]
-(logs / "summary.json").write_text(json.dumps({"stages": stages, "failed": failed}, indent=2) + "\n")
-print("failed stages:", ", ".join(failed) if failed else "none")
-sys.exit(1 if failed else 0)
-PYEOF
+timeout --kill-after=$KILL_GRACE $((SUMMARY_RESERVE - KILL_GRACE)) "$PY" -m bench.device_summary "$OUT_DIR"
+rc=$?
+echo "device check: $((SECONDS - START))s wall"
+exit $rc

@@ -1,11 +1,17 @@
 """``python -m osvl.serve --recipe NAME --nodes N``: the service side of a GRPO recipe.
 
-Prints, per node, the commands that start the SGLang servers (and an sglang-router), the tool
-server, and the trainer's ``torchrun`` with the ``--set`` overrides that point it at them. Every
-flag that must agree with the trainer comes from the recipe: the checkpoint the servers load
-(``model.pretrained``), the image processor's pixel budget (its ``preprocessor_config.json``, also
-passed as ``--mm-process-config``), the context length (``grpo.max_prompt_tokens +
-max_response_tokens``), the servers' TP size and memory fraction, and the weight-update route.
+Prints, per node, the commands that start the inference servers (SGLang, with an optional
+sglang-router, or vLLM with ``--engine vllm``), the tool server, and the trainer's ``torchrun``
+with the ``--set`` overrides that point it at them. Every flag that must agree with the trainer
+comes from the recipe: the checkpoint the servers load (``model.pretrained``), the image
+processor's pixel budget (its ``preprocessor_config.json``, also passed as SGLang's
+``--mm-process-config`` / vLLM's ``--mm-processor-kwargs``), the context length
+(``grpo.max_prompt_tokens + max_response_tokens``), the servers' TP size and memory fraction, and
+the weight-update route. vLLM servers also get what osvl's client needs: the RL and RPC routes
+(``VLLM_SERVER_DEV_MODE=1``), the token-in/token-out route (``--enable-scale-out``), logprobs
+after temperature (``--logprobs-mode processed_logprobs``), request sampling without the
+checkpoint's defaults (``--generation-config vllm``), and NCCL weight transfer for
+``rollout.weight_sync = "distributed"``.
 
 Layout: on every node the first ``--train-gpus`` GPUs run trainer ranks and the others run
 SGLang servers of ``rollout.server_tp`` GPUs each. ``--engine loopback --launch`` starts the CPU
@@ -33,6 +39,7 @@ from osvl.data.image import ImageConfig
 
 TRAIN_PORT = 29400  # torchrun's c10d rendezvous
 SGLANG_PORT = 30000
+VLLM_PORT = 8200
 ROUTER_PORT = 29000
 TOOL_PORT = 8100
 JUDGE_PORT = 8000
@@ -72,7 +79,23 @@ def server_image_config(recipe: Recipe) -> ImageConfig | None:
     return checkpoint_image_config(recipe.model.pretrained)
 
 
-def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str) -> list[Command]:
+def vllm_server_argv(recipe: Recipe, model: str, port: int, host: str = "0.0.0.0") -> list[str]:
+    """``vllm serve`` with every flag osvl's vLLM client and the trainer's contract need."""
+    r, g = recipe.rollout, recipe.grpo
+    argv = ["vllm", "serve", model, "--host", host, "--port", str(port), "--tensor-parallel-size", str(r.server_tp),
+            "--gpu-memory-utilization", str(r.server_mem_fraction),
+            "--max-model-len", str(g.max_prompt_tokens + g.max_response_tokens), "--dtype", recipe.parallel.param_dtype,
+            "--logprobs-mode", "processed_logprobs", "--enable-scale-out", "--generation-config", "vllm"]
+    if r.weight_sync == "distributed":
+        argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    image = server_image_config(recipe)
+    if image is not None:
+        argv += ["--mm-processor-kwargs",
+                 json.dumps({"size": {"shortest_edge": image.min_pixels, "longest_edge": image.max_pixels}})]
+    return argv
+
+
+def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str, engine: str = "sglang") -> list[Command]:
     """Every command of the layout, in start order (servers, router, tool servers, trainer)."""
     r, g = recipe.rollout, recipe.grpo
     if layout.serve_gpus % r.server_tp:
@@ -83,9 +106,19 @@ def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str) -> list[Comma
     model = recipe.model.pretrained or "<HF checkpoint directory>"
     commands, workers, tools = [], [], []
     image = server_image_config(recipe)
+    if engine == "vllm" and layout.router:
+        raise ValueError("--router fronts SGLang servers; the trainer spreads requests over vLLM servers itself")
     for node, host in enumerate(layout.hosts):
         for k in range(layout.serve_gpus // r.server_tp):
             first = layout.train_gpus + k * r.server_tp
+            visible = ",".join(str(i) for i in range(first, first + r.server_tp))
+            if engine == "vllm":
+                port = VLLM_PORT + k
+                commands.append(Command(host, f"vLLM server {k} (GPUs {visible})",
+                                        tuple(vllm_server_argv(recipe, model, port)),
+                                        (("VLLM_SERVER_DEV_MODE", "1"), ("CUDA_VISIBLE_DEVICES", visible))))
+                workers.append(f"http://{host}:{port}")
+                continue
             port = SGLANG_PORT + k
             argv = ["python", "-m", "sglang.launch_server", "--model-path", model, "--host", "0.0.0.0",
                     "--port", str(port), "--tp-size", str(r.server_tp), "--mem-fraction-static",
@@ -94,7 +127,6 @@ def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str) -> list[Comma
             if image is not None:
                 argv += ["--mm-process-config",
                          json.dumps({"image": {"min_pixels": image.min_pixels, "max_pixels": image.max_pixels}})]
-            visible = ",".join(str(i) for i in range(first, first + r.server_tp))
             commands.append(Command(host, f"SGLang server {k} (GPUs {visible})", tuple(argv),
                                     (("CUDA_VISIBLE_DEVICES", visible),)))
             workers.append(f"http://{host}:{port}")
@@ -113,12 +145,16 @@ def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str) -> list[Comma
                                  str(ROUTER_PORT), "--worker-urls", *workers)))
         generate = [f"http://{layout.hosts[0]}:{ROUTER_PORT}"]
     world = layout.nodes * layout.train_gpus
-    overrides = [f"job.world_size={world}", f"rollout.sglang_urls={json.dumps(generate)}",
-                 f"rollout.sglang_update_urls={json.dumps(workers)}", f"tools.servers={json.dumps(tools)}"]
+    if engine == "vllm":
+        served = ["rollout.engine=vllm", f"rollout.vllm_urls={json.dumps(workers)}"]
+    else:
+        served = ["rollout.engine=sglang", f"rollout.sglang_urls={json.dumps(generate)}",
+                  f"rollout.sglang_update_urls={json.dumps(workers)}"]
+    overrides = [f"job.world_size={world}", *served, f"tools.servers={json.dumps(tools)}"]
     dp_shard = world // (recipe.parallel.tp * recipe.parallel.dp_replicate)
     if recipe.parallel.dp_shard != -1 and recipe.parallel.dp_shard != dp_shard:
         overrides.append(f"parallel.dp_shard={dp_shard}")
-    if r.weight_sync == "distributed":
+    if r.weight_sync == "distributed" and engine == "sglang":
         overrides.append(f"rollout.weight_sync_master_addr={layout.hosts[0]}")
     for node, host in enumerate(layout.hosts):
         argv = ["torchrun", "--nnodes", str(layout.nodes), "--nproc_per_node", str(layout.train_gpus),
@@ -194,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-gpus", type=int, default=4, help="trainer GPUs per node; the rest serve")
     parser.add_argument("--hosts", default="", help="comma-separated node host names (default node0,node1,...)")
     parser.add_argument("--router", action="store_true", help="put an sglang-router in front of the servers")
-    parser.add_argument("--engine", choices=("sglang", "loopback"), default="sglang")
+    parser.add_argument("--engine", choices=("sglang", "vllm", "loopback"), default=None,
+                        help="the inference servers to plan (default: the recipe's rollout.engine, else sglang)")
     parser.add_argument("--launch", action="store_true", help="start the services here (loopback engine only)")
     parser.add_argument("--any-ports", action="store_true",
                         help="with --launch: free ports instead of the recipe's (the printed --set overrides point there)")
@@ -205,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     if recipe.job.stage != "grpo":
         parser.error(f"recipe {recipe.job.name} is a {recipe.job.stage} recipe; serving is for GRPO")
-    if args.engine == "loopback":
+    engine = args.engine or (recipe.rollout.engine if recipe.rollout.engine in ("sglang", "vllm") else "sglang")
+    if engine == "loopback":
         if not args.launch:
             parser.error("--engine loopback starts the CPU form on this machine: add --launch")
         with tempfile.TemporaryDirectory(prefix="osvl-serve-") as directory:
@@ -235,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--hosts names {len(hosts)} hosts for --nodes {args.nodes}")
     layout = Layout(args.nodes, args.gpus_per_node, args.train_gpus, hosts, args.router)
     try:
-        commands = plan_commands(recipe, layout, args.recipe)
+        commands = plan_commands(recipe, layout, args.recipe, engine)
     except ValueError as error:
         parser.error(str(error))
     for command in commands:

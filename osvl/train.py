@@ -5,6 +5,10 @@ on every rank with the key path. ``--dry-run`` stops there: it runs the stage's 
 (the same function and messages as the stage), the meta-device memory planner on a fake group of
 the recipe's world size (paper recipes), and the serving plan (SGLang memory, weight-sync bytes);
 ``--preflight`` adds the probes of the servers, judges and tool servers the recipe names.
+
+A rank started by ``torchrun`` dies with its agent (:mod:`osvl.lifetime`), armed before the slow
+imports; rank 0 owns the run directory for the whole stage (:mod:`osvl.run_lock`), so a
+second job on it stops with the owner's host and pid.
 """
 
 from __future__ import annotations
@@ -12,14 +16,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from osvl.config import Recipe, load_recipe
-from osvl.config.recipe import PAPER_PRESETS
+from osvl.lifetime import die_with_torchrun_agent
+
+if TYPE_CHECKING:
+    from osvl.config import Recipe
 
 
 def dry_run(recipe: Recipe, preflight: bool = False) -> list[str]:
     """The stage's own recipe checks, the per-rank memory plan when the recipe names a world size,
     the serving side (memory, weight-sync bytes), and with ``preflight`` the service probes."""
+    from osvl.config.recipe import PAPER_PRESETS
+
     lines = [f"recipe {recipe.job.name}: stage {recipe.job.stage}, model {recipe.model.preset}, "
              f"parallel {recipe.parallel}"]
     if recipe.job.stage == "grpo":
@@ -72,6 +81,9 @@ def _memory_plan(recipe: Recipe) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_torchrun_agent()
+    from osvl.config import load_recipe
+
     parser = argparse.ArgumentParser(prog="python -m osvl.train", description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", required=True, help="a name in recipes/ or a path to a .toml file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -110,17 +122,25 @@ def _train(recipe: Recipe, rank: int, world: int) -> int:
 
     from osvl.parallel import teardown, use_host_device
     from osvl.parallel._compat import default_backend
+    from osvl.run_lock import RunDirError, own_run_dir
     from osvl.trainer import run_grpo, run_sft
 
     use_host_device()
     if world > 1:
         dist.init_process_group(default_backend(), rank=rank, world_size=world)
     try:
-        result = (run_grpo if recipe.job.stage == "grpo" else run_sft)(recipe, rank, world)
+        with own_run_dir(recipe.job.run_dir, rank, recipe.job.name):
+            result = (run_grpo if recipe.job.stage == "grpo" else run_sft)(recipe, rank, world)
+    except RunDirError as error:
+        if rank == 0:
+            print(f"python -m osvl.train: error: {error}", file=sys.stderr)
+        return 2
     finally:
         teardown()
     if rank == 0:
-        print(f"{recipe.job.name}: {result.steps} steps, final loss {result.final_loss:.4f}, run dir {result.run_dir}")
+        trained = "" if result.steps > result.resumed_from else " (already finished: nothing trained)"
+        print(f"{recipe.job.name}: {result.steps} steps{trained}, final loss {result.final_loss:.4f}, "
+              f"run dir {result.run_dir}")
     return 0
 
 

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,8 +28,10 @@ if __package__ in (None, ""):  # run as a file: make `bench` importable
 
 import torch  # noqa: E402
 
-from bench.kernels.cases import CASES, CaseOptions, Unavailable, build_case  # noqa: E402
-from bench.kernels.measure import MALLOC_ENV, cuda_peak_extra_bytes, time_step  # noqa: E402
+from bench.kernels.cases import CASES, Case, CaseOptions, Unavailable, build_case  # noqa: E402
+from bench.kernels.measure import (  # noqa: E402
+    MALLOC_ENV, Timing, cuda_peak_extra_bytes, matmul_tflops, time_step, time_steps_interleaved,
+)
 from bench.kernels.report import (  # noqa: E402
     SCHEMA, add_ratios, device_name, device_tag, git_info, result_path, summarize, versions, write_record,
 )
@@ -57,6 +59,9 @@ class BenchConfig:
     name: str
     out_dir: Path
     cpu_memory: bool  # measure CPU peak RSS in a subprocess per case
+    interleave: bool = False  # time every case's steps in turn (all cases built first)
+    matmul_rate: bool = False  # measure the lm_head GEMM's rate here: the fused-linear floor at that rate
+    measured_tflops: float | None = None  # filled in by run() when matmul_rate
 
 
 def parse_args(argv: list[str]) -> BenchConfig:
@@ -82,6 +87,10 @@ def parse_args(argv: list[str]) -> BenchConfig:
     p.add_argument("--name", default="grpo_loss")
     p.add_argument("--out-dir", type=Path, default=Path(os.environ.get("OUT") or REPO / "bench" / "results"))
     p.add_argument("--no-cpu-memory", action="store_true", help="skip the per-case RSS subprocesses on CPU")
+    p.add_argument("--matmul-rate", action="store_true",
+                   help="measure the [T, H] x [H, V] matmul rate first; linear cases get their floor at that rate")
+    p.add_argument("--interleave", action="store_true",
+                   help="build every case first, then time one step of each in turn per rep (shared machines)")
     a = p.parse_args(argv)
 
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -115,7 +124,8 @@ def parse_args(argv: list[str]) -> BenchConfig:
     return BenchConfig(
         device=a.device, shape=shape, cases=cases, warmup=warmup, reps=reps, seed=a.seed,
         options=options, peak_tflops=a.peak_tflops, peak_tbps=a.peak_tbps, name=a.name,
-        out_dir=a.out_dir, cpu_memory=not a.no_cpu_memory,
+        out_dir=a.out_dir, cpu_memory=not a.no_cpu_memory, interleave=a.interleave,
+        matmul_rate=a.matmul_rate,
     )
 
 
@@ -136,18 +146,31 @@ def probe_cpu_memory(config: BenchConfig, case_name: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_case(name: str, config: BenchConfig, workload: Workload, reference: float, peak: Peak) -> dict:
-    kind = CASES[name][0]
-    record = {"name": name, "kind": kind, "status": "ok", "reason": None}
-    device = torch.device(config.device)
+def build(name: str, workload: Workload, options: CaseOptions) -> tuple[Case | None, dict]:
+    """The case, or None and its record when it cannot run here."""
+    record = {"name": name, "kind": CASES[name][0], "status": "ok", "reason": None}
     try:
-        case = build_case(name, workload, config.options)
+        return build_case(name, workload, options), record
     except Unavailable as error:
-        return {**record, "status": "unavailable", "reason": f"unavailable: {error}"}
+        return None, {**record, "status": "unavailable", "reason": f"unavailable: {error}"}
     except Exception as error:  # a baseline that breaks must not take the others down
-        return {**record, "status": "error", "reason": f"build failed: {type(error).__name__}: {error}"}
+        return None, {**record, "status": "error", "reason": f"build failed: {type(error).__name__}: {error}"}
+
+
+def run_case(name: str, config: BenchConfig, workload: Workload, reference: float, peak: Peak,
+             timing: Timing | None = None, case: Case | None = None) -> dict:
+    """Times (unless `timing` is given) and measures one case, and derives its record."""
+    device = torch.device(config.device)
+    if case is None:
+        case, record = build(name, workload, config.options)
+        if case is None:
+            return record
+    else:
+        record = {"name": name, "kind": CASES[name][0], "status": "ok", "reason": None}
+    kind = record["kind"]
     try:
-        timing = time_step(case, device, config.warmup, config.reps)
+        if timing is None:
+            timing = time_step(case, device, config.warmup, config.reps)
         if device.type == "cuda":
             memory = {"status": "ok", "peak_extra_bytes": cuda_peak_extra_bytes(case)}
             method = "torch.cuda.max_memory_allocated - memory_allocated before the step"
@@ -176,6 +199,10 @@ def run_case(name: str, config: BenchConfig, workload: Workload, reference: floa
     else:
         floors = linear_floors(s.num_tokens, s.vocab, s.hidden, itemsize, peak)
         achieved = {"achieved_tflops": floors.flops / (timing.median_ms * 1e9)}
+        if config.measured_tflops:
+            floor_ms = floors.flops / (config.measured_tflops * 1e9)
+            achieved["floor_ms_at_measured_matmul"] = floor_ms
+            achieved["percent_of_measured_matmul_floor"] = percent_of_floor(floor_ms, timing.median_ms)
     return {
         **record,
         "median_ms": timing.median_ms,
@@ -189,6 +216,42 @@ def run_case(name: str, config: BenchConfig, workload: Workload, reference: floa
         "floor_ms": floors.floor_ms,
         "percent_of_floor": percent_of_floor(floors.floor_ms, timing.median_ms),
         **achieved,
+    }
+
+
+def interleaved_records(config: BenchConfig, workload: Workload, reference: float, peak: Peak) -> list[dict]:
+    """Every case built first and timed in turn, then measured one by one (memory, floors)."""
+    device = torch.device(config.device)
+    built, records = {}, {}
+    for name in config.cases:
+        case, record = build(name, workload, config.options)
+        if case is None:
+            records[name] = record
+        else:
+            built[name] = case
+    try:
+        timings = time_steps_interleaved(built, device, config.warmup, config.reps)
+    except Exception as error:
+        reason = f"run failed: {type(error).__name__}: {error}"
+        timings = {}
+        for name in built:
+            records[name] = {"name": name, "kind": CASES[name][0], "status": "error", "reason": reason}
+    for name in list(built):
+        case = built.pop(name)
+        if name in timings:
+            records[name] = run_case(name, config, workload, reference, peak, timing=timings[name], case=case)
+        del case
+    return [records[name] for name in config.cases]
+
+
+def host_load() -> dict:
+    """What shares the machine: CPU threads torch uses, the OpenMP settings, the load average."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_1_5_15": list(load) if load else None,
+        **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")},
     }
 
 
@@ -211,14 +274,15 @@ def run(config: BenchConfig, argv: list[str] | None = None) -> tuple[dict, Path]
         "git": git,
         "device": {"type": device.type, "name": name, "tag": device_tag(device), "peak": asdict(peak)},
         "versions": versions(),
-        "env": {"TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET")},
+        "env": {"TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET"), **host_load()},
         "shape": {
             **asdict(s),
             "valid_tokens": int(workload.loss_mask.sum()),
             "padded_len": padded_len,
             "padding_frac": 1.0 - s.num_tokens / (s.num_seqs * padded_len),
         },
-        "settings": {"warmup": config.warmup, "reps": config.reps, "seed": config.seed, **asdict(config.options)},
+        "settings": {"warmup": config.warmup, "reps": config.reps, "seed": config.seed, "interleave": config.interleave,
+                     **asdict(config.options)},
         "floors": {
             "logits": asdict(logits_floors(s.num_tokens, s.vocab, itemsize, peak)),
             "linear": asdict(linear_floors(s.num_tokens, s.vocab, s.hidden, itemsize, peak)),
@@ -227,13 +291,24 @@ def run(config: BenchConfig, argv: list[str] | None = None) -> tuple[dict, Path]
         "cases": [],
         "summary": {},
     }
+    if config.matmul_rate:
+        rate = matmul_tflops(s.num_tokens, s.hidden, s.vocab, s.torch_dtype, device)
+        config = replace(config, measured_tflops=rate)
+        record["matmul"] = {"shape_mkn": [s.num_tokens, s.hidden, s.vocab], "dtype": s.dtype, "tflops": rate,
+                            "linear_floor_ms": record["floors"]["linear"]["flops"] / (rate * 1e9)}
+        print(f"matmul [T, H] x [H, V]: {rate:.1f} TFLOP/s", flush=True)
     path = result_path(config.out_dir, config.name, device_tag(device), git["short"])
-    for case_name in config.cases:
-        record["cases"].append(run_case(case_name, config, workload, reference, peak))
+    if config.interleave:
+        results = iter(interleaved_records(config, workload, reference, peak))
+    else:
+        results = (run_case(case_name, config, workload, reference, peak) for case_name in config.cases)
+    for case_record in results:
+        record["cases"].append(case_record)
         add_ratios(record["cases"])
         record["summary"] = summarize(record["cases"], on_gpu=device.type == "cuda")
         write_record(record, path)
         print(format_case(record["cases"][-1]), flush=True)
+    record["env"]["loadavg_after"] = host_load()["loadavg_1_5_15"]
     record["complete"] = True
     write_record(record, path)
     return record, path

@@ -175,7 +175,7 @@ def run(a: argparse.Namespace, argv: list[str]) -> tuple[dict, Path]:
     shape = a.shape
     torch_budget = token_pass_module.TORCH_CHUNK_BYTES
     if device.type == "cpu":  # the torch backend's working set scales with V·H too (>= 4 rows at a time)
-        token_pass_module.TORCH_CHUNK_BYTES = max(torch_budget // a.scale**2, 4 * 16 * shape.vocab)
+        token_pass_module.TORCH_CHUNK_BYTES = max(torch_budget // a.scale**2, 3 * 4 * 4 * shape.vocab)
     workload = make_workload(shape, device, seed=a.seed)
     padded_len = max(workload.lengths)
     options = CaseOptions(osvl_backend="auto" if device.type == "cuda" else "torch", liger_compiled=device.type == "cuda")

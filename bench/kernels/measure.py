@@ -48,18 +48,55 @@ def time_step(case: Case, device: torch.device, warmup: int, reps: int) -> Timin
     times = []
     for _ in range(reps):
         case.reset()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            case.step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            begin = time.perf_counter()
-            case.step()
-            times.append((time.perf_counter() - begin) * 1e3)
+        times.append(_timed_ms(case, device))
     return Timing(statistics.median(times), min(times), max(times), reps, loss)
+
+
+def time_steps_interleaved(cases: dict[str, Case], device: torch.device, warmup: int, reps: int) -> dict[str, Timing]:
+    """`time_step` for several cases, one step of each in turn per repetition: on a shared machine a
+    load change hits every case alike, so the ratios between them hold even when the times drift."""
+    if warmup < 1 or reps < 1:
+        raise ValueError(f"warmup and reps must be >= 1, got {warmup} and {reps}")
+    first = {}
+    for name, case in cases.items():
+        for _ in range(warmup):
+            case.reset()
+            value = case.step()
+            first.setdefault(name, float(value))
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(reps):
+        for name, case in cases.items():
+            case.reset()
+            times[name].append(_timed_ms(case, device))
+    return {
+        name: Timing(statistics.median(t), min(t), max(t), reps, first[name]) for name, t in times.items()
+    }
+
+
+def _timed_ms(case: Case, device: torch.device) -> float:
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        case.step()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    begin = time.perf_counter()
+    case.step()
+    return (time.perf_counter() - begin) * 1e3
+
+
+def matmul_tflops(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, reps: int = 5) -> float:
+    """Achieved dense matmul rate (TFLOP/s) of [m, k] @ [k, n] here: the rate the fused-linear FLOP
+    floor is divided by, measured in the same run as the cases (clocks, power caps and library differ
+    from the data sheet)."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+    out = torch.empty(m, n, device=device, dtype=dtype)
+    torch.mm(a, b, out=out)  # warm-up: library selection, clocks
+    case = Case(lambda: torch.mm(a, b, out=out)[0, 0], leaves=[])
+    timing = time_step(case, device, warmup=1, reps=reps)
+    return 2.0 * m * k * n / (timing.median_ms * 1e9)
 
 
 def cuda_peak_extra_bytes(case: Case) -> int:

@@ -51,9 +51,10 @@ def osvl_peak(p: Problem, chunk_rows: int, on_cpu: bool = False) -> list[Buffer]
         Buffer("grad_hidden [T,H] input dtype (returned as hidden.grad)", p.num_tokens * p.hidden * p.itemsize),
         Buffer("logits/grad chunk [chunk,V] input dtype", min(chunk_rows, p.num_tokens) * p.vocab * p.itemsize),
     ]
-    if on_cpu:  # the torch backend's token pass: a handful of fp32 [rows, V] temporaries, modeled as 8
+    if on_cpu:  # the torch backend's block buffers: the probabilities, plus a fp32 copy of half-precision logits
         rows = min(chunk_rows, p.num_tokens, torch_backend_rows(p.vocab))
-        buffers.append(Buffer("torch-backend token pass fp32 temporaries, modeled 8 x [rows,V] (CPU only)", 8 * rows * p.vocab * FP32))
+        count = 1 if p.itemsize == FP32 else 2
+        buffers.append(Buffer(f"torch-backend token pass fp32 block buffers, {count} x [rows,V] (CPU only)", count * rows * p.vocab * FP32))
     return buffers
 
 

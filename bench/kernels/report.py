@@ -9,8 +9,10 @@ import platform
 import re
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SCHEMA = "osvl.bench.grpo_loss/1"
 
@@ -35,6 +37,8 @@ def git_info(repo: Path) -> dict:
 
 
 def device_name(device: torch.device) -> str:
+    import torch  # here, not at import: the device summary reads TARGETS without loading torch
+
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return platform.processor() or platform.machine() or "cpu"
@@ -56,6 +60,8 @@ def package_version(name: str) -> str | None:
 
 
 def versions() -> dict:
+    import torch
+
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

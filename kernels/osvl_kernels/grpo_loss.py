@@ -9,7 +9,8 @@ import torch
 from osvl_kernels.autograd import loss_with_grads
 from osvl_kernels.importance import RolloutCorrection
 from osvl_kernels.inputs import LossHyper, LossPlan, check_logits_inputs, plan_grpo_loss
-from osvl_kernels.token_pass import TokenPassResult, token_pass
+from osvl_kernels.token_pass import token_pass
+from osvl_kernels.token_results import TokenPassResult
 
 
 @dataclass

@@ -9,7 +9,8 @@ recompute the lm_head GEMM in backward pay 8·T·H·V.
 Peak extra memory is the two gradients every implementation must return plus one chunk:
 [T, H] grad_hidden + [V_local, H] grad_weight (both in the input dtype) + one [chunk, V_local]
 logits buffer, which the default chunk keeps <= 1/LOGITS_PER_WEIGHT of the weight's bytes
-(so <= 1/8 of grad_weight), plus the token pass's per-token vectors. Half-precision weights
+(so <= 1/8 of grad_weight) once H >= 8 * MIN_CHUNK_ROWS, plus the token pass's per-token vectors
+(and, on the torch backend, its cache-sized fp32 block buffers). Half-precision weights
 accumulate grad_weight in their own dtype: each chunk's GEMM sums in fp32 and rounds once into
 the accumulator, one rounding per chunk instead of one at the end (`grad_weight_accum_dtype=
 torch.float32` restores the fp32 accumulator at 2 extra bytes per weight element).
@@ -25,7 +26,8 @@ import torch.distributed as dist
 from osvl_kernels.grpo_loss import GRPOLossOutput, grpo_loss_output
 from osvl_kernels.importance import RolloutCorrection
 from osvl_kernels.inputs import LossHyper, check_linear_inputs, plan_grpo_loss
-from osvl_kernels.token_pass import TokenPassResult, resolve_backend, token_pass
+from osvl_kernels.token_pass import resolve_backend, token_pass
+from osvl_kernels.token_results import TokenPassResult
 from osvl_kernels.vocab_parallel import vocab_parallel_token_pass, vocab_shard
 
 # Absolute cap on one default chunk of logits, in bytes of the input dtype.
@@ -33,6 +35,10 @@ LINEAR_CHUNK_BYTES = 256 * 2**20
 # Default chunks keep the logits buffer <= 1/LOGITS_PER_WEIGHT of the [V_local, H] weight's bytes,
 # i.e. H / LOGITS_PER_WEIGHT tokens whatever the vocab (512 at H=4096: 32 chunks for 16k tokens).
 LOGITS_PER_WEIGHT = 8
+# ... but never fewer tokens than this when the byte cap allows: below it the three GEMMs run at a
+# fraction of the matmul rate and every chunk re-reads and re-writes all of dW (at H=256, H/8 = 32
+# tokens made the CPU step 2.5x slower than the same FLOPs in three large GEMMs).
+MIN_CHUNK_ROWS = 128
 # Default chunks are a multiple of this many tokens when the budget allows (GEMM-friendly M).
 _CHUNK_ALIGN = 128
 
@@ -40,14 +46,15 @@ _CHUNK_ALIGN = 128
 def lm_head_chunk_rows(
     vocab_local: int, hidden_size: int, dtype: torch.dtype, chunk_size: int | None = None
 ) -> int:
-    """Tokens per chunk: `chunk_size` if given, else the most that keep [chunk, V_local] logits
-    within 1/LOGITS_PER_WEIGHT of the weight's bytes and within LINEAR_CHUNK_BYTES (rounded down
-    to a multiple of 128 when that is >= 128, at least 1)."""
+    """Tokens per chunk: `chunk_size` if given, else H / LOGITS_PER_WEIGHT tokens raised to at least
+    MIN_CHUNK_ROWS, within LINEAR_CHUNK_BYTES of [chunk, V_local] logits (rounded down to a multiple
+    of 128 when that is >= 128, at least 1)."""
     if chunk_size is not None:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
             raise ValueError(f"chunk_size must be a positive int (or None for the default), got {chunk_size!r}")
         return chunk_size
-    rows = min(hidden_size // LOGITS_PER_WEIGHT, LINEAR_CHUNK_BYTES // (max(vocab_local, 1) * dtype.itemsize))
+    wanted = max(hidden_size // LOGITS_PER_WEIGHT, MIN_CHUNK_ROWS)
+    rows = min(wanted, LINEAR_CHUNK_BYTES // (max(vocab_local, 1) * dtype.itemsize))
     return rows // _CHUNK_ALIGN * _CHUNK_ALIGN if rows >= _CHUNK_ALIGN else max(rows, 1)
 
 

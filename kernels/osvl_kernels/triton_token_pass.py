@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from osvl_kernels.inputs import LossHyper
-from osvl_kernels.token_pass import RowStats, TokenPassResult
+from osvl_kernels.token_results import RowStats, TokenPassResult
 
 MAX_BLOCK_V = 4096
 ELEMENTS_PER_THREAD = 16

@@ -21,13 +21,12 @@ import torch.distributed as dist
 from osvl_kernels.inputs import LossHyper
 from osvl_kernels.objective import token_terms
 from osvl_kernels.token_pass import (
-    RowStats,
-    TokenPassResult,
     finish_stats,
     grad_from_stats,
     result_from_terms,
     row_stats,
 )
+from osvl_kernels.token_results import RowStats, TokenPassResult
 
 
 @dataclass(frozen=True)

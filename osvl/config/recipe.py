@@ -19,6 +19,11 @@ Estimator = Literal["grpo", "rloo", "drgrpo"]
 LossAgg = Literal["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm"]
 DataFormat = Literal["auto", "osvl", "sharegpt", "verl_parquet", "text"]
 ToolProfileName = Literal["paper", "release"]
+OldLogprobs = Literal["engine", "trainer"]
+Correction = Literal["off", "token", "sequence"]
+CorrectionMode = Literal["truncate", "mask"]
+StaleGroups = Literal["drop", "regenerate"]
+PartialRollouts = Literal["keep", "restart"]
 
 DATA_FORMATS: tuple[str, ...] = get_args(DataFormat)
 TOOL_PROFILES: tuple[str, ...] = get_args(ToolProfileName)
@@ -175,10 +180,20 @@ class GRPOConfig:
     max_prompt_tokens: int = 8192
     max_response_tokens: int = 32768
     loss_chunk: int = 4096
+    # The PPO ratio's old policy: "engine" takes the engine's logprobs (no extra forward; exact only when engine
+    # and trainer agree and nothing is stale); "trainer" recomputes them with a no-grad forward of the trainer's
+    # weights before the step's first update (verl, slime, AReaL; the proximal policy of decoupled PPO).
+    old_logprobs: OldLogprobs = "engine"
+    # Rollout-training mismatch correction (osvl_kernels.RolloutCorrection): each token's policy-gradient term is
+    # weighted by exp(old_trainer - engine) ("token") or by its sequence's product of them ("sequence"), truncated
+    # at rollout_correction_cap (TIS) or zeroed outside it ("mask"). Needs old_logprobs = "trainer".
+    rollout_correction: Correction = "off"
+    rollout_correction_mode: CorrectionMode = "truncate"
+    rollout_correction_cap: float = 2.0  # C
 
     def __post_init__(self) -> None:
         _positive(self, "group_size", "batch_prompts", "mini_batch_prompts", "epochs", "temperature",
-                  "fatal_k", "max_prompt_tokens", "max_response_tokens", "loss_chunk")
+                  "fatal_k", "max_prompt_tokens", "max_response_tokens", "loss_chunk", "rollout_correction_cap")
         _non_negative(self, "max_steps", "eps_low", "eps_high", "kl_coef", "entropy_coef")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (a group-relative advantage needs peers), got {self.group_size}")
@@ -190,14 +205,22 @@ class GRPOConfig:
             raise ValueError("fatal_errors 'all' counts infra errors toward the fatal rule, but infra_rollouts 'drop' "
                              "removes every rollout that met one before the rule could mask it: set "
                              "infra_rollouts = 'keep'")
+        if self.rollout_correction != "off" and self.old_logprobs != "trainer":
+            raise ValueError(f"rollout_correction {self.rollout_correction!r} weighs exp(old_trainer - engine): it "
+                             f"needs old_logprobs = \"trainer\", got {self.old_logprobs!r}")
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: Literal["local", "sglang"] = "local"  # local: an in-process engine per rank (CPU form)
+    engine: Literal["local", "sglang", "vllm"] = "local"  # local: an in-process engine per rank (CPU form)
     sglang_urls: tuple[str, ...] = ()  # where /generate goes: the servers, or one sglang-router URL
     sglang_update_urls: tuple[str, ...] = ()  # the servers that take weight updates; () = sglang_urls
-    weight_sync: Literal["disk", "distributed"] = "disk"  # disk: HF safetensors in weights_dir; distributed: broadcast
+    vllm_urls: tuple[str, ...] = ()  # engine 'vllm': the vLLM servers rollouts go to
+    vllm_update_urls: tuple[str, ...] = ()  # the vLLM servers that take weight updates; () = vllm_urls
+    text_only_export: bool = False  # servers serve the language model as a Qwen3 text checkpoint (vLLM on CPU)
+    # disk: HF safetensors in weights_dir (vLLM: reloaded through /collective_rpc, the CPU path);
+    # distributed: broadcast (SGLang's update group; vLLM's NCCL weight transfer, GPUs only)
+    weight_sync: Literal["disk", "distributed"] = "disk"
     weights_dir: str = ""  # shared by trainer and servers; "" = <run_dir>/weights (last 2 versions kept)
     weight_sync_bucket_mb: int = 512  # distributed: bytes per /update_weights_from_distributed bucket
     weight_sync_master_addr: str = "127.0.0.1"  # distributed: where the servers reach trainer rank 0
@@ -211,16 +234,30 @@ class RolloutConfig:
     max_turns: int = 16
     trajectory_deadline_s: float = 900.0
     max_retries: int = 2
+    # Rollouts that do not depend on which requests share a generation batch (that depends on timing):
+    # the local engine decodes each request on its own (tiny_grpo, decode-bound: 1.9x step time,
+    # bench/rollout/bench_deterministic.py); SGLang servers must run --enable-deterministic-inference
+    deterministic: bool = False
+    # Asynchronous GRPO (osvl.rollout.generator): generation runs up to max_staleness rollout steps ahead of the
+    # trainer; a group whose oldest token came from weights more than max_staleness weight syncs older than the
+    # trainer's is never trained on. 0 = the synchronous on-policy step.
+    max_staleness: int = 0
+    stale_groups: StaleGroups = "drop"  # a group past the bound is dropped (counted), or regenerated on new weights
+    # A trajectory in flight when the weights change: "keep" its tokens (their engine logprobs and versions) and go
+    # on with the new weights, or "restart" it from its prompt on the new weights.
+    partial_rollouts: PartialRollouts = "keep"
 
     def __post_init__(self) -> None:
         _positive(self, "max_in_flight", "max_turns", "trajectory_deadline_s", "weight_sync_bucket_mb",
                   "request_timeout_s", "max_logprob_diff", "server_tp", "server_gpu_gib")
         if not 0.0 < self.server_mem_fraction <= 1.0:
             raise ValueError(f"server_mem_fraction must lie in (0, 1], got {self.server_mem_fraction}")
-        _non_negative(self, "max_retries", "weight_sync_port")
+        _non_negative(self, "max_retries", "weight_sync_port", "max_staleness")
         if self.engine == "sglang" and not self.sglang_urls:
             raise ValueError("engine 'sglang' needs sglang_urls")
-        for name in ("sglang_urls", "sglang_update_urls"):
+        if self.engine == "vllm" and not self.vllm_urls:
+            raise ValueError("engine 'vllm' needs vllm_urls")
+        for name in ("sglang_urls", "sglang_update_urls", "vllm_urls", "vllm_update_urls"):
             bad = [u for u in getattr(self, name) if not u.startswith(("http://", "https://"))]
             if bad:
                 raise ValueError(f"{name} must be http(s) base URLs, got {bad}")

@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from osvl.image_header import image_size
 from osvl.rl.trajectory import check_image
 
 MAX_ASPECT_RATIO = 200  # Qwen's smart_resize refuses anything more elongated
@@ -193,10 +193,22 @@ def pixel_values(images: list[ProcessedImage], config: ImageConfig) -> np.ndarra
     return np.concatenate(rows, axis=0)
 
 
-def decode_image(data: bytes) -> np.ndarray:
-    """Encoded bytes (PNG, JPEG, WebP, ...) -> RGB uint8; gray is replicated and alpha dropped."""
+MAX_DECODE_PIXELS = 100_000_000  # what any image may declare before it is decoded (a decompression bomb)
+
+
+def decode_image(data: bytes, max_pixels: int = MAX_DECODE_PIXELS) -> np.ndarray:
+    """Encoded bytes (PNG, JPEG, WebP, ...) -> RGB uint8; gray is replicated and alpha dropped. A
+    header declaring more than ``max_pixels`` is refused before anything is decoded."""
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) == 0:
         raise ValueError("image data must be non-empty bytes")
+    try:
+        width, height = image_size(bytes(data))
+    except ValueError as error:
+        raise ValueError(f"cannot decode image ({len(data)} bytes): corrupt or unsupported format ({error})") from None
+    if width * height > max_pixels:
+        raise ValueError(f"image declares {width}x{height} = {width * height} pixels, over the limit of {max_pixels}")
+    import cv2  # decoding only: packing and the model run without OpenCV (GPU images may lack it)
+
     decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     if decoded is None or decoded.size == 0:
         raise ValueError(f"cannot decode image ({len(data)} bytes): corrupt or unsupported format")

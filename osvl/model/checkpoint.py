@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 from osvl.model.attention import AttentionBackend
 from osvl.model.config import Qwen3VLConfig, config_from_hf, config_to_hf
 from osvl.model.model import Qwen3VLModel, build_model
+from osvl.model.text_export import text_config_to_hf, to_text_hf
 
 _TEXT = "model.language_model."
 _VISUAL = "model.visual."
@@ -213,26 +214,37 @@ class ShardFile:
     nbytes: int
 
 
-def _conversion_units(model: Qwen3VLModel) -> list[dict[str, torch.Tensor]]:
+def _conversion_units(model: Qwen3VLModel, text_only: bool = False) -> list[dict[str, torch.Tensor]]:
     """The model's state in state-dict order, cut into the units the HF conversion needs whole: one
-    decoder layer (its experts are fused into ``gate_up_proj``), one vision block, or one other tensor."""
+    decoder layer (its experts are fused into ``gate_up_proj``), one vision block, or one other tensor.
+    ``text_only`` leaves the vision tower out (never gathered)."""
     units: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in model.state_dict().items():
         key = key.replace(_AC_WRAPPER, "")
         if key == "lm_head.weight" and model.arch.tie_word_embeddings:
             continue  # the same tensor as the embedding; HF stores it once
+        if text_only and key.startswith("visual."):
+            continue
         unit = _UNIT_KEY.match(key)
         units.setdefault(unit.group(1) if unit else key, {})[key] = t
     return list(units.values())
 
 
-def hf_tensor_specs(model: Qwen3VLModel, dtype: torch.dtype | None = None) -> list[HFTensorSpec]:
+def _hf_unit(unit: dict[str, torch.Tensor], config: Qwen3VLConfig, text_only: bool) -> list[tuple[str, torch.Tensor]]:
+    hf = to_hf_state_dict(unit, config)
+    if not text_only:
+        return list(hf.items())
+    return [pair for name, t in hf.items() for pair in to_text_hf(name, t)]
+
+
+def hf_tensor_specs(model: Qwen3VLModel, dtype: torch.dtype | None = None, *,
+                    text_only: bool = False) -> list[HFTensorSpec]:
     """What :func:`iter_hf_tensors` yields (HF names, shapes, dtypes), in its order. Local: no
     communication, so every rank knows the whole layout before the first gather."""
     specs: list[HFTensorSpec] = []
-    for unit in _conversion_units(model):
+    for unit in _conversion_units(model, text_only):
         meta = {k: torch.empty(t.shape, dtype=dtype or t.dtype, device="meta") for k, t in unit.items()}
-        specs += [HFTensorSpec(name, tuple(t.shape), t.dtype) for name, t in to_hf_state_dict(meta, model.arch).items()]
+        specs += [HFTensorSpec(name, tuple(t.shape), t.dtype) for name, t in _hf_unit(meta, model.arch, text_only)]
     return specs
 
 
@@ -243,7 +255,8 @@ def _gathered(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def iter_hf_tensors(model: Qwen3VLModel, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_hf_tensors(model: Qwen3VLModel, dtype: torch.dtype | None = None, *,
+                    text_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """``(hf_name, full tensor)`` for the whole model in HF names and the released layout.
 
     Collective for a sharded (FSDP2 / TP / EP) model: every rank must iterate it to the end, in
@@ -251,11 +264,12 @@ def iter_hf_tensors(model: Qwen3VLModel, dtype: torch.dtype | None = None) -> It
     layer or a vision block) is gathered at a time; a yielded tensor is freed once the caller drops
     it. Tensors are on the model's device, cast to ``dtype`` when given; for an unsharded model they
     may alias its parameters (read, never write them). Order and names: :func:`hf_tensor_specs`.
+    ``text_only``: the language model as a Qwen3 text checkpoint (:mod:`osvl.model.text_export`).
     """
-    for unit in _conversion_units(model):
-        hf = to_hf_state_dict({k: _gathered(t, dtype) for k, t in unit.items()}, model.arch)
-        for name in list(hf):
-            yield name, hf.pop(name)
+    for unit in _conversion_units(model, text_only):
+        hf = _hf_unit({k: _gathered(t, dtype) for k, t in unit.items()}, model.arch, text_only)
+        while hf:
+            yield hf.pop(0)
 
 
 def shard_plan(specs: Sequence[HFTensorSpec], world_size: int, max_shard_bytes: int) -> list[ShardFile]:
@@ -293,7 +307,8 @@ def _barrier() -> None:
 
 
 def save_pretrained(
-    model: Qwen3VLModel, path: str | Path, *, dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 2**30
+    model: Qwen3VLModel, path: str | Path, *, dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 2**30,
+    text_only: bool = False,
 ) -> list[ShardFile]:
     """Write ``config.json`` + safetensors shards (+ index when more than one) in HF layout.
 
@@ -303,12 +318,13 @@ def save_pretrained(
     The tensors are the same whatever the world size and sharding. Rank 0 writes ``config.json`` and
     the index (and first removes the safetensors of an earlier save at ``path``). ``path`` must be
     storage every rank sees (one shared directory). Returns the plan once every file is on disk.
+    ``text_only`` writes the language model alone as a Qwen3 text checkpoint (:mod:`osvl.model.text_export`).
     """
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
     path = Path(path)
     rank, world = _rank_and_world()
-    specs = hf_tensor_specs(model, dtype)
+    specs = hf_tensor_specs(model, dtype, text_only=text_only)
     plan = shard_plan(specs, world, max_shard_bytes)
     if rank == 0:
         path.mkdir(parents=True, exist_ok=True)
@@ -317,7 +333,7 @@ def save_pretrained(
     _barrier()
     file_of = {name: file for file in plan for name in file.tensors}
     filling: dict[str, dict[str, torch.Tensor]] = {}
-    for name, t in iter_hf_tensors(model, dtype):
+    for name, t in iter_hf_tensors(model, dtype, text_only=text_only):
         file = file_of[name]
         if file.owner == rank:
             shard = filling.setdefault(file.name, {})
@@ -327,7 +343,8 @@ def save_pretrained(
         del t
     if rank == 0:
         dtype_name = str(dtype or specs[0].dtype).removeprefix("torch.")
-        (path / "config.json").write_text(json.dumps(config_to_hf(model.arch, dtype=dtype_name), indent=2))
+        to_config = text_config_to_hf if text_only else config_to_hf
+        (path / "config.json").write_text(json.dumps(to_config(model.arch, dtype=dtype_name), indent=2))
         if len(plan) > 1:
             index = {"metadata": {"total_size": sum(f.nbytes for f in plan)},
                      "weight_map": {name: f.name for f in plan for name in f.tensors}}

@@ -55,8 +55,7 @@ class LoopbackJudgeServer:
         self.outage_match = ""  # ... only those whose prompt contains this text, when set
         self.requests = 0
         self._lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), _handler(self))
         self.base_url = f"http://{host}:{self.httpd.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="osvl-loopback-judge")
 
@@ -91,6 +90,13 @@ class LoopbackJudgeServer:
         return 200, {"id": "loopback", "object": "chat.completion", "model": body.get("model", ""),
                      "choices": [{"index": 0, "finish_reason": "stop",
                                   "message": {"role": "assistant", "content": reply}}]}
+
+
+class _Server(ThreadingHTTPServer):
+    """A listen backlog for many concurrent clients (the stdlib's 5 refuses connections under load)."""
+
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 def _handler(server: LoopbackJudgeServer):

@@ -86,17 +86,17 @@ class _Counted:
 
     def __init__(self, accuracy: AccuracyJudge, query: QueryJudge, cache: VerdictCache, stats: JudgeStats) -> None:
         self.accuracy, self.query, self.cache, self.stats = accuracy, query, cache, stats
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # guards stats
 
     def _ask(self, key: tuple, call) -> Verdict:
         cached = self.cache.get(key)
         if cached is not None:
-            with self._lock:
+            with self.lock:
                 self.stats.cache_hits += 1
             return cached
         start = time.perf_counter()
         verdict = call()
-        with self._lock:
+        with self.lock:
             self.stats.calls += 1
             self.stats.requests += verdict.attempts
             self.stats.latencies_s.append(time.perf_counter() - start)
@@ -132,6 +132,11 @@ class GroupScorer:
         return list(await asyncio.gather(*(
             loop.run_in_executor(self._pool, score_trajectory, t, self.judges, self.judges, self.config)
             for t in trajectories)))
+
+    def take_stats(self) -> JudgeStats:
+        """The judges' counts since the last call; judging may go on meanwhile (asynchronous GRPO)."""
+        with self.judges.lock:
+            return self.stats.take()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
 from osvl.jsonl import iter_jsonl
@@ -131,14 +130,23 @@ class Step:
     observation_text: str = ""  # what was appended to the context after this step
     observation_images: list[np.ndarray] = field(default_factory=list)
     observation_token_ids: list[int] = field(default_factory=list)
-    policy_version: int = 0  # weights version that generated this step (async rollouts)
+    policy_version: int = 0  # weights version that generated this step (its first token, if an update fell inside)
+    token_versions: list[int] = field(default_factory=list)  # per token when a weight update fell inside; else []
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(
                 f"token_ids ({len(self.token_ids)}) and logprobs ({len(self.logprobs)}) differ in length")
+        if self.token_versions and len(self.token_versions) != len(self.token_ids):
+            raise ValueError(
+                f"token_ids ({len(self.token_ids)}) and token_versions ({len(self.token_versions)}) differ in length")
         for image in self.observation_images:
             check_image(image)
+
+    @property
+    def versions(self) -> list[int]:
+        """The policy version of every generated token."""
+        return list(self.token_versions) if self.token_versions else [self.policy_version] * len(self.token_ids)
 
     @property
     def status(self) -> ToolStatus | None:
@@ -223,6 +231,8 @@ class ImageStore:
         sha = image_sha256(image)
         target = self.directory / f"{sha}.png"
         if not target.exists():
+            import cv2  # image files only: the training path runs without OpenCV (GPU images may lack it)
+
             ok, png = cv2.imencode(".png", cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
             if not ok:
                 raise ValueError(f"PNG encoding failed for image of shape {image.shape}")
@@ -235,6 +245,8 @@ class ImageStore:
 
     def get(self, sha: str) -> np.ndarray:
         path = self.directory / f"{sha}.png"
+        import cv2
+
         data = np.fromfile(path, dtype=np.uint8)
         decoded = cv2.imdecode(data, cv2.IMREAD_COLOR)
         if decoded is None:
@@ -304,6 +316,7 @@ def _step_out(step: Step, store: ImageStore) -> dict[str, Any]:
         "observation_images": _images_out(step.observation_images, store),
         "observation_token_ids": [int(t) for t in step.observation_token_ids],
         "policy_version": step.policy_version,
+        "token_versions": [int(v) for v in step.token_versions],
     }
 
 
@@ -322,6 +335,7 @@ def _step_in(data: Mapping[str, Any], store: ImageStore) -> Step:
         observation_images=_images_in(data["observation_images"], store),
         observation_token_ids=list(data["observation_token_ids"]),
         policy_version=data["policy_version"],
+        token_versions=list(data.get("token_versions", [])),  # absent in records written before async rollouts
     )
 
 

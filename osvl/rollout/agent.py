@@ -32,6 +32,7 @@ from osvl.rl.trajectory import (
 from osvl.rollout.engine import (
     Engine,
     EngineError,
+    GenerationPreempted,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
@@ -108,6 +109,7 @@ def malformed_step(generation: GenerationResult, renderer: ChatRenderer, reserve
              f"the rollout stops here; engine ids: {list(generation.token_ids)}")
     return Step(token_ids=kept, logprobs=[float(x) for x in generation.logprobs[:cut]],
                 text=tokenizer.decode(kept, skip_special_tokens=True), policy_version=generation.policy_version,
+                token_versions=list(generation.token_versions[:cut]) if generation.token_versions else [],
                 tool_result=ToolResult(status=ToolStatus.PARSE_ERROR, tool="", error=error))
 
 
@@ -134,6 +136,8 @@ async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, r
                                                         special.endoftext, *reserved})))
         try:
             generation = await engine.generate(GenerationRequest(list(ids), list(images), sampling))
+        except GenerationPreempted:
+            raise  # the rollout worker starts this trajectory again on the new weights
         except EngineError:
             finish = FinishReason.INFRA_ERROR
             break
@@ -146,7 +150,8 @@ async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, r
         budget_cut = generation.finish is StopKind.LENGTH and sampling.max_new_tokens == room
         action = parse_action(text)
         step = Step(token_ids=list(generation.token_ids), logprobs=[float(x) for x in generation.logprobs],
-                    text=text, think=action.think, policy_version=generation.policy_version)
+                    text=text, think=action.think, policy_version=generation.policy_version,
+                    token_versions=list(generation.token_versions or []))
         steps.append(step)
         ids += step.token_ids
         if action.response is not None:

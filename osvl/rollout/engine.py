@@ -25,9 +25,15 @@ class EngineError(RuntimeError):
     """The engine itself failed (process crash, server down): an infra error, never the policy's."""
 
 
+class GenerationPreempted(EngineError):
+    """A weight update aborted the request (``rollout.partial_rollouts = "restart"``): the rollout
+    starts again on the new weights; neither a policy nor an infra error."""
+
+
 class StopKind(str, enum.Enum):
     STOP = "stop"  # a stop string or stop id was generated (it is kept in the ids)
     LENGTH = "length"  # max_new_tokens reached without a stop
+    ABORT = "abort"  # cut short by a pause for a weight update (the ids so far are kept); never reaches a rollout
 
 
 @dataclass(frozen=True)
@@ -71,12 +77,15 @@ class GenerationResult:
     token_ids: list[int]
     logprobs: list[float]  # fp32 values, one per token id
     finish: StopKind
-    policy_version: int = 0  # weights that produced these tokens
+    policy_version: int = 0  # weights that produced these tokens (the first of them, when they span an update)
     prompt_tokens: int = 0
+    token_versions: list[int] | None = None  # per token, when a weight update fell inside the generation
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"{len(self.token_ids)} token ids but {len(self.logprobs)} logprobs")
+        if self.token_versions is not None and len(self.token_versions) != len(self.token_ids):
+            raise ValueError(f"{len(self.token_ids)} token ids but {len(self.token_versions)} token versions")
         self.finish = StopKind(self.finish)
 
 

@@ -6,13 +6,22 @@ Weights are swapped in place between batches (``load_weights``), stamping a new 
 With ``prefix_cache_tokens > 0`` a request that extends an earlier generation's context (the next
 turn of a rollout) reuses that context's keys/values and prefills only the new tokens.
 Reserved vision placeholders and the model's padded vocabulary rows are never sampled
-(see :mod:`osvl.rollout.reserved`).
+(see :mod:`osvl.rollout.reserved`). ``abort`` ends every request in flight as ``StopKind.ABORT``
+with the tokens it has (the loopback server's ``/pause_generation``) until ``resume``.
+
+Batched results depend on the batch: padding sets the shapes of every matmul and the width of every
+attention reduction, and floating-point sums taken in another order round differently. Which
+requests share a batch depends on when they arrive, so two identical runs differ in the last bits
+of their logprobs, then in sampled tokens. With ``deterministic=True`` every request runs alone
+(``[1, L]`` prefill and decode, a cache sized by the request): each result is a function of the
+request and the weights only, whatever else is in flight and in whatever order it arrived.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -45,11 +54,16 @@ def _pad(rows: Sequence[np.ndarray], fill: int = 0) -> np.ndarray:
 
 class LocalEngine:
     def __init__(self, model: Qwen3VLModel, tokenizer: Tokenizer, image_config: ImageConfig, *,
-                 max_batch: int = 8, policy_version: int = 0, prefix_cache_tokens: int = 0) -> None:
+                 max_batch: int = 8, policy_version: int = 0, prefix_cache_tokens: int = 0,
+                 deterministic: bool = False) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
+        if deterministic and prefix_cache_tokens:
+            # a hit prefills only the new tokens (other matmul shapes than a miss), and whether an entry
+            # survives eviction depends on the order concurrent rollouts stored theirs
+            raise ValueError("prefix_cache_tokens must be 0 in deterministic mode: cache hits depend on arrival order")
         if model.arch.image_token_id != tokenizer.special.image_pad:
             raise ValueError(f"model image_token_id {model.arch.image_token_id} != tokenizer's <|image_pad|> "
                              f"{tokenizer.special.image_pad}")
@@ -59,12 +73,15 @@ class LocalEngine:
         self.tokenizer = tokenizer
         self.image_config = image_config
         self.max_batch = max_batch
+        self.deterministic = deterministic
         self._version = policy_version
         self._lock = threading.Lock()  # a batch and a weight swap never interleave
+        self._abort = threading.Event()  # set: running rows stop at their next token, queued requests at once
         self._pending: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._drainer: asyncio.Task | None = None
         self.generated_tokens = 0
         self.prefilled_tokens = 0
+        self.batch_sizes: Counter[int] = Counter()  # batches the request queue formed, by size
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self._banned = torch.tensor([*reserved_vision_ids(tokenizer),
                                      *range(tokenizer.vocab_size, model.arch.text.vocab_size)],
@@ -89,6 +106,13 @@ class LocalEngine:
             self._version = version
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()  # keys/values of the old weights
+
+    def abort(self) -> None:
+        """Ends every request in flight, and every request made until ``resume``, as ``StopKind.ABORT``."""
+        self._abort.set()
+
+    def resume(self) -> None:
+        self._abort.clear()
 
     def _prefill_inputs(self, requests: Sequence[GenerationRequest], skips: Sequence[tuple[int, int]] | None = None):
         """Padded new ids, their MRoPE positions and new images; row b skips its first
@@ -116,10 +140,13 @@ class LocalEngine:
                 .permute(1, 0, 2), pixels, grid, next_position)
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Synchronous batched generation; each row samples with its own seeded generator."""
+        """Synchronous batched generation (one request at a time in deterministic mode); each row
+        samples with its own seeded generator."""
         if not requests:
             return []
         with self._lock:
+            if self.deterministic:
+                return [self._generate([request])[0] for request in requests]
             return self._generate(requests)
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
@@ -150,6 +177,9 @@ class LocalEngine:
         active = [True] * len(requests)
         decode = lambda t: self.tokenizer.decode(t)
         while True:
+            if self._abort.is_set():
+                finish = [StopKind.ABORT if active[b] else finish[b] for b in range(len(requests))]
+                break
             step_ids = torch.zeros(len(requests), dtype=torch.long, device=self.device)
             for b, request in enumerate(requests):
                 if not active[b]:
@@ -207,6 +237,13 @@ class LocalEngine:
         await asyncio.sleep(0)  # let callers scheduled in the same tick join the batch
         while self._pending:
             batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+            self.batch_sizes[len(batch)] += 1
+            if self._abort.is_set():
+                for request, future in batch:
+                    if not future.done():
+                        future.set_result(GenerationResult([], [], StopKind.ABORT, self._version,
+                                                           len(request.input_ids)))
+                continue
             try:
                 results = await asyncio.to_thread(self.generate_batch, [r for r, _ in batch])
             except Exception as error:  # noqa: BLE001 - one bad batch must not strand its callers
@@ -249,8 +286,11 @@ class ReplayEngine:
                 break
             if len(ids) >= s.max_new_tokens:
                 break
-        logprobs = self.engine.score(request, ids, s.temperature)
-        return GenerationResult(ids, logprobs, finish, self.engine.policy_version, len(request.input_ids))
+        while True:  # the version the logprobs were computed on: a weight swap may land in between
+            version = self.engine.policy_version
+            logprobs = self.engine.score(request, ids, s.temperature)
+            if self.engine.policy_version == version:
+                return GenerationResult(ids, logprobs, finish, version, len(request.input_ids))
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await asyncio.to_thread(self.replay, request)

@@ -9,7 +9,9 @@ Routes, with SGLang's JSON shapes (fields listed in :mod:`osvl.rollout.sglang`):
 - ``POST /init_weights_update_group``, ``/update_weights_from_distributed``,
   ``/destroy_weights_update_group``: the trainer's rank 0 broadcasts HF-named tensors over a
   process group the server joins (gloo here; NCCL on GPUs);
-- ``POST /get_weights_by_name``, ``/update_weight_version``, ``/flush_cache``.
+- ``POST /get_weights_by_name``, ``/update_weight_version``, ``/flush_cache``;
+- ``POST /pause_generation`` (mode ``abort``: requests in flight end at once as aborted, with the
+  tokens they have; new ones wait) and ``/continue_generation``, as SGLang's tokenizer manager does.
 
 Request fields the local engine cannot honor (prompt logprobs, top-k, penalties, ``logit_bias``,
 batches) are refused with HTTP 400 rather than silently ignored. A ``script`` turns generation into
@@ -124,7 +126,9 @@ def reexpand_image_pads(ids: list[int], images: Sequence, pad_id: int) -> list[i
 
 
 def finish_reason(result: GenerationResult, request: GenerationRequest, engine: LocalEngine) -> dict[str, Any]:
-    """SGLang's ``finish_reason``: the stop id or stop string that matched, or the length reached."""
+    """SGLang's ``finish_reason``: the stop id or stop string that matched, the length reached, or an abort."""
+    if result.finish is StopKind.ABORT:
+        return {"type": "abort", "message": "Abort by /pause_generation"}
     if result.finish is StopKind.LENGTH:
         return {"type": "length", "length": len(result.token_ids)}
     last = result.token_ids[-1]
@@ -206,8 +210,10 @@ class LoopbackServer:
         self.weight_version = str(engine.policy_version)
         self._groups: dict[str, _UpdateGroup] = {}
         self._staged: dict[str, torch.Tensor] = {}  # HF tensors of an update whose experts are incomplete
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
+        self._gate = threading.Condition()  # /pause_generation: new requests wait, running ones are counted
+        self._paused = False
+        self._running = 0
+        self.httpd = _Server((host, port), _handler(self))
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="osvl-sglang-loopback")
 
@@ -230,14 +236,44 @@ class LoopbackServer:
 
     def generate(self, body: Any) -> dict[str, Any]:
         request = request_from_json(body, self.engine)
-        if self.replay is not None:
-            result = self.replay.replay(request)
-        else:
-            result = asyncio.run_coroutine_threadsafe(self.engine.generate(request), _engine_loop(self.engine)).result()
+        with self._gate:
+            while self._paused:
+                self._gate.wait()
+            self._running += 1
+        try:
+            if self.replay is not None:
+                result = self.replay.replay(request)
+            else:
+                result = asyncio.run_coroutine_threadsafe(self.engine.generate(request),
+                                                          _engine_loop(self.engine)).result()
+        finally:
+            with self._gate:
+                self._running -= 1
+                self._gate.notify_all()
         if self.logprobs == "raw" and result.token_ids:
             result.logprobs = self.engine.score(request, result.token_ids, temperature=1.0)
         return response_json(result, request, body, self.engine, body.get("rid") or uuid.uuid4().hex,
                              self.weight_version)
+
+    def pause(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Aborts the requests in flight (they answer with the tokens they have) and holds new ones;
+        returns once none runs."""
+        mode = body.get("mode") or "abort"
+        if mode != "abort":
+            raise ValueError(f"pause mode {mode!r} is not supported by the loopback server (abort only)")
+        with self._gate:
+            self._paused = True
+            self.engine.abort()
+            while self._running:
+                self._gate.wait()
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    def resume(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._gate:
+            self._paused = False
+            self.engine.resume()
+            self._gate.notify_all()
+        return {"message": "Generation continued successfully.", "status": "ok"}
 
     def model_info(self) -> dict[str, Any]:
         return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,
@@ -246,7 +282,8 @@ class LoopbackServer:
     def server_info(self) -> dict[str, Any]:
         image = self.engine.image_config
         return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "skip_tokenizer_init": True,
-                "tp_size": 1, "dp_size": 1, "context_length": None, "enable_deterministic_inference": False,
+                "tp_size": 1, "dp_size": 1, "context_length": None,
+                "enable_deterministic_inference": self.engine.deterministic, "attention_backend": "torch_sdpa",
                 "weight_version": self.weight_version, "version": "osvl-loopback",
                 "mm_process_config": {"image": {"min_pixels": image.min_pixels, "max_pixels": image.max_pixels}},
                 "max_batch": self.engine.max_batch}
@@ -312,6 +349,13 @@ class LoopbackServer:
         return state[name].float().flatten()[:limit].tolist()
 
 
+class _Server(ThreadingHTTPServer):
+    """A listen backlog for many concurrent clients (the stdlib's 5 refuses connections under load)."""
+
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 def _handler(server: LoopbackServer):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:  # keep test output clean
@@ -319,11 +363,14 @@ def _handler(server: LoopbackServer):
 
         def _send(self, status: int, body: Any) -> None:
             data = b"" if body is None else json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up on the request (a restart)
+                pass
 
         def do_GET(self) -> None:
             routes = {"/health": lambda: None, "/health_generate": lambda: None, "/get_model_info": server.model_info,
@@ -348,6 +395,10 @@ def _handler(server: LoopbackServer):
                     return self._send(200, weight_routes[self.path](body))
                 if self.path == "/get_weights_by_name":
                     return self._send(200, server.weights_by_name(body))
+                if self.path == "/pause_generation":
+                    return self._send(200, server.pause(body))
+                if self.path == "/continue_generation":
+                    return self._send(200, server.resume(body))
                 if self.path == "/update_weight_version":
                     server.weight_version = str(body["new_version"])
                     return self._send(200, {"success": True, "new_version": server.weight_version})

@@ -35,9 +35,20 @@ field                           as used here                                    
 ``/update_weights_from_disk``   ``model_path``, ``weight_version`` (a str); answers ``success``,    io hs
                                 ``message``, ``num_paused_requests``; HTTP 400 when refused
 ``GET /health``                 200 with an empty body once a 1-token probe answers, else 503       hs
+``/pause_generation``           ``mode`` ``abort``: aborts every running request until none runs,   hs tm
+                                holds new ones; answers ``status: ok``
+``/continue_generation``        releases the held requests                                         hs tm
 ==============================  ==================================================================  =====
 
 Facts the contract relies on:
+
+- A request aborted by ``/pause_generation`` answers ``finish_reason {type: abort}`` with the ids
+  and logprobs it produced so far; a request that arrives while paused waits at the server until
+  ``/continue_generation`` [tm ``generate_request``, ``pause_generation``]. Asynchronous GRPO
+  pauses around every weight update, so no request runs on half-updated weights, and the
+  client continues each aborted request from its tokens (as AReaL's and verl's fully-async
+  rollouts do) or restarts the rollout (``partial_rollouts``). The server's stop-string check
+  sees only the continuation's output, so the client looks for a stop string across the seam.
 
 - Logprobs are ``log_softmax(logits / temperature)`` unless the server runs with
   ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (pre-temperature): leave it unset, or engine and trainer
@@ -63,14 +74,21 @@ Facts the contract relies on:
   ``names``, ``dtypes``, ``shapes``, ``group_name``, ``flush_cache``, ``weight_version`` and
   blocks until the broadcasts arrive, so it is sent first and the tensors broadcast after, in
   the same order [io hs].
+- Deterministic inference (results independent of batch composition) is a server launch flag,
+  ``--enable-deterministic-inference`` (batch-invariant kernels; FlashInfer, FA3 or Triton
+  attention), not a request field; with temperature > 0 it also needs each request's
+  ``sampling_seed``. A client learns whether a server runs it only from ``/get_server_info``, so with
+  ``SGLangConfig.deterministic`` the pre-flight (``check_deterministic_inference``) refuses a server
+  that does not, and a request without a seed is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -79,12 +97,17 @@ import httpx
 
 from osvl.rollout.engine import (
     EngineError,
+    GenerationPreempted,
     GenerationRequest,
     GenerationResult,
     StopKind,
+    hits_stop,
 )
 
 Routing = Literal["round_robin", "least_loaded"]
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"  # the SGLang server flag rollout.deterministic needs
+PartialRollouts = Literal["keep", "restart"]
+MAX_IDLE_ABORTS = 8  # aborts in a row that return no token before a request counts as failed
 
 
 @dataclass(frozen=True)
@@ -93,8 +116,12 @@ class SGLangConfig:
     update_urls: tuple[str, ...] = ()  # the servers that take weight updates; () = urls (no router)
     routing: Routing = "least_loaded"
     timeout_s: float = 600.0
+    deterministic: bool = False  # recipe rollout.deterministic: servers must run DETERMINISTIC_FLAG
+    partial_rollouts: PartialRollouts = "keep"  # an aborted request: continue it (keep its tokens), or restart
 
     def __post_init__(self) -> None:
+        if self.partial_rollouts not in ("keep", "restart"):
+            raise ValueError(f"unknown partial_rollouts {self.partial_rollouts!r}; expected keep or restart")
         for name in ("urls", "update_urls"):
             urls = getattr(self, name)
             if (name == "urls" and not urls) or any(not u.startswith(("http://", "https://")) for u in urls):
@@ -130,10 +157,11 @@ def generate_payload(request: GenerationRequest) -> dict[str, Any]:
     return payload
 
 
-def parse_generate_response(body: Any, policy_version: int) -> GenerationResult:
+def parse_generate_response(body: Any, policy_version: int, *, allow_abort: bool = False) -> GenerationResult:
     """``GenerationResult`` from a ``/generate`` JSON body; malformed bodies are infra errors. The
     tokens' policy version is the server's ``meta_info.weight_version`` when it is a number (osvl
-    sets it with every update), else ``policy_version``, the client's."""
+    sets it with every update), else ``policy_version``, the client's. An aborted request is an infra
+    error unless ``allow_abort``: then it is a ``StopKind.ABORT`` result with the tokens it got."""
     try:
         meta = body["meta_info"]
         entries = meta["output_token_logprobs"]
@@ -145,11 +173,30 @@ def parse_generate_response(body: Any, policy_version: int) -> GenerationResult:
         raise EngineError(f"malformed /generate response ({error!r}): {str(body)[:200]}") from None
     if "output_ids" in body and list(body["output_ids"]) != ids:
         raise EngineError("output_ids and output_token_logprobs disagree")
-    if kind not in ("stop", "length"):
+    if kind not in ("stop", "length") and not (allow_abort and kind == "abort"):
         raise EngineError(f"generation ended with finish_reason {finish!r}")
     served = str(meta.get("weight_version", ""))
     version = int(served) if served.isdigit() else policy_version  # the server's word when it reports one
     return GenerationResult(ids, logprobs, StopKind(kind), version, int(meta.get("prompt_tokens", 0)))
+
+
+def continuation(request: GenerationRequest, generated: Sequence[int]) -> GenerationRequest:
+    """The request that goes on from ``generated``, the tokens an aborted request already produced."""
+    s = request.sampling
+    return GenerationRequest([*request.input_ids, *generated], request.images,
+                             dataclasses.replace(s, max_new_tokens=s.max_new_tokens - len(generated)))
+
+
+def first_stop_across(ids: Sequence[int], boundary: int, decode, sampling) -> int | None:
+    """Length of the output up to a stop string that straddles ``boundary`` (where an aborted
+    request was continued: the server's stop check never saw both sides), else None."""
+    if decode is None or not sampling.stop:
+        return None
+    window = max(len(stop) for stop in sampling.stop) + 2
+    for end in range(boundary + 1, min(boundary + window, len(ids)) + 1):
+        if hits_stop(ids[:end], decode, sampling.stop, ()):
+            return end
+    return None
 
 
 def _refusal(response: httpx.Response) -> str:
@@ -162,6 +209,26 @@ def _refusal(response: httpx.Response) -> str:
     return str(body)[:300]
 
 
+@dataclass(frozen=True)
+class ServerDeterminism:
+    """Whether one server runs deterministic inference, as its ``/get_server_info`` says."""
+
+    url: str
+    enabled: bool | None  # None: the server does not report it (an SGLang without the feature)
+    attention_backend: str | None = None
+
+    def describe(self) -> str:
+        state = {True: "on", False: "off", None: "not reported"}[self.enabled]
+        return f"{self.url}: deterministic inference {state} (attention backend {self.attention_backend or '?'})"
+
+
+def server_determinism(url: str, info: Any) -> ServerDeterminism:
+    if not isinstance(info, dict):
+        raise EngineError(f"{url}/get_server_info did not answer a JSON object: {str(info)[:200]}")
+    enabled = info.get("enable_deterministic_inference")
+    return ServerDeterminism(url, None if enabled is None else bool(enabled), info.get("attention_backend"))
+
+
 class SGLangEngine:
     """The ``Engine`` protocol over SGLang servers, and the servers' weight-update and info routes.
 
@@ -169,8 +236,9 @@ class SGLangEngine:
     reports the new version afterwards (never assumed from a 200)."""
 
     def __init__(self, config: SGLangConfig, client: httpx.AsyncClient | None = None,
-                 policy_version: int = 0) -> None:
+                 policy_version: int = 0, decode: Callable[[Sequence[int]], str] | None = None) -> None:
         self.config = config
+        self.decode = decode  # the tokenizer's, to find a stop string split by a continued abort
         self.client = client or httpx.AsyncClient(timeout=config.timeout_s, trust_env=False)
         self._version = policy_version
         self._next = itertools.cycle(range(len(config.urls)))
@@ -180,12 +248,16 @@ class SGLangEngine:
     def policy_version(self) -> int:
         return self._version
 
+    def for_server(self, url: str) -> SGLangEngine:
+        """This client aimed at one server (pre-flight probes each), sharing the connection pool."""
+        return SGLangEngine(SGLangConfig((url,), timeout_s=self.config.timeout_s), self.client, self._version)
+
     def _pick(self) -> int:
         if self.config.routing == "round_robin":
             return next(self._next)
         return min(range(len(self.in_flight)), key=lambda i: self.in_flight[i])
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
+    async def _generate_once(self, request: GenerationRequest) -> GenerationResult:
         server = self._pick()
         version = self._version
         self.in_flight[server] += 1
@@ -198,7 +270,54 @@ class SGLangEngine:
         if response.status_code != 200:
             raise EngineError(f"SGLang /generate on {self.config.urls[server]} returned HTTP {response.status_code}: "
                               f"{_refusal(response)}")
-        return parse_generate_response(response.json(), version)
+        return parse_generate_response(response.json(), version, allow_abort=True)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """One generation. A request aborted by a pause for a weight update is continued from the
+        tokens it got (``partial_rollouts = "keep"``: each keeps its logprob and the version that
+        produced it; the continuation waits at the paused server and runs on the new weights) or
+        raises ``GenerationPreempted`` (``"restart"``)."""
+        s = request.sampling
+        if self.config.deterministic and s.temperature > 0 and s.seed is None:
+            raise ValueError("deterministic rollouts sample with a per-request seed (sampling_seed); got none")
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        idle_aborts, prompt_tokens = 0, 0
+        while True:
+            part = await self._generate_once(continuation(request, ids) if ids else request)
+            prompt_tokens = prompt_tokens or part.prompt_tokens
+            boundary = len(ids)
+            ids += part.token_ids
+            logprobs += part.logprobs
+            versions += [part.policy_version] * len(part.token_ids)
+            if boundary and (end := first_stop_across(ids, boundary, self.decode, request.sampling)) is not None:
+                del ids[end:], logprobs[end:], versions[end:]
+                finish = StopKind.STOP
+                break
+            finish = part.finish
+            if finish is not StopKind.ABORT:
+                break
+            if self.config.partial_rollouts == "restart":
+                raise GenerationPreempted(f"generation aborted after {len(ids)} tokens (a weight update)")
+            idle_aborts = 0 if part.token_ids else idle_aborts + 1
+            if idle_aborts >= MAX_IDLE_ABORTS:
+                raise EngineError(f"generation aborted {idle_aborts} times in a row without a token")
+            if len(ids) >= request.sampling.max_new_tokens:
+                finish = StopKind.LENGTH
+                break
+        first = versions[0] if versions else part.policy_version
+        mixed = len(set(versions)) > 1
+        return GenerationResult(ids, logprobs, finish, first, prompt_tokens, list(versions) if mixed else None)
+
+    async def pause_generation(self) -> None:
+        """Every weight server aborts its requests in flight and holds new ones (``/pause_generation``,
+        mode ``abort``) until ``continue_generation``: no request runs while the weights change."""
+        await self._post_all("/pause_generation", [{"mode": "abort"}] * len(self.config.weight_urls),
+                             "pausing generation")
+
+    async def continue_generation(self) -> None:
+        await self._post_all("/continue_generation", [{}] * len(self.config.weight_urls), "continuing generation")
 
     async def get_json(self, url: str, path: str, timeout_s: float | None = None) -> Any:
         """A GET route's JSON body; ``EngineError`` naming the server otherwise."""
@@ -219,8 +338,9 @@ class SGLangEngine:
                 response = await self.client.post(f"{url}{path}", json=body)
             except httpx.HTTPError as error:
                 return f"{url}: {error!r}"
-            try:
-                ok = response.status_code == 200 and bool(response.json().get("success", False))
+            try:  # weight routes answer success, pause/continue answer status "ok"
+                answer = response.json()
+                ok = response.status_code == 200 and (answer.get("success") is True or answer.get("status") == "ok")
             except (ValueError, AttributeError):
                 ok = False
             return None if ok else f"{url}: HTTP {response.status_code}: {_refusal(response)}"
@@ -237,6 +357,17 @@ class SGLangEngine:
         if stale:
             raise EngineError(f"weight version skew after the update to {version}: " + "; ".join(stale))
         self._version = version
+
+    async def check_deterministic_inference(self) -> list[ServerDeterminism]:
+        """Pre-flight: what every server reports; with ``config.deterministic`` a server that does not run
+        deterministic inference (or cannot say) is an error naming it and the flag it needs."""
+        report = [server_determinism(url, await self.get_json(url, "/get_server_info", timeout_s=30))
+                  for url in dict.fromkeys((*self.config.urls, *self.config.weight_urls))]
+        missing = [r for r in report if r.enabled is not True]
+        if self.config.deterministic and missing:
+            raise EngineError("rollout.deterministic needs every SGLang server launched with "
+                              f"{DETERMINISTIC_FLAG}; " + "; ".join(r.describe() for r in missing))
+        return report
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Every weight server loads the HF directory ``model_path``; the version changes only if all did."""

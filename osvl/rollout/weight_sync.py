@@ -7,16 +7,28 @@ ranks; only rank 0 talks to the servers, and its outcome reaches every rank):
 
 - ``InProcessSync``: the local engine (CPU form) takes the gathered state dict in memory;
 - ``DiskSync``: the ranks write HF safetensors collectively (each rank its own shard file) into a
-  shared directory, keeping the last ``keep`` versions, then every SGLang server loads it with
-  ``/update_weights_from_disk`` and its ``/get_model_info`` must report the version;
-- ``DistributedSync``: rank 0 joins a weights-update group with the servers and broadcasts the
-  HF-named tensors in buckets of ``bucket_bytes`` (``/update_weights_from_distributed``), gathered
-  one layer at a time from the shards.
+  shared directory, keeping the last ``keep`` versions, then every server loads it (SGLang:
+  ``/update_weights_from_disk``; vLLM: pause, ``reload_weights`` through ``/collective_rpc``,
+  resume, the path that works on CPU) and must report the version;
+- ``DistributedSync``: rank 0 joins a weights-update group with the SGLang servers and broadcasts
+  the HF-named tensors in buckets of ``bucket_bytes`` (``/update_weights_from_distributed``),
+  gathered one layer at a time from the shards;
+- ``VLLMNCCLSync``: the same stream into vLLM servers through vLLM's RL API (NCCL, GPUs only).
+
+``text_only``: the servers serve the language model alone as a Qwen3 text checkpoint
+(:mod:`osvl.model.text_export`; vLLM's CPU build, which cannot run the vision tower).
+
+With ``pause`` (asynchronous GRPO on SGLang servers: they generate while the trainer trains) rank 0
+pauses generation on every server (``/pause_generation``, abort mode) before the first byte moves
+and continues it after the version is confirmed, so no request ever runs on half-updated weights (a
+bucketed update is many calls). The in-process engine needs no pause: it swaps the whole state
+between two batches under its lock; vLLM's disk update pauses (``/pause?mode=wait``) itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import shutil
 import time
@@ -34,6 +46,7 @@ from osvl.model.checkpoint import iter_hf_tensors, save_pretrained
 from osvl.rollout.engine import EngineError
 from osvl.rollout.local_engine import LocalEngine
 from osvl.rollout.sglang import SGLangEngine
+from osvl.rollout.vllm import VLLMEngine
 
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]  # runs a coroutine on the stage's event loop
@@ -49,6 +62,12 @@ class WeightSync(Protocol):
     def sync(self, model: torch.nn.Module, version: int) -> SyncStats: ...
 
     def close(self) -> None: ...
+
+
+class DiskLoader(Protocol):
+    """A fleet of servers that load an HF directory and then report ``version`` (SGLang, vLLM)."""
+
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None: ...
 
 
 def _rank() -> int:
@@ -67,6 +86,19 @@ def _agree(error: str | None) -> None:
         error = box[0]
     if error is not None:
         raise EngineError(error)
+
+
+@contextlib.contextmanager
+def _paused(engine: SGLangEngine, run: Runner, pause: bool):
+    """Generation paused on every server for the block (when ``pause``), continued whatever happens."""
+    if not pause:
+        yield
+        return
+    run(engine.pause_generation())
+    try:
+        yield
+    finally:
+        run(engine.continue_generation())
 
 
 class InProcessSync:
@@ -89,20 +121,23 @@ class InProcessSync:
 class DiskSync:
     """HF safetensors into ``directory/v{version:06d}``, loaded by every server from there."""
 
-    def __init__(self, engine: SGLangEngine, directory: str | Path, dtype: torch.dtype, run: Runner,
-                 keep: int = 2) -> None:
+    def __init__(self, engine: DiskLoader, directory: str | Path, dtype: torch.dtype, run: Runner,
+                 keep: int = 2, text_only: bool = False, pause: bool = False) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.engine, self.directory, self.dtype, self.run, self.keep = engine, Path(directory), dtype, run, keep
+        self.text_only, self.pause = text_only, pause
 
     def sync(self, model: torch.nn.Module, version: int) -> SyncStats:
         start = time.perf_counter()
         path = self.directory / f"v{version:06d}"
-        files = save_pretrained(model, path, dtype=self.dtype)  # collective; returns once every shard is on disk
+        # collective; returns once every shard is on disk
+        files = save_pretrained(model, path, dtype=self.dtype, text_only=self.text_only)
         error = None
         if _rank() == 0:
             try:
-                self.run(self.engine.update_weights_from_disk(str(path.resolve()), version))
+                with _paused(self.engine, self.run, self.pause):
+                    self.run(self.engine.update_weights_from_disk(str(path.resolve()), version))
             except Exception as failure:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
                 error = _message(failure)
             else:
@@ -119,10 +154,12 @@ class DistributedSync:
     """Bucketed broadcasts from trainer rank 0 to every server's ranks (gloo on CPU, NCCL on GPUs)."""
 
     def __init__(self, engine: SGLangEngine, dtype: torch.dtype, run: Runner, *, bucket_bytes: int,
-                 master_address: str, master_port: int = 0, backend: str = "gloo", timeout_s: float = 600.0) -> None:
+                 master_address: str, master_port: int = 0, backend: str = "gloo", timeout_s: float = 600.0,
+                 text_only: bool = False, pause: bool = False) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self.engine, self.dtype, self.run, self.bucket_bytes = engine, dtype, run, bucket_bytes
+        self.text_only, self.pause = text_only, pause
         self.master_address, self.master_port, self.backend, self.timeout_s = master_address, master_port, backend, timeout_s
         self.group_name = f"osvl-weights-{uuid.uuid4().hex[:8]}"
         self._group: Any = None
@@ -174,9 +211,17 @@ class DistributedSync:
                 self._connect()
             except Exception as failure:  # noqa: BLE001
                 error = f"weights update group: {_message(failure)}"
+        paused = False
+        if lead and error is None and self.pause:
+            try:
+                self.run(self.engine.pause_generation())
+                paused = True
+            except Exception as failure:  # noqa: BLE001
+                error = _message(failure)
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
-        for name, tensor in iter_hf_tensors(model, self.dtype):  # collective: every rank gathers every layer
+        # collective: every rank gathers every layer
+        for name, tensor in iter_hf_tensors(model, self.dtype, text_only=self.text_only):
             if not lead or error is not None:
                 continue
             if bucket and size + tensor.numel() * tensor.element_size() > self.bucket_bytes:
@@ -194,6 +239,11 @@ class DistributedSync:
                 self.run(self.engine.confirm_version(version))
             except Exception as failure:  # noqa: BLE001
                 error = _message(failure)
+        if paused:
+            try:
+                self.run(self.engine.continue_generation())
+            except Exception as failure:  # noqa: BLE001
+                error = error or _message(failure)
         _agree(error)
         return SyncStats(time.perf_counter() - start, nbytes)
 
@@ -204,3 +254,104 @@ class DistributedSync:
             except EngineError:
                 pass
             self._group = None
+
+
+class VLLMNCCLSync:
+    """Bucketed NCCL broadcasts from trainer rank 0 into vLLM servers through vLLM's RL API.
+
+    The group is joined with a pre-shared NCCL unique id (vLLM's torch-free rendezvous), so the
+    trainer needs no vLLM: rank 0 mints the id, every server joins over HTTP while rank 0 joins with
+    ``torch.cuda.nccl``, and all issue the one-element all-reduce vLLM's communicator expects first.
+    Each sync: pause and ``/start_weight_update``, one ``/update_weights`` per bucket (announced,
+    then broadcast tensor by tensor), ``/finish_weight_update`` with the version, resume. GPUs only.
+    """
+
+    def __init__(self, engine: VLLMEngine, dtype: torch.dtype, run: Runner, *, bucket_bytes: int,
+                 text_only: bool = False) -> None:
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        self.engine, self.dtype, self.run, self.bucket_bytes = engine, dtype, run, bucket_bytes
+        self.text_only = text_only
+        self._comm: Any = None
+
+    def _connect(self) -> None:
+        import torch.cuda.nccl as nccl
+
+        if not torch.cuda.is_available():
+            raise EngineError("rollout.weight_sync = 'distributed' into vLLM needs CUDA (NCCL); use 'disk' on CPU")
+        sizes = self.run(self.engine.server_ranks())
+        unique_id = nccl.unique_id()
+
+        def join() -> Any:
+            comm = nccl.init_rank(1 + sum(sizes), unique_id, 0)
+            warm = torch.zeros(1, device="cuda")
+            nccl.all_reduce([warm], comms=[comm])  # vLLM's communicator starts with this collective
+            torch.cuda.synchronize()
+            return comm
+
+        async def both() -> Any:
+            joined = asyncio.create_task(self.engine.init_weight_transfer(unique_id, sizes))
+            comm = await asyncio.to_thread(join)
+            await joined
+            return comm
+
+        self._comm = self.run(both())
+
+    def _send(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        import torch.cuda.nccl as nccl
+
+        def broadcast() -> None:
+            for _, tensor in bucket:
+                nccl.broadcast([tensor.contiguous()], root=0, comms=[self._comm])
+            torch.cuda.synchronize()
+
+        async def both() -> None:
+            announced = asyncio.create_task(self.engine.update_weights(
+                [n for n, _ in bucket], [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                [list(t.shape) for _, t in bucket]))
+            await asyncio.to_thread(broadcast)
+            await announced
+
+        self.run(both())
+
+    def sync(self, model: torch.nn.Module, version: int) -> SyncStats:
+        start = time.perf_counter()
+        lead = _rank() == 0
+        error, nbytes = None, 0
+        if lead:
+            try:
+                if self._comm is None:
+                    self._connect()
+                self.run(self.engine.start_weight_update())
+            except Exception as failure:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
+                error = f"vLLM weight transfer: {_message(failure)}"
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in iter_hf_tensors(model, self.dtype, text_only=self.text_only):  # collective
+            if not lead or error is not None:
+                continue
+            if bucket and size + tensor.numel() * tensor.element_size() > self.bucket_bytes:
+                try:
+                    self._send(bucket)
+                except Exception as failure:  # noqa: BLE001
+                    error = _message(failure)
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            nbytes += tensor.numel() * tensor.element_size()
+        if lead and error is None:
+            try:
+                self._send(bucket)
+                self.run(self.engine.finish_weight_update(version))
+            except Exception as failure:  # noqa: BLE001
+                error = _message(failure)
+        _agree(error)
+        return SyncStats(time.perf_counter() - start, nbytes)
+
+    def close(self) -> None:
+        if self._comm is not None:
+            try:
+                self.run(self.engine.shutdown_weight_transfer())
+            except EngineError:
+                pass
+            self._comm = None

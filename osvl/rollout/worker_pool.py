@@ -108,7 +108,7 @@ async def _work(conn: Any, setup: RolloutSetup) -> None:
         try:
             result = await run_group(prompt, key[1], setup.engine, setup.env, setup.renderer, setup.agent,
                                      setup.rollout, step=step, slots=slots, metrics=metrics)
-            message = ("group", key, (result, metrics.retries, metrics.stale))
+            message = ("group", key, (result, metrics.retries))
         except Exception as error:  # noqa: BLE001 - a bug is raised at the consumer, not hidden
             message = ("error", key, f"{type(error).__name__}: {error}")
         await asyncio.to_thread(send, message)
@@ -204,7 +204,7 @@ class RolloutWorkerPool:
                 self.stats.groups_dropped += 1
                 lost = [Trajectory(prompt, [], FinishReason.INFRA_ERROR, group_id, i, infra_retries=attempts - 1)
                         for i in range(worker.group_size)]
-                self._deliver(stream, Group(prompt, group_id, lost), 0, 0)
+                self._deliver(stream, Group(prompt, group_id, lost), 0)
         index = self._workers.index(worker)
         self._workers[index] = self._await_ready(*self._launch())
 
@@ -242,12 +242,11 @@ class RolloutWorkerPool:
 
     # -- messages ---------------------------------------------------------------------------
 
-    def _deliver(self, stream: int, group: Group, retries: int, stale: int) -> None:
+    def _deliver(self, stream: int, group: Group, retries: int) -> None:
         metrics = self._metrics[stream]
         for traj in group.trajectories:
             metrics.record(traj)
         metrics.retries += retries
-        metrics.stale += stale
         self._finished[stream].append(group)
 
     def _handle(self, worker: _Worker, message: tuple) -> None:

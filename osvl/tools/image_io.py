@@ -8,25 +8,11 @@ from __future__ import annotations
 
 import io
 import os
-import warnings
 
 import cv2
 import numpy as np
 
-
-def image_size(data: bytes) -> tuple[int, int]:
-    """(width, height) read from the file header only, before any pixel is decoded."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the caller applies its own bound
-            with Image.open(io.BytesIO(data)) as header:
-                return header.size
-    except Image.DecompressionBombError as err:  # PIL refuses over twice its own limit before telling the size
-        raise ValueError(f"image declares too many pixels: {err}") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as err:
-        raise ValueError(f"not a readable image: {err}") from None
+from osvl.image_header import image_size
 
 
 def decode_image(data: bytes, max_pixels: int, max_bytes: int | None = None) -> np.ndarray:

@@ -1,13 +1,25 @@
-"""Training stages (SFT, GRPO), checkpoints, metrics and reports."""
+"""Training stages (SFT, GRPO), checkpoints, metrics and reports.
 
-from osvl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from osvl.trainer.grpo import run_grpo
-from osvl.trainer.loss import sft_loss
-from osvl.trainer.metrics import MetricsWriter, progress_line, read_metrics
-from osvl.trainer.optim import build_optimizer, build_scheduler, lr_factor
-from osvl.trainer.sft import StageResult, run_sft
+The exports load on first use (PEP 562), so importing one submodule (``osvl.trainer.flops``) does
+not pull in the GRPO stage's rollout and tool stack, which needs OpenCV: a GPU image that has
+only torch can still run the training step (bench/train_step.py).
+"""
 
-__all__ = [
-    "MetricsWriter", "StageResult", "build_optimizer", "build_scheduler", "latest_checkpoint", "load_checkpoint",
-    "lr_factor", "progress_line", "read_metrics", "run_grpo", "run_sft", "save_checkpoint", "sft_loss",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "latest_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint",
+    "run_grpo": "grpo", "sft_loss": "loss", "MetricsWriter": "metrics", "progress_line": "metrics",
+    "read_metrics": "metrics", "build_optimizer": "optim", "build_scheduler": "optim", "lr_factor": "optim",
+    "StageResult": "sft", "run_sft": "sft",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -7,13 +7,11 @@ the data cursor. A ``complete`` marker is written last; only marked checkpoints 
 
 from __future__ import annotations
 
-import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -22,6 +20,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from osvl.data.image import ImageConfig
 from osvl.trainer.export import export_stage
+from osvl.trainer.rng import rng_state, set_rng_state
 
 MARKER = "complete"
 
@@ -35,16 +34,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-
-
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
@@ -53,6 +42,21 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     """Newest complete checkpoint under ``root`` (None when there is none)."""
     done = sorted(p for p in Path(root).glob("step_*") if (p / MARKER).is_file())
     return done[-1] if done else None
+
+
+def discard_checkpoints_after(root: str | Path, step: int) -> list[str]:
+    """Removes checkpoints of steps after ``step`` and every incomplete one (a save cut short);
+    returns their directory names. Only the run directory's owner calls it, with no save under way."""
+    removed = []
+    for path in sorted(Path(root).glob("step_*")):
+        try:
+            at = int(path.name.removeprefix("step_"))
+        except ValueError:
+            continue
+        if at > step or not (path / MARKER).is_file():
+            shutil.rmtree(path)
+            removed.append(path.name)
+    return removed
 
 
 def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -99,14 +103,14 @@ def resume_state(root: str | Path, model: torch.nn.Module, optimizer: torch.opti
                  stream: Stateful, resume: bool = True) -> dict[str, Any]:
     """Continues from the newest complete checkpoint under ``root`` (when ``resume``): restores the
     model, optimizer, RNG, scheduler and data stream in place and returns the trainer state, whose
-    ``step`` and stage-specific keys the caller reads; ``{}`` means a fresh start."""
+    ``step``, ``checkpoint`` (its path) and stage-specific keys the caller reads; ``{}`` means a fresh start."""
     latest = latest_checkpoint(root) if resume else None
     if latest is None:
         return {}
     state = load_checkpoint(latest, model, optimizer)
     scheduler.load_state_dict(state["scheduler"])
     stream.load_state_dict(state["cursor"])
-    return state
+    return {**state, "checkpoint": str(latest)}
 
 
 def finish_stage(save: Callable[[int], None], step: int, resumed: int, total: int, recipe: Any,

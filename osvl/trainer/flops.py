@@ -137,5 +137,13 @@ def packed_batch_flops(arch: Qwen3VLConfig, batch: PackedBatch, train_vision: bo
     return train_flops(arch, [b - a for a, b in itertools.pairwise(bounds)], grids, train_vision)
 
 
+def packed_forward_flops(arch: Qwen3VLConfig, batch: PackedBatch) -> float:
+    """One no-grad forward of a packed micro-batch (the old policy's log-probs)."""
+    bounds = batch.cu_seqlens.tolist()
+    grids = [tuple(g) for g in batch.image_grid_thw.tolist()]
+    return text_forward_flops(arch.text, [b - a for a, b in itertools.pairwise(bounds)]) \
+        + vision_forward_flops(arch.vision, grids)
+
+
 def device_name() -> str | None:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None

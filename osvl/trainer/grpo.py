@@ -1,18 +1,22 @@
 """The GRPO stage: rollouts -> scoring -> fatal-aware advantages -> packing -> fused loss -> optimizer -> sync.
 
-Topology: each data-parallel rank rolls out its strided share of the step's prompts (whole
-groups) through the rollout engine (an SGLang fleet, or the CPU form's in-process engine; see
-``osvl.trainer.serving``) and its tools (local workers or tool servers), and judges each group as
-soon as it completes. The scored trajectories are all-gathered, so advantages, statistics and
-the packing plan are computed over the whole step on every rank, and each rank trains on its
-token-balanced slice. After every optimizer step (policy version = optimizer steps taken) the
-weights go to the engines, which must report the new version.
+Topology: each data-parallel rank rolls out its strided share of the prompt stream (whole groups)
+through the rollout engine (an SGLang fleet, or the CPU form's in-process engine; see
+``osvl.trainer.serving``) and its tools (local workers or tool servers), on its rollout generator
+(``osvl.trainer.rollouts``), which runs on an event-loop thread while the rank trains and judges
+each group as soon as it completes. ``rollout.max_staleness = 0`` rolls a step's groups out on the
+weights it trains from (the synchronous step); ``N >= 1`` rolls the next steps' groups out while
+the rank trains, into a bounded replay buffer, and a step trains on the oldest groups within N
+weight syncs (``osvl.rollout.generator``). The step's groups are all-gathered, so advantages,
+statistics and the packing plan are computed over the whole step on every rank, and each rank
+trains on its token-balanced slice. With ``grpo.old_logprobs = "trainer"`` the old policy's
+log-probs are recomputed before the first update, and ``grpo.rollout_correction`` weighs each token
+by the trainer/engine ratio (``osvl.trainer.correction``). After the step's optimizer steps (policy
+version = optimizer steps taken) the weights go to the engines, which must report the new version.
 """
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -21,7 +25,7 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
-from osvl_kernels import linear_grpo_loss
+from osvl_kernels import RolloutCorrection, linear_grpo_loss
 from torchtitan.distributed.utils import clip_grad_norm_
 
 from osvl.config.recipe import Recipe
@@ -32,52 +36,38 @@ from osvl.rl.advantages import AdvantageConfig, trajectory_advantages
 from osvl.rl.fatal import has_infra_error
 from osvl.rl.scoring import GroupScorer, JudgeStats
 from osvl.rl.stats import batch_stats
-from osvl.rl.trajectory import Prompt, Trajectory
-from osvl.rollout import RolloutMetrics, RolloutRecorder, derive_seed, stream_groups
-from osvl.tools import ToolEnvironment
-from osvl.trainer.flops import generation_flops, mfu, packed_batch_flops, trajectory_turns
-from osvl.trainer.grpo_data import (
-    load_prompts,
-    rank_minibatch,
-    rank_share,
-    rollout_configs,
-    stage_scorer,
-    training_sequences,
-)
+from osvl.rl.trajectory import Trajectory
+from osvl.rollout import RolloutRecorder
+from osvl.rollout.event_loop import EventLoopThread
+from osvl.rollout.generator import GeneratorStats, RolloutGenerator
+from osvl.rollout.replay import ScoredGroup, staleness_metrics
+from osvl.trainer.correction import mismatch_metrics, mismatch_sums, old_policy_logprobs, rollout_correction
+from osvl.trainer.flops import generation_flops, mfu, packed_batch_flops, packed_forward_flops, trajectory_turns
+from osvl.trainer.grpo_data import load_prompts, rank_minibatch, stage_scorer, training_sequences
 from osvl.trainer.metrics import peak_memory_gib
 from osvl.trainer.policy import lm_head_weight
-from osvl.trainer.router_losses import RouterLosses
 from osvl.trainer.preflight import check_grpo_recipe, preflight
-from osvl.trainer.serving import EngineWrapper, Serving, build_serving
+from osvl.trainer.rollouts import GroupRoller, stage_generator
+from osvl.trainer.router_losses import RouterLosses
+from osvl.trainer.serving import EngineWrapper, build_serving
 from osvl.trainer.stage import Stage, StageResult, all_reduce_sums, stage_inputs, start_stage
-from osvl.trainer.tool_env import EnvironmentFactory, FaultInjectingRunner, stage_environment
+from osvl.trainer.tool_env import EnvironmentFactory, stage_environment
 from osvl.trainer.validation import Validator
 
-__all__ = ["check_grpo_recipe", "run_grpo", "step_faults"]
+__all__ = ["check_grpo_recipe", "run_grpo"]
 
 T = TypeVar("T")
 
 
 @dataclass
 class RolloutBatch:
-    """One step's rollouts: this rank's, and the scored ones of every rank (same on all ranks)."""
+    """One step's groups: this rank's, and every rank's (the same on all ranks), with what it cost."""
 
     mine: list[Trajectory]
-    scored: list[Trajectory]
-    metrics: RolloutMetrics
+    groups: list[ScoredGroup]  # every rank's, in ticket order
+    scored: list[Trajectory]  # their trajectories, group ids = the group's position in the step
+    generated: list[GeneratorStats]  # each rank's generator since the last step
     judges: dict[str, float]
-
-
-def step_faults(env: ToolEnvironment, seed: int, step: int, rank: int) -> ToolEnvironment:
-    """Faults seeded by (job seed, step, rank): with each call's identity (group, sample, turn) that
-    fixes every fault decision, so a resumed run injects the same faults without checkpointing the
-    injector, and concurrent rollouts inject them whatever order the calls finish in."""
-    if not isinstance(env.pool, FaultInjectingRunner):
-        return env
-    stepped = copy.copy(env)  # keeps the environment's class (a tool profile translates calls)
-    stepped.pool = FaultInjectingRunner(env.pool.runner, env.pool.rate,
-                                        seed=derive_seed(step, f"tool-faults/{rank}", 0, seed), outages=env.pool.outages)
-    return stepped
 
 
 def _all_gather(item: T) -> list[T]:
@@ -88,57 +78,55 @@ def _all_gather(item: T) -> list[T]:
     return parts
 
 
-def _gather(trajectories: list[Trajectory]) -> list[Trajectory]:
-    """Every rank's scored trajectories, in (group, sample) order."""
-    return sorted((t for part in _all_gather(trajectories) for t in part), key=lambda t: (t.group_id, t.sample_index))
+def rollout_step(generator: RolloutGenerator, scorer: GroupScorer) -> RolloutBatch:
+    """This rank's groups of the step (as soon as the generator has them), then every rank's."""
+    mine = generator.next_batch()
+    parts = _all_gather((mine, generator.take_stats(), scorer.take_stats()))
+    groups = sorted((g for part, _, _ in parts for g in part), key=lambda g: g.ticket)
+    scored = [dataclasses.replace(t, group_id=i) for i, g in enumerate(groups) for t in g.trajectories]
+    judges = JudgeStats.merge([judged for _, _, judged in parts]).metrics(scored)
+    return RolloutBatch([t for g in mine for t in g.trajectories], groups, scored, [s for _, s, _ in parts], judges)
 
 
-async def _rollout_and_score(prompts: Sequence[tuple[int, Prompt]], serving: Serving, env: ToolEnvironment,
-                             scorer: GroupScorer, renderer: ChatRenderer, recipe: Recipe, step: int,
-                             metrics: RolloutMetrics) -> list[Trajectory]:
-    """This rank's groups, each judged as soon as it completes (judging overlaps the other rollouts)."""
-    agent, workers = rollout_configs(recipe)
-    group_ids = [gid for gid, _ in prompts]
-    judging = []
-    async for group in stream_groups([p for _, p in prompts], serving.engine, env, renderer, agent, workers,
-                                     step=step, metrics=metrics):
-        trajectories = [dataclasses.replace(t, group_id=group_ids[group.group_id]) for t in group.trajectories]
-        judging.append(asyncio.ensure_future(scorer.score_group(trajectories)))
-    return [t for scored in await asyncio.gather(*judging) for t in scored]
-
-
-def rollout_step(stage: Stage, prompts: list[Prompt], serving: Serving, env: ToolEnvironment, scorer: GroupScorer,
-                 renderer: ChatRenderer, runner: asyncio.Runner) -> RolloutBatch:
-    recipe = stage.recipe
-    batch = stage.stream.next_batch()
-    mine = [(gid, prompts[i]) for gid, i in rank_share(batch, stage.dp_size, stage.dp_rank)]
-    if serving.local is not None:
-        serving.local.model.eval()
-    metrics = RolloutMetrics()
-    faulted = step_faults(env, recipe.job.seed, stage.step, stage.rank)
-    scored_mine = runner.run(_rollout_and_score(mine, serving, faulted, scorer, renderer, recipe, stage.step,
-                                                metrics))
-    scored = _gather(scored_mine)
-    return RolloutBatch(scored_mine, scored, metrics, JudgeStats.merge(_all_gather(scorer.stats.take())).metrics(scored))
+def old_policy(stage: Stage, minibatches: Sequence[Sequence[PackedBatch]], router_losses: RouterLosses,
+               sums: dict[str, torch.Tensor | float]) -> list[list[torch.Tensor]]:
+    """The trainer's log-probs of every micro-batch on the weights before the step's first update
+    (``grpo.old_logprobs = "trainer"``), and the histogram of their distance to the engine's."""
+    g = stage.recipe.grpo
+    router_losses.idle()
+    out = []
+    for batches in minibatches:
+        logprobs = old_policy_logprobs(stage.model, batches, g.temperature, g.loss_chunk)
+        for b, lp in zip(batches, logprobs):
+            for key, value in mismatch_sums(lp, b.old_logprobs.to(lp.device), b.loss_mask.to(lp.device)).items():
+                _add(sums, key, value)
+            _add(sums, "train_flops", packed_forward_flops(stage.model.arch, b))
+        out.append(logprobs)
+    return out
 
 
 def train_minibatch(stage: Stage, batches: Sequence[PackedBatch], sums: dict[str, torch.Tensor | float],
-                    router_losses: RouterLosses, first: bool) -> None:
+                    router_losses: RouterLosses, first: bool, old_logprobs: Sequence[torch.Tensor] | None = None,
+                    correction: RolloutCorrection | None = None) -> None:
     """Forward, fused loss (and the MoE router losses) and backward of this rank's micro-batches of one
-    mini-batch, then the optimizer step. Metric sums stay on the device (``sums``)."""
+    mini-batch, then the optimizer step. The PPO ratio is taken against ``old_logprobs`` (the trainer's)
+    when given, else against the engine's; ``correction`` weighs tokens by exp(trainer - engine).
+    Metric sums stay on the device (``sums``)."""
     g, model = stage.recipe.grpo, stage.model
     norms = global_normalizers(batches)
     train_vision = not stage.recipe.model.freeze_vision
     router_losses.start(batches)
     device = next(model.parameters()).device
-    for b in batches:
+    for i, b in enumerate(batches):
         router_losses.prepare(b)  # reads host-side counts
         b = b.to(device)  # packed on the host; the forward runs where the shards live
+        old = b.old_logprobs if old_logprobs is None else old_logprobs[i].to(device)
         hidden = model(b.input_ids, cu_seqlens=b.cu_seqlens, position_ids=b.position_ids,
                        pixel_values=b.pixel_values, image_grid_thw=b.image_grid_thw, return_hidden=True)
         out = linear_grpo_loss(
             hidden, lm_head_weight(model), b.target_ids, b.cu_seqlens, b.loss_mask,
-            old_logprobs=b.old_logprobs, fatal_step=b.fatal_step, token_step=b.token_step,
+            old_logprobs=old, behavior_logprobs=None if correction is None else b.old_logprobs,
+            rollout_correction=correction, fatal_step=b.fatal_step, token_step=b.token_step,
             advantages=b.advantages, eps_low=g.eps_low, eps_high=g.eps_high, kl_coef=g.kl_coef,
             entropy_coef=g.entropy_coef, temperature=g.temperature, loss_agg=g.loss_agg,
             num_seqs=norms.num_seqs.clamp_min(1), num_tokens=norms.num_valid_tokens.clamp_min(1),
@@ -147,13 +135,15 @@ def train_minibatch(stage: Stage, batches: Sequence[PackedBatch], sums: dict[str
         out.loss.backward()
         n = out.metrics["num_valid_tokens"].double()
         scored = out.logprobs != 0
-        delta = torch.where(scored, out.logprobs - b.old_logprobs, 0.0)  # approx. KL(behaviour || policy)
+        delta = torch.where(scored, out.logprobs - old, 0.0)  # approx. KL(old || policy)
         _add(sums, "loss", out.loss.detach())
         _add(sums, "tokens", b.num_tokens)
         _add(sums, "valid", n)
         _add(sums, "clip", out.metrics["clip_frac"] * n)
         _add(sums, "entropy", out.metrics["entropy_mean"] * n)
         _add(sums, "kl_old", (torch.expm1(delta) - delta).sum())
+        _add(sums, "is_weight", out.metrics["is_weight_mean"] * n)
+        _add(sums, "is_capped", out.metrics["is_capped_frac"] * n)
         _add(sums, "train_flops", packed_batch_flops(stage.model.arch, b, train_vision))
         if first:  # the first mini-batch runs on the weights that generated the rollouts
             _add(sums, "lp_diff", out.metrics["logprob_abs_diff_mean"] * n)
@@ -189,70 +179,85 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
                         max_steps=g.max_steps, epochs=g.epochs, updates_per_step=minis)
     version = stage.state.get("policy_version", 0)  # optimizer steps taken: the engines' weight version
     recorder = RolloutRecorder(stage.run_dir / "rollouts")
+    stale_recorder = RolloutRecorder(stage.run_dir / "rollouts" / "stale")  # groups dropped past the bound
     router_losses = RouterLosses(stage.model, recipe.moe, recipe.parallel.tp)
     validator = Validator(recipe, renderer, rank, stage.dp_size) if recipe.validation.path else None
     advantage_config = AdvantageConfig(mode=g.fatal_mode, estimator=g.estimator)
-    final_loss = float("nan")
+    correction = rollout_correction(g)
+    final_loss = stage.resumption.final_loss  # recorded at the resumed step; nan when fresh
     end = stage.total if stop_after is None else min(stage.total, stage.step + stop_after)
-    with asyncio.Runner() as runner, environment(recipe, rank) as env:
-        serving = build_serving(recipe, arch, tokenizer, renderer.image_config, runner.run, engine_wrapper)
+    stage.extra_state = {"policy_version": version, "replay": stage.state.get("replay")}
+    with EventLoopThread() as loop, environment(recipe, rank) as env:
+        serving = build_serving(recipe, arch, tokenizer, renderer.image_config, loop.run, engine_wrapper)
         scorer = stage_scorer(recipe)
+        roller = GroupRoller(recipe, prompts, serving, env, scorer, renderer, rank)
+        generator = stage_generator(recipe, roller, loop, stage.stream, stage.dp_size, stage.dp_rank, version,
+                                    stage.state.get("replay"))
         try:
             sync = serving.sync.sync(stage.model, version)  # the engines serve the resumed (or initial) weights
-            for line in preflight(recipe, stage.model, serving, env, scorer, renderer, prompts[0], runner):
+            for line in preflight(recipe, stage.model, serving, env, scorer, renderer, prompts[0], loop):
                 if rank == 0:
                     print(f"pre-flight: {line}", flush=True)
+            generator.start()
             while stage.step < end:
                 t0 = time.perf_counter()
-                rolled = rollout_step(stage, prompts, serving, env, scorer, renderer, runner)
+                rolled = rollout_step(generator, scorer)
                 t1 = time.perf_counter()
                 advantages = trajectory_advantages(rolled.scored, advantage_config)
                 stats = batch_stats(advantages, rolled.scored)
                 sequences = training_sequences(rolled.scored, advantages, renderer)
+                minibatches, padding = zip(*[
+                    rank_minibatch([s for s in sequences if s.group_id // g.mini_batch_prompts == m],
+                                   recipe.data.max_tokens, stage.dp_size, stage.dp_rank, renderer)
+                    for m in range(minis)])
                 t2 = time.perf_counter()
-                stage.model.train()
                 sums: dict[str, torch.Tensor | float] = {"rollout_flops": _rollout_flops(rolled.mine, renderer, arch)}
-                padding = []
-                for m in range(minis):
-                    members = [s for s in sequences if s.group_id // g.mini_batch_prompts == m]
-                    batches, pad = rank_minibatch(members, recipe.data.max_tokens, stage.dp_size, stage.dp_rank,
-                                                  renderer)
-                    padding.append(pad)
-                    train_minibatch(stage, batches, sums, router_losses, first=m == 0)
+                old = old_policy(stage, minibatches, router_losses, sums) if g.old_logprobs == "trainer" else None
+                stage.model.train()
+                for m, batches in enumerate(minibatches):
+                    train_minibatch(stage, batches, sums, router_losses, first=m == 0,
+                                    old_logprobs=None if old is None else old[m], correction=correction)
                     version += 1
                 t3 = time.perf_counter()
-                sync = serving.sync.sync(stage.model, version)
+                sync = generator.update_weights(lambda: serving.sync.sync(stage.model, version), version)
                 t4 = time.perf_counter()
                 stage.step += 1
                 sums["tool_s"] = sum(s.tool_result.elapsed_s for t in rolled.mine for s in t.steps if s.tool_result)
+                sums["restarts"] = loop.run(roller.take_restarts())
                 summed = all_reduce_sums(sums)
                 if rank == 0:
                     recorder.write(stage.step, rolled.scored)
-                record = step_record(stage, summed, rolled, stats, padding, version, sync, (t0, t1, t2, t3, t4))
+                    dropped = [t for s in rolled.generated for group in s.dropped for t in group.trajectories]
+                    if dropped:
+                        stale_recorder.write(stage.step, dropped)
+                record = step_record(stage, summed, rolled, stats, list(padding), version, sync, (t0, t1, t2, t3, t4))
                 record.update(router_losses.metrics())
                 final_loss = record["loss"]
                 validating = validator is not None and validator.due(stage.step, stage.total)
                 if validating:
-                    record.update(validator.run(serving.engine, env, runner.run))
+                    record.update(validator.run(serving.engine, env, loop.run))
                 if stage.step % recipe.metrics.log_every == 0 or stage.step == end or validating:
                     stage.metrics.log(stage.step, stage.total, record)
-                stage.extra_state = {"policy_version": version}
+                stage.extra_state = {"policy_version": version, "replay": generator.state_dict()}
                 stage.maybe_save()
         finally:
+            generator.close()
             scorer.close()
-            serving.close(runner.run)
-    stage.extra_state = {"policy_version": version}
+            serving.close(loop.run)
     return stage.finish(tokenizer, renderer, final_loss)
 
 
 def step_record(stage: Stage, summed: dict[str, float], rolled: RolloutBatch, stats, padding: list[float],
                 version: int, sync, times: tuple[float, ...]) -> dict[str, float]:
-    """The step's metrics line (every value reduced over ranks where it is a sum)."""
+    """The step's metrics line (every value reduced over ranks where it is a sum). ``version`` is the
+    policy version after the step's updates; the step trained from ``version - updates``."""
     t0, t1, t2, t3, t4 = times
     recipe = stage.recipe
     valid = max(summed.get("valid", 0.0), 1.0)
     parts = [t.reward for t in rolled.scored if t.reward is not None and t.reward.scored]
     minis = recipe.grpo.batch_prompts // recipe.grpo.mini_batch_prompts
+    generated = rolled.generated
+    ranks = len(generated)
     record = {
         "loss": summed.get("loss", 0.0) / max(recipe.parallel.tp, 1), "grad_norm": summed["grad_norm"] / minis,
         "lr": stage.scheduler.get_last_lr()[0], "policy_version": version,
@@ -270,12 +275,20 @@ def step_record(stage: Stage, summed: dict[str, float], rolled: RolloutBatch, st
         "logprob_abs_diff": summed.get("lp_diff", 0.0) / max(summed.get("valid_first", 0.0), 1.0),
         "train_tokens": summed.get("valid", 0.0),
         "tokens_per_s": summed.get("tokens", 0.0) / max(t3 - t2, 1e-9), "padding_frac": _mean(padding),
-        "turns_mean": rolled.metrics.summary()["turns_mean"],
+        "turns_mean": _mean(len(t.steps) for t in rolled.scored),
         "time_rollout_s": t1 - t0, "time_tools_s": summed["tool_s"], "time_scoring_s": t2 - t1,
         "time_train_s": t3 - t2, "time_sync_s": t4 - t3, "step_time_s": t4 - t0,
         "sync_s": sync.seconds, "sync_bytes": float(sync.bytes),
         "memory_peak_gib": peak_memory_gib(),
         "model_tflops": summed.get("train_flops", 0.0) / 1e12, "rollout_tflops": summed["rollout_flops"] / 1e12,
+        "is_weight_mean": summed.get("is_weight", 0.0) / valid, "is_capped_frac": summed.get("is_capped", 0.0) / valid,
+        "stale_groups": float(sum(s.stale for s in generated)),
+        "regenerated": float(sum(s.regenerated for s in generated)),
+        "restarts": summed["restarts"], "time_wait_s": sum(s.wait_s for s in generated) / ranks,
+        "trainer_idle_frac": sum(s.wait_s / max(s.elapsed_s, 1e-9) for s in generated) / ranks,
+        "generator_idle_frac": sum(s.idle_s / max(s.elapsed_s, 1e-9) for s in generated) / ranks,
+        **staleness_metrics(rolled.groups, version - minis, minis),
+        **mismatch_metrics(summed),
         **rolled.judges,
     }
     for key in ("mean_pre_clamp_zeroed", "mean_pre_clamp_preserved"):

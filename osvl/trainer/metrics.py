@@ -1,12 +1,15 @@
 """Per-step metrics: JSONL (the record of a run), TensorBoard when installed, a console line.
 
-Only rank 0 writes. Values are plain floats: callers reduce across ranks before logging.
+Only rank 0 writes. Values are plain floats: callers reduce across ranks before logging. A resumed
+run first cuts both records back to its checkpoint's step (``truncate_metrics``,
+``truncate_tensorboard``), so every step is recorded once, by the attempt that reached it last.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import sys
 from pathlib import Path
@@ -83,7 +86,83 @@ def stage_metrics(recipe: Recipe, rank: int) -> MetricsWriter:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
+    """The run's records, one per logged step. A step at or below the one before it starts a new
+    attempt that supersedes the records it repeats (a file from before resumes truncated it)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise ValueError(f"{run_dir} has no metrics.jsonl")
-    return [record for _, record in iter_jsonl(path)]
+    records: list[dict[str, float]] = []
+    for _, record in iter_jsonl(path):
+        while records and records[-1]["step"] >= record["step"]:
+            records.pop()
+        records.append(record)
+    return records
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def truncate_metrics(run_dir: str | Path, after: int) -> tuple[list[int], int]:
+    """Drops ``metrics.jsonl`` records of steps after ``after`` and lines that do not parse (a line
+    torn by a kill); returns the dropped steps and the number of unreadable lines. Atomic."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return [], 0
+    kept, dropped, unreadable = [], [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            unreadable += 1
+            continue
+        if step > after:
+            dropped.append(step)
+        else:
+            kept.append(line + "\n")
+    if dropped or unreadable:
+        _replace(path, "".join(kept))
+    return sorted(set(dropped)), unreadable
+
+
+def truncate_tensorboard(run_dir: str | Path, after: int) -> int:
+    """Rewrites the run's TensorBoard event files without the scalars of steps after ``after`` (and
+    without a record torn by a kill); returns how many events were dropped. Each file is replaced
+    atomically; a file with nothing to drop is left as it is."""
+    directory = Path(run_dir) / "tensorboard"
+    for leftover in directory.glob("events.out.tfevents.*.tmp"):  # a rewrite cut short: its original is intact
+        leftover.unlink()
+    files = sorted(p for p in directory.glob("events.out.tfevents.*") if p.suffix != ".tmp")
+    if not files:
+        return 0
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.record_writer import RecordWriter
+    except ImportError:
+        raise RuntimeError(f"{directory} holds TensorBoard events but tensorboard is not installed, so they cannot "
+                           f"be cut back to step {after}: install tensorboard or remove {directory}") from None
+
+    def beyond(record: bytes) -> bool:
+        event = Event.FromString(record)
+        return event.HasField("summary") and event.step > after
+
+    dropped = 0
+    for path in files:
+        raw = list(RawEventFileLoader(str(path)).Load())
+        kept = [r for r in raw if not beyond(r)]
+        torn = path.stat().st_size != sum(len(r) + 16 for r in raw)  # 16 = length, two CRCs
+        if len(kept) == len(raw) and not torn:
+            continue
+        dropped += len(raw) - len(kept)
+        tmp = path.with_name(path.name + ".tmp")
+        writer = RecordWriter(open(tmp, "wb"))  # noqa: SIM115 (RecordWriter closes it)
+        for record in kept:
+            writer.write(record)
+        writer.close()
+        os.replace(tmp, path)
+    return dropped

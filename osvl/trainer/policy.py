@@ -22,6 +22,7 @@ from osvl.model import (
 )
 from osvl.model.presets import preset
 from osvl.parallel import parallelize, sharded_model_config
+from osvl.trainer.rng import seed_generators
 
 # CPU presets: (hidden, heads, kv heads, head_dim, intermediate); two layers each.
 # tiny: unit and end-to-end tests (GQA, MoE). small: make demo, whose policy starts from random
@@ -83,7 +84,7 @@ def build_policy(recipe: Recipe, arch: Qwen3VLConfig, world_size: int) -> Qwen3V
     Gradients are *summed* over data-parallel ranks (divide factor 1): the loss is already divided
     by the global token count, so a mean would shrink every step by the number of ranks.
     """
-    torch.manual_seed(recipe.job.seed)
+    seed_generators(recipe.job.seed)
     model = sharded_model_config(arch, recipe.parallel, attn_backend=recipe.model.attn_backend).build()
     with torch.no_grad():
         if recipe.model.pretrained:

@@ -7,6 +7,10 @@ same function, so the dry run refuses exactly what the stage refuses, with the s
 
 - each SGLang server answers ``/get_model_info`` as a generation model and, when the trainer can
   read its model directory (shared storage), serves the trainer's architecture and vocabulary;
+- each vLLM server answers ``/server_info`` with its engine config: logprobs taken after temperature
+  (``--logprobs-mode processed_logprobs``), a tokenizer when the turns stop on strings, and, when
+  the trainer can read its model directory, the trainer's architecture and vocabulary (a Qwen3 text
+  export is compared on the language model);
 - a probe turn (the first RL prompt, its images included) through every server: the prompt length
   the server counted equals the trainer's (else the servers' image processor settings differ and
   the image-pad runs disagree), and the sampled tokens' logprobs are the post-temperature ones
@@ -41,14 +45,15 @@ from osvl.rollout import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
-    SGLangConfig,
     SGLangEngine,
 )
+from osvl.rollout.engine import DEFAULT_STOP
+from osvl.rollout.vllm import PROCESSED_LOGPROBS, VLLMEngine
 from osvl.tools import ToolEnvironment
 from osvl.tools.fleet import ToolServerFleet
 from osvl.trainer.grpo_data import with_grpo_filler
 from osvl.trainer.policy import lm_head_weight
-from osvl.trainer.serving import Serving
+from osvl.trainer.serving import Serving, remote_engine
 
 PROBE_TOKENS = 16
 PROBE_SEED = 1234
@@ -73,6 +78,9 @@ def check_grpo_recipe(recipe: Recipe, dp_size: int) -> None:
         raise ValueError(f"rollout.engine = 'local' keeps an unsharded generation copy of the policy in every trainer "
                          f"rank, the CPU form only; serve {recipe.model.preset} with rollout.engine = 'sglang' "
                          f"(python -m osvl.serve --recipe ... prints the servers' commands)")
+    if recipe.rollout.engine == "vllm" and recipe.rollout.deterministic:
+        raise ValueError("rollout.deterministic: osvl cannot check or switch on batch-invariant inference in a vLLM "
+                         "server; use rollout.engine = 'sglang' (--enable-deterministic-inference) or 'local'")
     if not t.servers and t.backend == "offline" and not t.world_dir:
         raise ValueError("tools.world_dir must name a world directory for the offline backends (or set tools.servers)")
 
@@ -108,6 +116,55 @@ async def _check_servers(engine: SGLangEngine, arch: Qwen3VLConfig) -> list[str]
         else:
             lines.append(f"{url}: model {info.get('model_path')!r} is not readable from the trainer, so its "
                          f"architecture was not compared; the probe below still checks tokens and logprobs")
+    try:
+        lines += [r.describe() for r in await engine.check_deterministic_inference()]
+    except EngineError as error:
+        raise PreflightError(f"rollout.deterministic: {error}") from None
+    return lines
+
+
+_TEXT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+
+
+def _served_arch_mismatch(raw: dict, arch: Qwen3VLConfig) -> list[str]:
+    """A served ``config.json`` against the policy: a whole Qwen3-VL, or its text export."""
+    if "text_config" in raw:
+        return _arch_mismatch(config_from_hf(raw), arch)
+    t = arch.text
+    mismatch = [f"{name} {raw.get(name)} != trainer's {getattr(t, name)}" for name in _TEXT_FIELDS
+                if raw.get(name) != getattr(t, name)]
+    if int(raw.get("num_experts") or 0) != t.num_experts:
+        mismatch.append(f"num_experts {raw.get('num_experts')} != trainer's {t.num_experts}")
+    return mismatch
+
+
+async def _check_vllm_servers(engine: VLLMEngine, arch: Qwen3VLConfig, stop_strings: bool) -> list[str]:
+    lines = []
+    for url in dict.fromkeys((*engine.config.urls, *engine.config.weight_urls)):
+        try:
+            config = await engine.server_config(url, timeout_s=30)
+        except EngineError as error:
+            raise PreflightError(f"rollout.vllm_urls: {error}") from None
+        model = config.get("model_config") or {}
+        if model.get("logprobs_mode") != PROCESSED_LOGPROBS:
+            raise PreflightError(f"rollout.vllm_urls: {url} returns {model.get('logprobs_mode')!r} logprobs; the "
+                                 f"trainer's importance ratio needs them after temperature: restart it with "
+                                 f"--logprobs-mode {PROCESSED_LOGPROBS}")
+        if stop_strings and model.get("skip_tokenizer_init"):
+            raise PreflightError(f"rollout.vllm_urls: {url} runs without a tokenizer (--skip-tokenizer-init), so it "
+                                 f"cannot stop turns on {list(DEFAULT_STOP)}: restart it without that flag")
+        config_file = Path(str(model.get("model", ""))) / "config.json"
+        if config_file.is_file():
+            mismatch = _served_arch_mismatch(json.loads(config_file.read_text()), arch)
+            if mismatch:
+                raise PreflightError(f"rollout.vllm_urls: {url} serves {config_file.parent}, whose architecture "
+                                     f"differs from the policy's: {'; '.join(mismatch)}")
+            info = await engine.get_json(url, "/weight_info", timeout_s=30)
+            lines.append(f"{url}: {config_file.parent} (architecture and vocabulary match), logprobs "
+                         f"{PROCESSED_LOGPROBS}, weight version {info.get('weight_version')!r}")
+        else:
+            lines.append(f"{url}: model {model.get('model')!r} is not readable from the trainer, so its "
+                         f"architecture was not compared; the probe below still checks tokens and logprobs")
     return lines
 
 
@@ -119,16 +176,15 @@ def _probe_request(renderer: ChatRenderer, prompt: Prompt, temperature: float) -
 
 async def _probe(engine: Engine, request: GenerationRequest) -> list[tuple[str, GenerationResult]]:
     """One probe turn per server (the router's pick when generation goes through one)."""
-    if not isinstance(engine, SGLangEngine):
+    if not isinstance(engine, SGLangEngine | VLLMEngine):
         return [("local engine", await engine.generate(request))]
     out = []
+    key = "rollout.vllm_urls" if isinstance(engine, VLLMEngine) else "rollout.sglang_urls"
     for url in dict.fromkeys((*engine.config.urls, *engine.config.weight_urls)):
-        single = SGLangEngine(SGLangConfig((url,), timeout_s=engine.config.timeout_s), engine.client,
-                              engine.policy_version)
         try:
-            out.append((url, await single.generate(request)))
+            out.append((url, await engine.for_server(url).generate(request)))
         except EngineError as error:
-            raise PreflightError(f"rollout.sglang_urls: the probe turn failed: {error}") from None
+            raise PreflightError(f"{key}: the probe turn failed: {error}") from None
     return out
 
 
@@ -171,7 +227,7 @@ def _compare(url: str, request: GenerationRequest, result: GenerationResult, tra
         raise PreflightError(
             f"{url}: the engine reports pre-temperature logprobs (mean |engine - trainer| {raw:.2e} at temperature 1 "
             f"vs {post:.2e} at {temperature}): the trainer's importance ratio needs log_softmax(logits / T); "
-            f"unset SGLANG_RETURN_ORIGINAL_LOGPROB")
+            f"unset SGLANG_RETURN_ORIGINAL_LOGPROB (SGLang), run vLLM with --logprobs-mode {PROCESSED_LOGPROBS}")
     if post > tolerance:
         raise PreflightError(
             f"{url}: engine and trainer disagree on a probe turn: mean |logprob diff| {post:.3e} > "
@@ -235,6 +291,8 @@ def preflight(recipe: Recipe, model: torch.nn.Module, serving: Serving, env: Too
             lines = _check_tools(recipe, env) + _check_judges(recipe, scorer)
             if isinstance(serving.engine, SGLangEngine):
                 lines += runner.run(_check_servers(serving.engine, model.arch))
+            elif isinstance(serving.engine, VLLMEngine):
+                lines += runner.run(_check_vllm_servers(serving.engine, model.arch, bool(request.sampling.stop)))
             outcome = [lines, runner.run(_probe(serving.engine, request))]
         except Exception as error:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
             outcome = str(error) if isinstance(error, PreflightError) else f"pre-flight failed: {error!r}"
@@ -273,14 +331,13 @@ def check_services(recipe: Recipe) -> list[str]:
         lines += _check_judges(recipe, scorer)
     finally:
         scorer.close()
-    if recipe.rollout.engine == "sglang":
-        r = recipe.rollout
+    if recipe.rollout.engine in ("sglang", "vllm"):
         request = _probe_request(renderer, load_prompts(recipe.data)[0], recipe.grpo.temperature)
         with asyncio.Runner() as runner:
-            engine = SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls),
-                                               timeout_s=r.request_timeout_s))
+            engine = remote_engine(recipe, arch)
             try:
-                lines += runner.run(_check_servers(engine, arch))
+                lines += runner.run(_check_servers(engine, arch) if isinstance(engine, SGLangEngine)
+                                    else _check_vllm_servers(engine, arch, bool(request.sampling.stop)))
                 for url, result in runner.run(_probe(engine, request)):
                     _check_prompt_tokens(url, request, result)
                     lines.append(f"{url}: a probe turn's prompt length matches the trainer's rendering")
@@ -294,9 +351,11 @@ def dry_run_lines(recipe: Recipe) -> Sequence[str]:
     if recipe.job.stage != "grpo":
         return []
     r, t, j = recipe.rollout, recipe.tools, recipe.judges
-    lines = [f"rollout engine {r.engine}" + (f": {', '.join(r.sglang_urls)}; weights by {r.weight_sync} sync to "
-                                             f"{', '.join(r.sglang_update_urls or r.sglang_urls)}"
-                                             if r.engine == "sglang" else " (in-process, CPU form)")]
+    urls, update_urls = ((r.sglang_urls, r.sglang_update_urls) if r.engine == "sglang"
+                         else (r.vllm_urls, r.vllm_update_urls))
+    lines = [f"rollout engine {r.engine}" + (f": {', '.join(urls)}; weights by {r.weight_sync} sync to "
+                                             f"{', '.join(update_urls or urls)}"
+                                             if r.engine != "local" else " (in-process, CPU form)")]
     lines.append("tools: " + (f"servers {', '.join(t.servers)}" if t.servers else f"{t.backend} back-ends in "
                               f"{t.workers} local workers per rank"))
     lines.append(f"judges: accuracy {j.accuracy}, query {j.query}" + (f" at {j.url} ({j.model})"

@@ -76,6 +76,12 @@ class RouterLosses:
             router.stats = None
         self._pending = True
 
+    def idle(self) -> None:
+        """Before forwards that train nothing (the old policy's log-probs): no losses, no statistics."""
+        self._collect()
+        for router in self.routers:
+            router.loss_inputs = None
+
     def _collect(self) -> None:
         if not self._pending:
             return

@@ -34,7 +34,7 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
     model, stream = stage.model, stage.stream
     router_losses = RouterLosses(model, recipe.moe, recipe.parallel.tp)
     train_vision = not recipe.model.freeze_vision
-    loss_value = float("nan")
+    loss_value = stage.resumption.final_loss  # recorded at the resumed step; nan when fresh
     end = stage.total if stop_after is None else min(stage.total, stage.step + stop_after)
     while stage.step < end:
         start = time.perf_counter()

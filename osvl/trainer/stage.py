@@ -24,6 +24,7 @@ from osvl.trainer.flops import device_name, resolve_peak_tflops
 from osvl.trainer.metrics import MetricsWriter, stage_metrics
 from osvl.trainer.optim import build_optimizer, build_scheduler
 from osvl.trainer.policy import build_policy, policy_arch
+from osvl.trainer.resume import Resumption, resume_records
 from osvl.trainer.sft_data import SFTStream
 from osvl.trainer.tool_env import stage_renderer
 
@@ -59,6 +60,7 @@ class Stage:
     state: dict[str, Any]  # the resumed checkpoint's trainer state ({} on a fresh start)
     metrics: MetricsWriter
     peak_tflops: float | None
+    resumption: Resumption  # what the relaunch resumed and discarded; its final_loss is the resumed step's
     extra_state: dict[str, Any] = field(default_factory=dict)  # saved with every checkpoint (e.g. policy_version)
 
     @property
@@ -105,8 +107,10 @@ def start_stage(recipe: Recipe, rank: int, world_size: int, arch: Qwen3VLConfig,
     state = resume_state(Path(recipe.job.run_dir) / "checkpoints", model, optimizer, scheduler, stream,
                          resume=recipe.checkpoint.resume)
     step = state.get("step", 0)
+    resumption = resume_records(recipe, rank, state, total)  # cuts the dead attempt's records first; says so
     return Stage(recipe, rank, world_size, model, params, optimizer, scheduler, stream, total, step, step, state,
-                 stage_metrics(recipe, rank), resolve_peak_tflops(recipe.metrics.peak_tflops, device_name()))
+                 stage_metrics(recipe, rank), resolve_peak_tflops(recipe.metrics.peak_tflops, device_name()),
+                 resumption)
 
 
 def all_reduce_sums(values: Mapping[str, torch.Tensor | float], device: torch.device | str = "cpu") -> dict[str, float]:

@@ -10,6 +10,7 @@ exercise fatal masking and the one-sided clamp.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from osvl.data.tokenizer import Tokenizer
 from osvl.model import Qwen3VLConfig
 from osvl.rl.trajectory import ToolResult, ToolStatus
 from osvl.rollout.agent import CallIdentity, current_call
+from osvl.rollout.engine import derive_seed
 from osvl.tools import (
     ImageSearchConfig,
     Job,
@@ -298,3 +300,16 @@ def with_faults(env: ToolEnvironment, recipe: Recipe, rank: int) -> ToolEnvironm
     if isinstance(env, ProfiledEnvironment):
         return ProfiledEnvironment(env.profile, runner, env.cache)
     return ToolEnvironment(env.registry, runner, env.cache)
+
+
+def step_faults(env: ToolEnvironment, seed: int, step: int, rank: int) -> ToolEnvironment:
+    """Faults seeded by (job seed, step, rank): with each call's identity (group, sample, turn) that
+    fixes every fault decision, so a resumed run injects the same faults without checkpointing the
+    injector, and concurrent rollouts inject them whatever order the calls finish in. The GRPO
+    stage passes the prompt-stream batch a group was drawn in as ``step``."""
+    if not isinstance(env.pool, FaultInjectingRunner):
+        return env
+    stepped = copy.copy(env)  # keeps the environment's class (a tool profile translates calls)
+    stepped.pool = FaultInjectingRunner(env.pool.runner, env.pool.rate,
+                                        seed=derive_seed(step, f"tool-faults/{rank}", 0, seed), outages=env.pool.outages)
+    return stepped

@@ -76,6 +76,20 @@ def test_cases_run_in_process_and_write_json(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_interleaved_run_records_the_same_cases_and_the_load(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # one unavailable case among the interleaved ones
+    monkeypatch.setitem(sys.modules, "liger_kernel.chunked_loss", None)
+    names = ["osvl_grpo_loss", "liger_fused_linear_grpo", "torch_eager"]
+    assert main([*TINY, "--out-dir", str(tmp_path), "--no-cpu-memory", "--interleave", "--cases", ",".join(names)]) == 0
+    record = json.loads(next(tmp_path.glob("grpo_loss-cpu-*.json")).read_text())
+    by_name = check_record(record, names)
+    assert [by_name[n]["status"] for n in names] == ["ok", "unavailable", "ok"]
+    assert record["settings"]["interleave"] is True
+    env = record["env"]
+    assert env["torch_threads"] == torch.get_num_threads() and len(env["loadavg_1_5_15"]) == 3
+    assert len(env["loadavg_after"]) == 3
+
+
 def test_script_file_with_memory_probes(tmp_path):
     """The Makefile's invocation (a file path, not -m) with per-case RSS subprocesses."""
     cmd = [sys.executable, str(REPO / "bench/kernels/bench_grpo_loss.py"), "--device", "cpu", "--tokens", "256",

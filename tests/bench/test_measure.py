@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bench.kernels.cases import Case
-from bench.kernels.measure import cuda_peak_extra_bytes, rss_peak_extra_bytes, time_step
+from bench.kernels.measure import cuda_peak_extra_bytes, rss_peak_extra_bytes, time_step, time_steps_interleaved
 
 MIB = 2**20
 
@@ -26,6 +26,24 @@ def test_time_step_reports_the_first_loss_and_ordered_stats():
     assert timing.loss == MIB  # the first warm-up step, not a later one
     assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms
     assert timing.reps == 3
+
+
+def test_interleaved_timing_alternates_the_cases_and_keeps_each_first_loss():
+    order = []
+
+    def case(name: str, value: float) -> Case:
+        def step() -> torch.Tensor:
+            order.append(name)
+            return torch.tensor(value * len(order))
+
+        return Case(step, leaves=[])
+
+    timings = time_steps_interleaved({"a": case("a", 1.0), "b": case("b", 10.0)}, torch.device("cpu"), warmup=2, reps=3)
+    assert order == ["a", "a", "b", "b"] + ["a", "b"] * 3  # warm-ups per case, then one step of each in turn
+    assert timings["a"].loss == 1.0 and timings["b"].loss == 30.0  # each case's first warm-up step
+    assert all(t.reps == 3 and 0 < t.min_ms <= t.median_ms <= t.max_ms for t in timings.values())
+    with pytest.raises(ValueError, match="reps"):
+        time_steps_interleaved({"a": case("a", 1.0)}, torch.device("cpu"), warmup=1, reps=0)
 
 
 def test_time_step_rejects_zero_reps():

@@ -199,3 +199,21 @@ def test_exported_preprocessor_config_drives_transformers_like_training():
     ours = process_image(image, small)
     assert list(theirs["image_grid_thw"][0]) == list(ours.grid_thw)
     np.testing.assert_allclose(pixel_values([ours], small), theirs["pixel_values"], rtol=0, atol=1e-6)
+
+
+def test_decode_image_refuses_a_decompression_bomb_before_decoding():
+    import io
+
+    from PIL import Image
+
+    from osvl.data.formats.records import Rejected, decode_image_bytes
+
+    buffer = io.BytesIO()
+    Image.new("L", (3000, 3000)).save(buffer, format="PNG")  # a few KB declaring 9 Mpx
+    bomb = buffer.getvalue()
+    assert len(bomb) < 100_000
+    with pytest.raises(ValueError, match="3000x3000 = 9000000 pixels, over the limit of 1000000"):
+        decode_image(bomb, max_pixels=1_000_000)
+    assert decode_image(bomb).shape == (3000, 3000, 3)  # under the default bound
+    with pytest.raises(Rejected, match="cannot be decoded"):
+        decode_image_bytes(b"not an image", "row 3")

@@ -9,7 +9,7 @@ from osvl_kernels import grpo_loss
 from osvl_kernels.grpo_loss import grpo_loss_output
 from osvl_kernels.inputs import LossPlan
 from osvl_kernels.reference import reference_grpo_loss
-from osvl_kernels.token_pass import TokenPassResult
+from osvl_kernels.token_results import TokenPassResult
 from tests.kernels.packed import random_packed_batch
 
 BACKENDS = ["torch", "triton"]

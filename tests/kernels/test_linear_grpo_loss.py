@@ -13,6 +13,7 @@ from osvl_kernels import grpo_loss, linear_grpo_loss
 from osvl_kernels.linear_grpo_loss import (
     LINEAR_CHUNK_BYTES,
     LOGITS_PER_WEIGHT,
+    MIN_CHUNK_ROWS,
     add_matmul_,
     check_linear_inputs,
     grad_weight_accum_dtype_for,
@@ -256,13 +257,16 @@ def test_lm_head_chunk_rows_keeps_the_logits_chunk_a_fraction_of_the_weight():
     rows = lm_head_chunk_rows(V, H, torch.bfloat16)
     assert rows == 512  # H / 8 tokens: 32 chunks for 16k tokens
     assert rows * V * 2 <= V * H * 2 // LOGITS_PER_WEIGHT
-    assert lm_head_chunk_rows(V // 8, H // 8, torch.bfloat16) * 8 == rows  # scale-free in V
+    assert lm_head_chunk_rows(V // 2, H // 2, torch.bfloat16) * 2 == rows  # scale-free in V
     # The absolute byte cap still binds for wide models.
     wide = lm_head_chunk_rows(V, 16384, torch.float32)
     assert wide % 128 == 0 and wide * V * 4 <= LINEAR_CHUNK_BYTES < (wide + 128) * V * 4
     assert lm_head_chunk_rows(10**9, H, torch.float32) == 1  # a huge vocab still gets one row
-    assert lm_head_chunk_rows(V, 4, torch.float32) == 1  # so does a tiny hidden size
-    assert lm_head_chunk_rows(V, 8 * 100, torch.float32) == 100  # below 128: not rounded
+    # A small hidden size still gets GEMM-sized chunks (H / 8 would be 32 tokens at H = 256).
+    assert lm_head_chunk_rows(V, 256, torch.float32) == MIN_CHUNK_ROWS
+    assert lm_head_chunk_rows(V, 4, torch.float32) == MIN_CHUNK_ROWS
+    narrow_cap = LINEAR_CHUNK_BYTES // (4 * 100)  # a vocab whose byte cap allows only 100 rows
+    assert lm_head_chunk_rows(narrow_cap, 4096, torch.float32) == 100  # below 128: not rounded
     assert lm_head_chunk_rows(V, H, torch.float32, chunk_size=17) == 17
 
 

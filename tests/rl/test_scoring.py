@@ -133,3 +133,31 @@ def test_the_loopback_judge_answers_osvls_prompts_like_the_offline_judges():
         assert not LLMAccuracyJudge(client).judge_answer(prompt, "1982").scored
         other = Prompt(id="r", question="Who built it?", answer="Telford")
         assert LLMAccuracyJudge(client).judge_answer(other, "Telford").score == 1.0  # the outage matches one question
+
+
+def test_take_stats_counts_each_call_once_while_judging_goes_on():
+    trajectories = [_answered("1982", question=f"Which year? ({i})", sample=i) for i in range(40)]
+
+    def scorer():
+        return GroupScorer(ExactMatchAccuracyJudge(), HeuristicQueryJudge(), RewardConfig(), max_concurrency=4,
+                           cache_size=0)
+
+    alone = scorer()
+    asyncio.run(alone.score_group(trajectories))
+    expected = alone.take_stats()
+    alone.close()
+    busy, taken, stop = scorer(), [], threading.Event()
+
+    def take_while_scoring():
+        while not stop.is_set():
+            taken.append(busy.take_stats())
+
+    thread = threading.Thread(target=take_while_scoring)
+    thread.start()
+    asyncio.run(busy.score_group(trajectories))
+    stop.set()
+    thread.join()
+    taken.append(busy.take_stats())
+    busy.close()
+    assert expected.calls > 0
+    assert sum(s.calls for s in taken) == sum(len(s.latencies_s) for s in taken) == expected.calls

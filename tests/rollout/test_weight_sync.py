@@ -95,3 +95,32 @@ def test_an_unreachable_server_is_an_engine_error_naming_it(tmp_path):
         with pytest.raises(EngineError, match=url):
             DistributedSync(client, torch.float32, runner.run, bucket_bytes=1 << 20,
                             master_address="127.0.0.1").sync(policy, 1)
+
+
+def test_with_pause_every_bucket_lands_while_generation_is_paused(served, monkeypatch):
+    """Asynchronous GRPO: the servers generate while the trainer trains, so an update (many buckets)
+    runs between /pause_generation and /continue_generation, and generation goes on after it."""
+    engines, (a, b), policy, tmp_path = served
+    events = []
+    for server, name in ((a, "a"), (b, "b")):
+        for method in ("pause", "resume", "update_from_disk", "_load_hf"):
+            real = getattr(server, method)
+            monkeypatch.setattr(server, method, lambda *args, _real=real, _tag=f"{name}.{method}":
+                                (events.append(_tag), _real(*args))[1])
+    with asyncio.Runner() as runner:
+        disk = DiskSync(SGLangEngine(SGLangConfig((a.url,))), tmp_path / "weights", torch.float32, runner.run,
+                        pause=True)
+        broadcast = DistributedSync(SGLangEngine(SGLangConfig((b.url,))), torch.float32, runner.run,
+                                    bucket_bytes=4096, master_address="127.0.0.1", pause=True)
+        disk.sync(policy, 1)
+        broadcast.sync(policy, 1)
+        broadcast.close()
+        request = {"input_ids": tokenizer().encode("Which bridge?"), "sampling_params": {"max_new_tokens": 2},
+                   "return_logprob": True}
+        for server in (a, b):  # the gate is open again
+            answer = httpx.post(f"{server.url}/generate", json=request, timeout=60, trust_env=False).json()
+            assert answer["meta_info"]["weight_version"] == "1"
+    assert [e for e in events if e.startswith("a.")] == ["a.pause", "a.update_from_disk", "a.resume"]
+    on_b = [e for e in events if e.startswith("b.")]
+    assert on_b[0] == "b.pause" and on_b[-1] == "b.resume" and on_b.count("b._load_hf") > 2
+    assert set(on_b[1:-1]) == {"b._load_hf"}

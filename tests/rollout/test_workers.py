@@ -9,7 +9,7 @@ from osvl.rollout.engine import EngineError, SamplingParams
 from osvl.rollout.local_engine import ReplayEngine
 from osvl.rollout.parity import logprob_parity, trainer_logprobs
 from osvl.rollout.recorder import RolloutRecorder
-from osvl.rollout.workers import RolloutConfig, RolloutMetrics, is_stale, stream_groups
+from osvl.rollout.workers import RolloutConfig, RolloutMetrics, stream_groups
 from tests.rollout.helpers import prompts
 from tests.rollout.scripts import call, respond, scripted
 
@@ -64,13 +64,9 @@ def test_groups_stay_together_with_faults_and_metrics(local_engine, env, rendere
     assert summary["fatal_rate"] == 0 and summary["engine_tokens_per_s"] > 0
 
 
-def test_staleness_knob():
-    from osvl.rl.trajectory import Step, Trajectory
-    traj = Trajectory(prompts(1)[0], [Step([1], [0.0], policy_version=3), Step([2], [0.0], policy_version=4)],
-                      FinishReason.RESPONSE, 0, 0)
-    assert not is_stale(traj, 3, 0) and is_stale(traj, 4, 0) and not is_stale(traj, 4, 1)
-    with pytest.raises(ValueError, match="max_retries and max_staleness"):
-        RolloutConfig(max_staleness=-1)
+def test_rollout_config_refuses_bad_values():
+    with pytest.raises(ValueError, match="max_retries"):
+        RolloutConfig(max_retries=-1)
     with pytest.raises(ValueError, match="trajectory_deadline_s"):
         RolloutConfig(trajectory_deadline_s=0)
 
@@ -131,3 +127,49 @@ def test_an_outage_is_retried_or_kept_and_counted_as_the_recipe_says(local_engin
 def test_unknown_infra_rollouts_is_refused():
     with pytest.raises(ValueError, match="infra_rollouts"):
         RolloutConfig(infra_rollouts="retry")
+
+
+class HeldEngine:
+    """Forwards to ``inner``; while ``held``, every request waits (as a long generation would)."""
+
+    def __init__(self, inner):
+        self.inner, self.held, self.calls = inner, True, 0
+
+    @property
+    def policy_version(self):
+        return self.inner.policy_version
+
+    async def generate(self, request):
+        self.calls += 1
+        while self.held:
+            await asyncio.sleep(0.01)
+        return await self.inner.generate(request)
+
+
+def test_a_weight_update_restarts_the_samples_in_flight_on_the_new_weights(env, renderer):
+    from osvl.rollout.local_engine import LocalEngine
+    from osvl.rollout.workers import Preemption, run_group
+    from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
+
+    local_engine = LocalEngine(tiny_model(), tokenizer(), IMAGE_CONFIG)
+    engine = HeldEngine(ReplayEngine(local_engine, scripted([respond()])))
+    version = local_engine.policy_version
+
+    async def main():
+        preemption, metrics = Preemption(), RolloutMetrics()
+        group = asyncio.ensure_future(run_group(prompts(1)[0], 0, engine, env, renderer, AGENT,
+                                                RolloutConfig(group_size=3), metrics=metrics, preemption=preemption))
+        while engine.calls < 3:  # every sample is generating on the old weights
+            await asyncio.sleep(0.01)
+        preemption.begin()
+        await asyncio.sleep(0.05)
+        assert not group.done() and engine.calls == 3  # aborted samples wait for the update to finish
+        local_engine.load_weights(local_engine.model.state_dict(), version + 1)
+        engine.held = False
+        preemption.end()
+        return await group, metrics
+
+    result, metrics = asyncio.run(main())
+    assert metrics.restarts == 3 and engine.calls == 6
+    assert all(s.policy_version == version + 1 for t in result.trajectories for s in t.steps)
+    assert all(t.finish_reason is FinishReason.RESPONSE and t.infra_retries == 0 for t in result.trajectories)

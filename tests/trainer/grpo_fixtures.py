@@ -7,12 +7,15 @@ real while the mix of outcomes (right, wrong, tool-using, fatal) is known.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from osvl.rl.trajectory import Prompt
-from osvl.rollout import LocalEngine, ReplayEngine
+from osvl.rollout import GenerationRequest, GenerationResult, LocalEngine, ReplayEngine, StopKind
 from osvl.synth.records import write_prompts
 from osvl.tools import PoolConfig, ToolEnvironment, ToolPool, ToolRegistry, ToolsConfig
 from osvl.trainer.tool_env import with_faults
@@ -52,6 +55,64 @@ def script_for(tok):
             out = f'<think>look it up</think>\n<tool_call>{{"name": "{name}", "arguments": {{"tag": "{word} code"}}}}</tool_call>'
         else:
             out = f"<think>I know it</think>\n<response>{'wrong' if kind == 2 else word}</response>"
+        return tok.encode(out) + [tok.special.im_end]
+
+    return script
+
+
+class SampledThoughts:
+    """Real sampling through the local engine's batching queue, steered to known outcomes.
+
+    Each turn forces ``<think>``, then *samples* ``think_tokens`` free tokens (batched with whatever
+    else is in flight), then forces an answer that is right when the sampled ids sum to an even
+    number. So the rewards, the advantages and the update all depend on what the batched engine
+    sampled and on its logprobs, which is what the deterministic mode must make reproducible.
+    """
+
+    def __init__(self, local: LocalEngine, think_tokens: int = 6) -> None:
+        self.local, self.think_tokens = local, think_tokens
+
+    @property
+    def policy_version(self) -> int:
+        return self.local.policy_version
+
+    def load_weights(self, state_dict, version: int) -> None:
+        self.local.load_weights(state_dict, version)
+
+    async def _forced(self, context: list[int], images, ids: list[int], temperature: float) -> list[float]:
+        return await asyncio.to_thread(self.local.score, GenerationRequest(context, images), ids, temperature)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        tok, s = self.local.tokenizer, request.sampling
+        word = _WORD.search(tok.decode(request.input_ids, skip_special_tokens=False)).group(1)
+        context, opening = list(request.input_ids), tok.encode("<think>")
+        opening_lp = await self._forced(context, request.images, opening, s.temperature)
+        free = replace(s, max_new_tokens=self.think_tokens, stop=(), stop_token_ids=())
+        thought = await self.local.generate(GenerationRequest(context + opening, request.images, free))
+        answer = word if sum(thought.token_ids) % 2 == 0 else "wrong"
+        closing = tok.encode(f"</think>\n<response>{answer}</response>") + [tok.special.im_end]
+        closing_lp = await self._forced(context + opening + thought.token_ids, request.images, closing, s.temperature)
+        return GenerationResult(opening + thought.token_ids + closing, opening_lp + thought.logprobs + closing_lp,
+                                StopKind.STOP, thought.policy_version, len(context))
+
+
+SLOW_WORD = "ember"  # the gated policy's slow prompt
+
+
+def gated_script_for(tok):
+    """``script_for``, except that every rollout of the slow prompt first calls the gate tool (which
+    holds it until the test opens the gate), then answers."""
+    plain = script_for(tok)
+
+    def script(request):
+        text = tok.decode(request.input_ids, skip_special_tokens=False)
+        if _WORD.search(text).group(1) != SLOW_WORD:
+            return plain(request)
+        if "</tool_call>" not in text:
+            call = json.dumps({"name": "gate", "arguments": {"tag": SLOW_WORD}})
+            out = f"<think>wait for it</think>\n<tool_call>{call}</tool_call>"
+        else:
+            out = f"<think>now I know</think>\n<response>{SLOW_WORD}</response>"
         return tok.encode(out) + [tok.special.im_end]
 
     return script

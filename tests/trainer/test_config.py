@@ -17,7 +17,8 @@ from osvl.config import (
 )
 from osvl.config.loader import RECIPES_DIR
 
-SHIPPED = ["sft_8b", "sft_30b_moe", "sft_32b", "grpo_8b", "grpo_30b_moe", "grpo_32b", "tiny_sft", "tiny_grpo", "tiny_base", "demo"]
+SHIPPED = ["sft_8b", "sft_30b_moe", "sft_32b", "grpo_8b", "grpo_30b_moe", "grpo_32b", "tiny_sft", "tiny_grpo",
+           "tiny_grpo_services", "tiny_base", "demo"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from osvl.trainer.flops import (
     detect_peak_tflops,
     generation_flops,
     mfu,
+    packed_forward_flops,
     resolve_peak_tflops,
     text_forward_flops,
     text_layer_params,
@@ -84,6 +87,23 @@ def test_matches_flop_counter_on_forward_backward(moe):
                        image_grid_thw=torch.tensor([grid]))
         logits.sum().backward()
     assert train_flops(arch, lens, [grid]) == counter.get_total_flops()
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_packed_forward_flops_match_flop_counter_without_grad(moe):
+    arch = _tiny_arch(moe)
+    torch.manual_seed(0)
+    model = build_model(arch)
+    grid, lens = (1, 4, 4), [25, 15]
+    ids = torch.randint(0, 80, (sum(lens),))
+    ids[5:9] = arch.image_token_id
+    positions = np.concatenate([mrope_position_ids(ids[:25].numpy(), [grid], arch.image_token_id, 2),
+                                mrope_position_ids(ids[25:].numpy(), [], arch.image_token_id, 2)], axis=1)
+    batch = SimpleNamespace(cu_seqlens=torch.tensor([0, 25, 40], dtype=torch.int32), image_grid_thw=torch.tensor([grid]))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(ids, cu_seqlens=batch.cu_seqlens, position_ids=torch.from_numpy(positions),
+              pixel_values=torch.randn(16, arch.vision.patch_dim), image_grid_thw=batch.image_grid_thw)
+    assert packed_forward_flops(arch, batch) == counter.get_total_flops()
 
 
 def test_generation_flops():

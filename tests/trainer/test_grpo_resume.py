@@ -2,7 +2,9 @@
 same metrics, bitwise-equal final weights.
 
 Both runs use one process (the 2-rank path is covered by test_grpo), the scripted policy (real logprobs) and deterministic echo tools with
-injected faults. Run A takes 3 steps straight; run B takes 2, "crashes", and resumes to 3. Bitwise equality
+injected faults. Run A takes 3 steps straight; run B takes 3 with a checkpoint at step 2 and "dies while saving
+step 3" (its checkpoint's completion marker removed), so step 3's metrics and rollouts outlive the checkpoint it
+resumes from; the relaunch must discard them and record step 3 once, as run A did. Bitwise equality
 is the right bar: the same ops run on the same inputs in the same order on the same machine, so any
 difference means some piece of state (weights, Adam moments, lr schedule, cursor, policy version,
 fault seed) was not restored, or that something in the rollout depends on the order concurrent
@@ -12,9 +14,11 @@ times out rolls out differently, so the deadlines here are generous and a test a
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -33,7 +37,7 @@ from tests.trainer.test_grpo import grpo_overrides
 
 # Several trajectories in flight: tool calls finish in an order set by thread timing, and the runs
 # must still match, since a fault is decided by the call's identity, not by when it finishes.
-RESUME = ["grpo.max_steps=3", "tools.fault_rate=0.3", "checkpoint.every_steps=0", "rollout.max_in_flight=4",
+RESUME = ["grpo.max_steps=3", "tools.fault_rate=0.3", "checkpoint.every_steps=2", "rollout.max_in_flight=4",
           "rollout.trajectory_deadline_s=3600"]
 
 
@@ -58,11 +62,14 @@ def runs(tmp_path_factory):
 
     a = _run(overrides_a)
     assert a.steps == 3 and a.resumed_from == 0, a
-    first = _run(overrides_b, stop_after=2)
-    assert first.steps == 2, first
-    second = _run(overrides_b)
+    first = _run(overrides_b)
+    assert first.steps == 3, first
+    (root / "b" / "checkpoints" / "step_00000003" / "complete").unlink()  # killed while saving step 3
+    relaunch = io.StringIO()
+    with redirect_stdout(relaunch):
+        second = _run(overrides_b)
     assert second.steps == 3 and second.resumed_from == 2, second
-    return root / "a", root / "b"
+    return root / "a", root / "b", relaunch.getvalue().splitlines()
 
 
 def _rollout_record(trajectory) -> tuple:
@@ -72,13 +79,19 @@ def _rollout_record(trajectory) -> tuple:
     return trajectory.group_id, trajectory.sample_index, trajectory.fatal_step, trajectory.reward.total, steps
 
 
+def test_relaunch_says_what_it_resumed_and_discarded(runs):
+    _, b, lines = runs
+    assert lines[0] == (f"resume: {b}/checkpoints/step_00000002 at step 2 of 3 (policy version 4); discarded after "
+                        "step 2: metrics of steps 3; rollouts of steps 3; checkpoints step_00000003")
+
+
 def test_resumed_rollouts_match(runs):
-    a, b = runs
+    a, b, _ = runs
     injected = 0
     for step in (1, 2, 3):
         straight = [_rollout_record(t) for t in RolloutRecorder(a / "rollouts").read(step)]
         resumed = [_rollout_record(t) for t in RolloutRecorder(b / "rollouts").read(step)]
-        assert len(straight) == 16
+        assert len(straight) == 16 and len(resumed) == 16  # the re-run step 3 is recorded once
         assert resumed == straight, f"step {step}: the resumed run rolled out something else"
         injected += sum(1 for t in straight for s in t[4] if s[3] is not None and s[3][1] == "injected fault")
     assert injected > 0  # faults were injected, so their reproduction is part of what the equality checks
@@ -86,7 +99,7 @@ def test_resumed_rollouts_match(runs):
 
 def test_no_deadline_was_hit(runs):
     """A timeout is the one legitimate way for the two runs to differ; it must not have happened."""
-    for run in runs:
+    for run in runs[:2]:
         for step in (1, 2, 3):
             for t in RolloutRecorder(run / "rollouts").read(step):
                 where = f"{run.name} step {step} group {t.group_id} sample {t.sample_index}"
@@ -111,7 +124,7 @@ def test_tool_module_is_cheap_for_the_worker():
 
 
 def test_resumed_weights_are_bitwise_equal(runs):
-    a, b = runs
+    a, b, _ = runs
     straight, resumed = read_hf_tensors(a / "hf"), read_hf_tensors(b / "hf")
     assert straight.keys() == resumed.keys()
     for key in straight:
@@ -119,10 +132,11 @@ def test_resumed_weights_are_bitwise_equal(runs):
 
 
 def test_resumed_metrics_continue_the_stream(runs):
-    a, b = runs
+    a, b, _ = runs
     straight = read_metrics(a)
+    written = [json.loads(line)["step"] for line in (b / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in straight] == [1, 2, 3] and written == [1, 2, 3]  # each step once in the file
     resumed = {m["step"]: m for m in read_metrics(b)}
-    assert [m["step"] for m in straight] == [1, 2, 3] and sorted(resumed) == [1, 2, 3]
     for m in straight:
         r = resumed[m["step"]]
         for key in ("loss", "lr", "policy_version", "reward", "accuracy", "fatal", "clamped", "train_tokens",

@@ -123,6 +123,9 @@ def test_recipe_level_service_checks():
     check_grpo_recipe(Recipe(tools=ToolsConfig(servers=("http://127.0.0.1:8100",))), 1)
     with pytest.raises(ValueError, match="rollout.engine = 'local' keeps an unsharded generation copy"):
         check_grpo_recipe(load_recipe("grpo_8b", ["rollout.engine=local"]), 64)
+    with pytest.raises(ValueError, match="rollout.deterministic: osvl cannot check"):
+        check_grpo_recipe(Recipe(rollout=RolloutConfig(engine="vllm", vllm_urls=("http://v:8000",), deterministic=True),
+                                 tools=ToolsConfig(servers=("http://t:8100",))), 1)
     with pytest.raises(ValueError, match="sglang_urls must be http"):
         RolloutConfig(engine="sglang", sglang_urls=("localhost:30000",))
     with pytest.raises(ValueError, match="servers must be http"):

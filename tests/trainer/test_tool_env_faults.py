@@ -14,9 +14,8 @@ import pytest
 from osvl.rl.trajectory import ToolResult, ToolStatus
 from osvl.rollout.agent import CallIdentity, current_call
 from osvl.tools import Job, ToolEnvironment
-from osvl.trainer.grpo import step_faults
 from osvl.config import load_recipe
-from osvl.trainer.tool_env import INJECTED, FaultInjectingRunner, OutageModel, fault_draw, recipe_outages
+from osvl.trainer.tool_env import INJECTED, FaultInjectingRunner, OutageModel, fault_draw, recipe_outages, step_faults
 
 CALLS = [CallIdentity(g, s, t) for g, s, t in product(range(4), range(4), range(3))]
 

@@ -7,8 +7,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import cv2
 import numpy as np
+
+from osvl.data.image import decode_image
 
 
 class Rejected(ValueError):
@@ -53,11 +54,11 @@ class FileStats:
 
 
 def decode_image_bytes(data: bytes, what: str) -> np.ndarray:
-    """Encoded PNG/JPEG/... bytes -> uint8 RGB (H, W, 3)."""
-    decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR) if data else None
-    if decoded is None:
-        raise Rejected("bad image", f"{what} cannot be decoded as an image")
-    return cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB)
+    """Encoded PNG/JPEG/... bytes -> uint8 RGB (H, W, 3); bounded before decoding (``decode_image``)."""
+    try:
+        return decode_image(data)
+    except ValueError as error:
+        raise Rejected("bad image", f"{what} cannot be decoded as an image: {error}") from None
 
 
 def load_image_file(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> np.ndarray:

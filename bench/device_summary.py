@@ -1,0 +1,120 @@
+"""The one-page summary of a device check: every stage's outcome and every headline number against
+the targets, from what the stages wrote so far (a cut-off run still summarises what it measured).
+
+    python bench/device_summary.py OUT_DIR     # reads OUT_DIR/device_check/stages.jsonl and OUT_DIR/*.json
+
+Writes OUT_DIR/device_check/summary.json and summary.md; exits 1 when a stage failed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bench.kernels.report import TARGETS, ratio
+
+
+def latest(out: Path, prefix: str) -> dict | None:
+    """The newest result JSON whose name starts with `prefix-` (the stage's --name)."""
+    paths = sorted(out.glob(f"{prefix}-*.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(paths[-1].read_text()) if paths else None
+
+
+def case(record: dict | None, name: str) -> dict:
+    for c in (record or {}).get("cases", []):
+        if c["name"] == name and c["status"] == "ok":
+            return c
+    return {}
+
+
+def fmt(value, unit: str = "", digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.{digits}g}{unit}"
+
+
+def judge(key: str, value: float | None, on_gpu: bool) -> str:
+    """Targets are H200 numbers: judged on a GPU run only."""
+    if key not in TARGETS or value is None or not on_gpu:
+        return ""
+    op, threshold = TARGETS[key]
+    met = value >= threshold if op == ">=" else value <= threshold
+    return "met" if met else "not met"
+
+
+def shape_label(record: dict | None) -> str:
+    s = (record or {}).get("shape")
+    return f"T={s['num_tokens']} V={s['vocab']} H={s['hidden']} {s['dtype']}" if s else "not run"
+
+
+def rows(out: Path) -> list[tuple[str, str, str, str]]:
+    """(number, value, target, verdict) for every headline the stages produce."""
+    logits, linear, train = latest(out, "device_logits"), latest(out, "device_linear"), latest(out, "device_train_step")
+    ours, liger = case(logits, "osvl_grpo_loss"), case(logits, "liger_grpo_loss_same_rows")
+    lin, lin_liger = case(linear, "osvl_linear_grpo_loss"), case(linear, "liger_fused_linear_grpo")
+    on_gpu = any((r or {}).get("device", {}).get("type") == "cuda" for r in (logits, linear))
+    pct = ours.get("percent_of_floor")
+    speedup = ratio(lin_liger.get("median_ms"), lin.get("median_ms"))
+    memory = ratio(lin.get("peak_extra_bytes"), lin_liger.get("peak_extra_bytes"))
+    bandwidth = (logits or {}).get("device", {}).get("peak", {}).get("tbps")
+    achieved_tbps = ours["achieved_tbps_kernel_traffic_model"] * 4 / 3 if ours else None  # 4·T·V bytes / time
+    summary = (train or {}).get("summary", {})
+    config, model = (train or {}).get("config", {}), (train or {}).get("model", {})
+    train_label = (f"train step, {config.get('preset')} width x {model.get('decoder_layers')} layers, "
+                   f"{(train or {}).get('batch', {}).get('tokens')} tokens + images, AC {config.get('activation_checkpoint')}"
+                   if train else "train step (not run)")
+    return [
+        (f"grpo_loss fwd+bwd, {shape_label(logits)}", fmt(ours.get("median_ms"), " ms"), "", ""),
+        ("  Liger Triton GRPO (same rows)", fmt(liger.get("median_ms"), " ms"), "", ""),
+        ("  time ratio vs Liger (same rows)", fmt(ours.get("time_ratio_vs", {}).get("liger_grpo_loss_same_rows")), "< 1", ""),
+        ("  4·T·V bytes / time, TB/s (% of HBM peak)", f"{fmt(achieved_tbps)} ({fmt(pct, ' %')} of {fmt(bandwidth)} TB/s)",
+         ">= 85 %", judge("logits_percent_of_issue_floor", pct, on_gpu)),
+        (f"linear_grpo_loss fwd+bwd, {shape_label(linear)}", fmt(lin.get("median_ms"), " ms"), "", ""),
+        ("  Liger fused-linear GRPO", fmt(lin_liger.get("median_ms"), " ms"), "", ""),
+        ("  speedup vs Liger", fmt(speedup, "x"), ">= 1.3x", judge("linear_speedup_vs_liger_fused_linear", speedup, on_gpu)),
+        ("  peak memory vs Liger (max_memory_allocated)", fmt(memory, "x"), "<= 0.25x",
+         judge("linear_peak_memory_ratio_vs_liger_fused_linear", memory, on_gpu)),
+        ("  measured matmul rate [T,H]x[H,V]", fmt((linear or {}).get("matmul", {}).get("tflops"), " TFLOP/s"), "", ""),
+        ("  % of the 6·T·H·V floor at that rate", fmt(lin.get("percent_of_measured_matmul_floor"), " %"), "", ""),
+        (train_label, fmt(summary.get("step_s"), " s"), "", ""),
+        ("  tokens/s", fmt(summary.get("tokens_per_s"), "", 4), "", ""),
+        ("  MFU", fmt(None if summary.get("mfu") is None else 100 * summary["mfu"], " %"), "", ""),
+        ("  peak memory", fmt(summary.get("peak_memory_gib"), " GiB"), "", ""),
+        ("  time share of the loss", fmt(None if summary.get("loss_time_share") is None
+                                         else 100 * summary["loss_time_share"], " %"), "", ""),
+    ]
+
+
+def write_summary(out: Path) -> dict:
+    logs = out / "device_check"
+    stages_file = logs / "stages.jsonl"
+    stages = [json.loads(line) for line in stages_file.read_text().splitlines() if line.strip()] if stages_file.is_file() else []
+    failed = [s["stage"] for s in stages if s.get("rc") not in (None, 0)]
+    table = rows(out)
+    env = next((r for r in (latest(out, "device_logits"), latest(out, "device_train_step")) if r), {})
+    summary = {"stages": stages, "failed": failed, "git": env.get("git"), "device": env.get("device"),
+               "versions": env.get("versions"), "table": [dict(zip(("number", "value", "target", "verdict"), r)) for r in table]}
+    (logs / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [f"# Device check: {(env.get('device') or {}).get('name', '?')}, commit {(env.get('git') or {}).get('short', '?')}",
+             "", f"versions: {json.dumps(env.get('versions'))}", "",
+             "| stage | rc | seconds | limit | timed out |", "|---|---|---|---|---|"]
+    lines += [f"| {s['stage']} | {s.get('rc')} | {s.get('seconds')} | {s.get('limit', '')} | "
+              f"{s.get('timed_out') or s.get('skipped', '')} |" for s in stages]
+    lines += ["", "| number | value | target | verdict |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in table]
+    (logs / "summary.md").write_text("\n".join(lines) + "\n")
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python bench/device_summary.py OUT_DIR", file=sys.stderr)
+        return 2
+    summary = write_summary(Path(argv[0]))
+    print((Path(argv[0]) / "device_check" / "summary.md").read_text())
+    return 1 if summary["failed"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,23 @@
+"""An image's declared size, read from its header before any pixel is decoded: the check that stops
+a small file from becoming a huge allocation (a decompression bomb). Torch-free, so tool workers and
+the data layer share it without the other's imports."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) read from the file header only; ValueError when it is not an image."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the caller applies its own bound
+            with Image.open(io.BytesIO(data)) as header:
+                return header.size
+    except Image.DecompressionBombError as err:  # PIL refuses over twice its own limit before telling the size
+        raise ValueError(f"image declares too many pixels: {err}") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as err:
+        raise ValueError(f"not a readable image: {err}") from None

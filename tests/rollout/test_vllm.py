@@ -1,0 +1,264 @@
+"""A real inference engine: vLLM's CPU build serving the text export of the policy, driven by osvl's
+vLLM client. One server process for the module (marked ``vllm``: one xdist worker runs them all):
+engine logprobs against the trainer's forward, stops and seeds, the GRPO stage on 2 gloo ranks
+with weight reloads after its optimizer steps, and last a killed server.
+
+The policy is the ``small`` CPU preset (width 128, head_dim 32): vLLM's CPU attention supports
+head sizes from 32 up, so the ``tiny`` preset (head_dim 16) cannot be served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from osvl.config import load_recipe
+from osvl.data.tokenizer import load_tokenizer
+from osvl.model import build_model, save_pretrained
+from osvl.rl.trajectory import FinishReason
+from osvl.rollout import (
+    AgentConfig,
+    EngineError,
+    GenerationRequest,
+    RolloutConfig,
+    RolloutRecorder,
+    SamplingParams,
+    StopKind,
+    VLLMConfig,
+    VLLMEngine,
+    run_group,
+)
+from osvl.rollout.engine import hits_stop
+from osvl.rollout.weight_sync import DiskSync
+from osvl.trainer import read_metrics
+from osvl.trainer.checkpoint import latest_checkpoint, step_dir
+from osvl.trainer.export import PolicyDefaults, model_files
+from osvl.trainer.policy import image_config, policy_arch
+from osvl.trainer.preflight import trainer_logprobs
+from osvl.trainer.stage import stage_inputs
+from tests.trainer.ranks import run_ranks
+from tests.trainer.test_grpo import grpo_overrides
+from tests.vllm_server import vllm_server
+
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
+
+
+def _recipe_overrides(root):
+    return grpo_overrides(root, root / "run", "model.preset=small", "grpo.max_steps=2", "grpo.max_response_tokens=32",
+                          "rollout.max_turns=2", "tools.fault_rate=0.0", "checkpoint.every_steps=1")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The server over a text export of the policy architecture (seed-7 weights) and that policy."""
+    root = tmp_path_factory.mktemp("vllm")
+    recipe = load_recipe("tiny_grpo", _recipe_overrides(root))
+    tokenizer = load_tokenizer(recipe.data.tokenizer)
+    arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
+    torch.manual_seed(7)
+    model = build_model(arch).eval()
+    served_dir = root / "served"
+    save_pretrained(model, served_dir, dtype=torch.float32, text_only=True)
+    for name, body in model_files(tokenizer, image_config(arch, recipe), PolicyDefaults(), 2048).items():
+        (served_dir / name).write_text(body)
+    server = vllm_server(served_dir, root / "vllm.log")
+    try:
+        print(f"vLLM server up in {server.started_s:.1f}s")
+        yield root, server, model
+    finally:
+        server.close()
+
+
+def _requests(root, temperature: float, n: int = 3) -> tuple[list, list[GenerationRequest]]:
+    recipe = load_recipe("tiny_grpo", _recipe_overrides(root))
+    _, _, renderer = stage_inputs(recipe)
+    from osvl.trainer.grpo_data import load_prompts
+
+    prompts = load_prompts(recipe.data)[:n]
+    special = renderer.tokenizer.special
+    requests = [GenerationRequest(list(renderer.render_prompt(p).ids), [], SamplingParams(
+        temperature=temperature, max_new_tokens=24, seed=100 + i, stop_token_ids=(special.im_end, special.endoftext)))
+        for i, p in enumerate(prompts)]
+    return (renderer, prompts), requests
+
+
+@pytest.mark.parametrize("temperature", [0.7, 0.0], ids=["t0.7", "greedy"])
+def test_engine_logprobs_equal_the_trainers_forward(served, temperature):
+    root, server, model = served
+    (renderer, prompts), requests = _requests(root, temperature)
+    engine = VLLMEngine(VLLMConfig((server.url,)))
+
+    async def generate():
+        try:
+            return await asyncio.gather(*(engine.generate(r) for r in requests))
+        finally:
+            await engine.aclose()
+
+    results = asyncio.run(generate())
+    tokens = 0
+    for prompt, request, result in zip(prompts, requests, results, strict=True):
+        assert result.prompt_tokens == len(request.input_ids)
+        assert result.token_ids and len(result.logprobs) == len(result.token_ids)
+        ours = trainer_logprobs(model, renderer, prompt, result, temperature or 1.0)  # the training forward + loss
+        np.testing.assert_allclose(np.asarray(result.logprobs), ours, rtol=0, atol=1e-4)
+        tokens += len(result.token_ids)
+    assert tokens >= 3 * 8  # something was generated to compare
+
+
+def test_seeds_reproduce_and_stops_end_turns_as_every_osvl_engine(served):
+    root, server, _ = served
+    (renderer, _), requests = _requests(root, 0.7, n=1)
+    decode = renderer.tokenizer.decode
+    engine = VLLMEngine(VLLMConfig((server.url,)))
+    request = requests[0]
+
+    async def run(sampling: SamplingParams):
+        return await engine.generate(GenerationRequest(request.input_ids, [], sampling))
+
+    async def scenario():
+        try:
+            sampled = [await run(request.sampling) for _ in range(2)]
+            other = await run(SamplingParams(temperature=0.7, max_new_tokens=24, seed=999, stop=()))
+            free = await run(SamplingParams(temperature=0.0, max_new_tokens=24, stop=()))
+            ids = free.token_ids
+            by_id = await run(SamplingParams(temperature=0.0, max_new_tokens=24, stop=(), stop_token_ids=(ids[5],)))
+            # a stop string first completed by a later token: one token's plain ASCII text (a random
+            # policy also emits lone UTF-8 bytes, which decode to U+FFFD until their sequence ends)
+            words = [decode(ids[i:i + 1]).strip() for i in range(len(ids))]
+            k = next(i for i in range(2, len(ids)) if len(words[i]) >= 2 and words[i].isascii()
+                     and words[i].isalnum() and words[i] not in decode(ids[:i]))
+            stop = words[k]
+            by_string = await run(SamplingParams(temperature=0.0, max_new_tokens=24, stop=(stop,)))
+            return sampled, other, free, by_id, by_string, stop
+        finally:
+            await engine.aclose()
+
+    sampled, other, free, by_id, by_string, stop = asyncio.run(scenario())
+    assert sampled[0].token_ids == sampled[1].token_ids  # the same seed, the same sample
+    assert other.token_ids != sampled[0].token_ids
+    assert free.finish is StopKind.LENGTH and len(free.token_ids) == 24  # the checkpoint's EOS does not end a turn
+    first = free.token_ids.index(free.token_ids[5])
+    assert by_id.token_ids == free.token_ids[:first + 1] and by_id.finish is StopKind.STOP
+    end = next(i for i in range(len(free.token_ids)) if hits_stop(free.token_ids[:i + 1], decode, (stop,), ()))
+    assert by_string.token_ids == free.token_ids[:end + 1] and by_string.finish is StopKind.STOP  # the stop is kept
+
+
+def stage_body(rank: int, world: int, overrides: list[str]) -> None:
+    from osvl.trainer import run_grpo
+    from tests.trainer.grpo_fixtures import echo_environment
+
+    result = run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
+    assert result.steps == 2, result
+
+
+def test_grpo_stage_serves_every_optimizer_step_through_vllm(served):
+    """The stage pushes its weights at start, then after each step's optimizer steps reloads the
+    server from disk; the first mini-batch of every step scores the tokens on the weights that
+    generated them, so step 2's parity proves the server sampled from the updated weights."""
+    root, server, _ = served
+    overrides = _recipe_overrides(root) + [
+        "rollout.engine=vllm", f'rollout.vllm_urls=["{server.url}"]', "rollout.text_only_export=true",
+        "rollout.max_logprob_diff=1e-4"]
+    run_ranks(stage_body, 2, overrides)
+    metrics = read_metrics(root / "run")
+    assert [m["policy_version"] for m in metrics] == [2, 4]
+    for m in metrics:
+        assert m["logprob_abs_diff"] <= 1e-4, m
+        assert m["train_tokens"] > 0 and m["sync_bytes"] > 0
+    assert httpx.get(f"{server.url}/weight_info", timeout=30, trust_env=False).json()["weight_version"] == "4"
+    recorder = RolloutRecorder(root / "run" / "rollouts")
+    for step, version in ((1, 0), (2, 2)):
+        steps = [s for t in recorder.read(step) for s in t.steps]
+        assert steps and {s.policy_version for s in steps} == {version}  # the server's word, per token span
+
+
+def crash_body(rank: int, world: int, overrides: list[str], url: str) -> None:
+    from osvl.trainer import run_grpo
+    from tests.trainer.grpo_fixtures import echo_environment
+
+    try:
+        run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
+    except EngineError as error:  # every rank, with the dead server named
+        assert url in str(error), error
+        return
+    raise AssertionError("step 3 went through with its vLLM server dead")
+
+
+def _running(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
+def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothing(served, env):
+    """Last in the module: the server dies (SIGKILL) while step 3 rolls out (resumed from step 2's
+    checkpoint). Requests in flight end as ``EngineError`` naming it; the step fails on every rank at
+    the weight sync; the two finished steps, their checkpoint and rollouts stay as they were."""
+    root, server, model = served
+    (renderer, prompts), requests = _requests(root, 0.7)
+    before = (root / "run" / "metrics.jsonl").read_text()
+    outcomes: list = []
+
+    def kill_during_rollouts() -> None:
+        deadline = time.monotonic() + 600
+        while _running(server.url) < 2:  # the stage's rollouts (its probe is one request)
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        engine = VLLMEngine(VLLMConfig((server.url,), timeout_s=120))
+        long = [GenerationRequest(r.input_ids, [], SamplingParams(temperature=0.7, max_new_tokens=1500, stop=(),
+                                                                   seed=i)) for i, r in enumerate(requests)]
+
+        async def crash():
+            inflight = [asyncio.create_task(engine.generate(r)) for r in long]
+            await asyncio.sleep(0.5)
+            outcomes.append(not any(t.done() for t in inflight))  # still generating when the node dies
+            await asyncio.to_thread(server.kill)
+            outcomes.extend(await asyncio.gather(*inflight, return_exceptions=True))
+            await engine.aclose()
+
+        asyncio.run(crash())
+
+    killer = threading.Thread(target=kill_during_rollouts)
+    killer.start()
+    overrides = _recipe_overrides(root) + [
+        # long turns (a random policy rarely stops early) keep step 3's rollouts going past the kill
+        "grpo.max_steps=3", "grpo.max_response_tokens=256", "rollout.max_retries=1", "rollout.engine=vllm",
+        f'rollout.vllm_urls=["{server.url}"]',
+        "rollout.text_only_export=true"]
+    try:
+        run_ranks(crash_body, 2, overrides, server.url)
+    finally:
+        killer.join(120)
+    assert server.process.poll() is not None and outcomes and outcomes[0] is True
+    assert all(isinstance(o, EngineError) and server.url in str(o) for o in outcomes[1:]), outcomes
+    assert (root / "run" / "metrics.jsonl").read_text() == before  # steps 1-2 as they were; no step 3
+    assert latest_checkpoint(root / "run" / "checkpoints") == step_dir(root / "run" / "checkpoints", 2)
+    recorder = RolloutRecorder(root / "run" / "rollouts")
+    assert recorder.read(1) and recorder.read(2)
+    with pytest.raises(ValueError, match="no rollouts recorded for step 3"):
+        recorder.read(3)
+
+    # what the step's rollouts saw: each trajectory retried as configured, then kept as an infra_error record
+    async def rollout_and_sync():
+        engine = VLLMEngine(VLLMConfig((server.url,), timeout_s=10))
+        try:
+            return await run_group(prompts[0], 0, engine, env, renderer, AgentConfig(max_turns=2),
+                                   RolloutConfig(group_size=2, max_retries=1, trajectory_deadline_s=60))
+        finally:
+            await engine.aclose()
+
+    group = asyncio.run(rollout_and_sync())
+    assert all(t.finish_reason is FinishReason.INFRA_ERROR and t.infra_retries == 1 for t in group.trajectories)
+    with asyncio.Runner() as runner:
+        client = VLLMEngine(VLLMConfig((server.url,), timeout_s=10))
+        sync = DiskSync(client, root / "after-crash", torch.float32, runner.run, text_only=True)
+        with pytest.raises(EngineError, match=f"weight reload to version 5.*{server.url}"):
+            sync.sync(model, 5)
+        runner.run(client.aclose())
