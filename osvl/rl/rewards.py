@@ -6,7 +6,8 @@ valid pre-fatal prefix only, so a rollout is not penalised twice for the collaps
 fatal. A fatal rollout has no creditable answer: ``r_acc = 0`` by rule, no judge asked.
 
 When a judge cannot answer, the whole sample is *unscored* (``total=None``) and is later
-excluded from its group; it is never silently scored 0.
+excluded from its group; it is never silently scored 0. So is a rollout our infrastructure broke,
+unless ``infra_rollouts = "keep"`` makes a tool back-end's failure part of the rollout to score.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from osvl.rl.fatal import (
+    INFRA_ROLLOUTS,
     FatalConfig,
-    has_infra_error,
+    InfraRollouts,
+    infra_excluded,
     is_fatal,
     trajectory_fatal_step,
     valid_prefix,
@@ -35,14 +38,18 @@ INFRA_UNSCORED = "infra_error"
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """Reward weights and the fatal rule that bounds the process rewards."""
+    """Reward weights, the fatal rule that bounds the process rewards, and whether a rollout that met a
+    tool's ``infra_error`` is scored (``keep``) or left unscored (``drop``)."""
 
     alpha: float = 0.8  # weight of accuracy against query quality
     fatal: FatalConfig = field(default_factory=FatalConfig)
+    infra_rollouts: InfraRollouts = "drop"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+        if self.infra_rollouts not in INFRA_ROLLOUTS:
+            raise ValueError(f"infra_rollouts must be one of {INFRA_ROLLOUTS}, got {self.infra_rollouts!r}")
 
 
 _STEP_SHAPE = re.compile(
@@ -94,7 +101,7 @@ def score_trajectory(traj: Trajectory, accuracy_judge: AccuracyJudge, query_judg
     fatal_step = trajectory_fatal_step(traj, config.fatal)
     prefix = valid_prefix(traj.steps, fatal_step)
     fmt = format_reward(prefix)
-    if has_infra_error(traj):
+    if infra_excluded(traj, config.infra_rollouts):
         reward = RewardParts(fmt=fmt, acc=None, query=None, total=None,
                              unscored_reason=INFRA_UNSCORED)
         return dataclasses.replace(traj, fatal_step=fatal_step, reward=reward)

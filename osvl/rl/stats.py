@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from osvl.rl.advantages import DROP_HARD_MASKED, DROP_INFRA, DROP_UNSCORED, AdvantageBatch
+from osvl.rl.fatal import has_infra_error
 from osvl.rl.trajectory import Trajectory
 
 
@@ -36,6 +37,7 @@ class BatchStats:
     mean_pre_clamp_preserved: float | None
     mean_pre_clamp_nonfatal: float | None
     infra_retries: int = 0  # rollouts re-run because of infra errors before this batch
+    infra_kept: int = 0  # scored rollouts that met a tool's infra_error (grpo.infra_rollouts = "keep")
     unscored_reasons: dict[str, int] = field(default_factory=dict)  # judge failure -> count
 
     def as_metrics(self, prefix: str = "rl/") -> dict[str, float]:
@@ -84,5 +86,6 @@ def batch_stats(batch: AdvantageBatch, trajectories: Sequence[Trajectory] = ()) 
         mean_pre_clamp_preserved=_mean(batch.pre_clamp[preserved]),
         mean_pre_clamp_nonfatal=_mean(batch.pre_clamp[nonfatal]),
         infra_retries=sum(t.infra_retries for t in trajectories),
+        infra_kept=sum(bool(kept) and has_infra_error(t) for t, kept in zip(trajectories, scored.tolist())),
         unscored_reasons=dict(reasons),
     )

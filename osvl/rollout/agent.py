@@ -168,7 +168,7 @@ async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, r
             current_call.reset(token)
         step.observation_text = _observation_text(step.tool_result)
         step.observation_images = list(step.tool_result.images) if step.tool_result.ok else []
-        if find_fatal_step([s.status for s in steps], config.fatal.k, config.fatal.anchor) != -1:
+        if find_fatal_step([s.status for s in steps], config.fatal.k, config.fatal.anchor, config.fatal.errors) != -1:
             finish = FinishReason.FATAL
             break
         observation = renderer.render_observation(step)

@@ -1,8 +1,9 @@
 """Rollout workers: many trajectories in flight, groups of G kept together, streamed with back-pressure.
 
-Each trajectory runs under a deadline; one that times out, or ends in an infra error (engine or
-tool infrastructure), is retried up to ``max_retries`` times and otherwise kept as an empty
-``infra_error`` record, so its group still completes and the trainer can drop it. A group is
+Each trajectory runs under a deadline; one that times out, or ends in an infra error (engine or,
+under ``infra_rollouts = "drop"``, tool infrastructure), is retried up to ``max_retries`` times and
+otherwise kept as it is (an empty ``infra_error`` record when it never finished), so its group
+still completes and the trainer can drop it. A group is
 yielded once all of its G samples are final; at most ``queue_size`` finished groups wait for the
 consumer before producers block.
 
@@ -22,7 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from osvl.data.chat import ChatRenderer
-from osvl.rl.fatal import has_infra_error, is_fatal
+from osvl.rl.fatal import INFRA_ROLLOUTS, InfraRollouts, infra_excluded, is_fatal
 from osvl.rl.trajectory import FinishReason, Prompt, Trajectory
 from osvl.rollout.agent import AgentConfig, run_trajectory
 from osvl.rollout.engine import Engine, GenerationPreempted, derive_seed
@@ -37,6 +38,7 @@ class RolloutConfig:
     max_retries: int = 1  # per trajectory, for deadlines and infra errors
     queue_size: int = 4  # finished groups waiting for the consumer
     base_seed: int = 0
+    infra_rollouts: InfraRollouts = "drop"  # keep: a tool's infra_error is data (not retried); see osvl.rl.fatal
 
     def __post_init__(self) -> None:
         if self.group_size < 1 or self.max_in_flight < 1 or self.queue_size < 1:
@@ -45,6 +47,8 @@ class RolloutConfig:
             raise ValueError(f"trajectory_deadline_s must be positive, got {self.trajectory_deadline_s}")
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.infra_rollouts not in INFRA_ROLLOUTS:
+            raise ValueError(f"infra_rollouts must be one of {INFRA_ROLLOUTS}, got {self.infra_rollouts!r}")
 
 
 @dataclass
@@ -159,7 +163,7 @@ async def _sample(prompt: Prompt, group_id: int, index: int, step: int, engine: 
                 await preemption.wait_open()
             continue
         traj.infra_retries = attempt
-        if not has_infra_error(traj) or attempt == config.max_retries:
+        if not infra_excluded(traj, config.infra_rollouts) or attempt == config.max_retries:
             return traj
         metrics.retries += 1
         attempt += 1

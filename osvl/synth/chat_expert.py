@@ -110,7 +110,8 @@ class ChatExpert:
             steps.append(Step(token_ids=[], logprobs=[], text=outcome.text, think=action.think, tool_call=call,
                               tool_result=result, observation_text=_observation_text(result),
                               observation_images=produced))
-            if find_fatal_step([s.status for s in steps], self.config.fatal.k, self.config.fatal.anchor) != -1:
+            if find_fatal_step([s.status for s in steps], self.config.fatal.k, self.config.fatal.anchor,
+                               self.config.fatal.errors) != -1:
                 return ExpertEpisode(steps, FinishReason.FATAL)
             messages.append(self._user(f"<tool_response>\n{_observation_text(result)}\n</tool_response>", produced))
         return ExpertEpisode(steps, FinishReason.MAX_TURNS)

@@ -1,4 +1,4 @@
-"""``make demo`` helpers: the demo tokenizer, the before/after summary, and the RL ablation table.
+"""``make demo`` helpers: the demo tokenizer, the greedy evaluation and the before/after summary.
 
 ``python -m osvl.trainer.demo tokenizer --data DIR``   byte-level BPE over the curated set
 ``python -m osvl.trainer.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE``
@@ -7,15 +7,9 @@
 ``python -m osvl.trainer.demo prior --recipe tiny_grpo --sft FILE --out FILE``
     the no-tool floor: the SFT data's most frequent answer to each prompt's asked attribute
 ``python -m osvl.trainer.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE``
-``python -m osvl.trainer.demo ablation RUN_DIR ...``  one row per fatal mode (paper Table 3b)
 
-The ablation's four variants are ``tiny_grpo`` with one switch each, after ``make demo``::
-
-    for m in vanilla hard_mask fatal_mask fatal_clamp; do
-      torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo \
-        --set grpo.fatal_mode=$m --set job.run_dir=runs/ablation/$m --set grpo.max_steps=8
-    done
-    python -m osvl.trainer.demo ablation runs/ablation/*
+The fatal-mode ablation (paper Table 3b) that starts from the demo's checkpoint is
+``osvl.trainer.ablation`` (``make ablation``).
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ from pathlib import Path
 
 from osvl.config.recipe import Recipe
 from osvl.eval.interval import wilson_interval
-from osvl.rl.trajectory import Prompt
+from osvl.rl.trajectory import Prompt, Trajectory
 from osvl.trainer.metrics import read_metrics
 
 SUMMARY_KEYS = ("reward", "accuracy", "fatal_rate", "clamped_frac")
@@ -71,10 +65,10 @@ def demo_tokenizer(data_dir: str | Path, vocab_size: int = 2048, text: str | Pat
     return target
 
 
-def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
-                    engine_wrapper: Callable | None = None) -> dict[str, float | int | str]:
-    """Greedy Pass@1 of a policy on ``data.train_path``'s prompts under the GRPO stage's prompt,
-    tools and turn budget (faults off), so before/after numbers differ only by the weights.
+def evaluation_rollouts(recipe: Recipe, checkpoint: str, limit: int = 0,
+                        engine_wrapper: Callable | None = None) -> list[Trajectory]:
+    """Greedy rollouts of a policy on ``data.train_path``'s prompts under the GRPO stage's prompt,
+    tools and turn budget (faults and outages off), scored as in training.
 
     ``checkpoint`` is an HF directory, or ``init`` for the recipe's seeded initialization (what
     the SFT stage starts from).
@@ -88,11 +82,11 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
     from osvl.trainer.grpo_data import load_prompts, reward_scoring, rollout_configs
     from osvl.trainer.policy import build_policy, policy_arch
     from osvl.trainer.tool_env import stage_environment, stage_renderer
-    from osvl.trainer.validation import collect_rollouts, summary_means, summary_sums
+    from osvl.trainer.validation import collect_rollouts
 
     pretrained = "" if checkpoint == "init" else checkpoint
     recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, pretrained=pretrained),
-                                 tools=dataclasses.replace(recipe.tools, fault_rate=0.0))
+                                 tools=dataclasses.replace(recipe.tools, fault_rate=0.0, outage_rate=0.0))
     tokenizer = load_tokenizer(recipe.data.tokenizer or pretrained)
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
     renderer = stage_renderer(recipe, tokenizer, arch)
@@ -104,14 +98,22 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
     engine = LocalEngine(engine_model, tokenizer, renderer.image_config, max_batch=recipe.rollout.max_in_flight)
     engine = engine_wrapper(engine) if engine_wrapper else engine  # tests script the policy
     agent, workers = rollout_configs(recipe, greedy=True, group_size=1, max_retries=0)
-
-    started = time.perf_counter()
     with stage_environment(recipe, 0) as env:
         trajectories = asyncio.run(collect_rollouts(prompts, engine, env, renderer, agent, workers))
-    scored = score_batch(trajectories, *reward_scoring(recipe))
+    order = {p.id: i for i, p in enumerate(prompts)}
+    return sorted(score_batch(trajectories, *reward_scoring(recipe)), key=lambda t: order[t.prompt.id])
+
+
+def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
+                    engine_wrapper: Callable | None = None) -> dict[str, float | int | str]:
+    """Greedy Pass@1 summary of :func:`evaluation_rollouts`, so before/after numbers differ only by the weights."""
+    from osvl.trainer.validation import summary_means, summary_sums
+
+    started = time.perf_counter()
+    scored = evaluation_rollouts(recipe, checkpoint, limit, engine_wrapper)
     statuses = Counter(s.tool_result.status.value for t in scored for s in t.steps if s.tool_result is not None)
     sums = summary_sums(scored)
-    return {"checkpoint": checkpoint, "prompts": len(prompts), "scored": int(sums["scored"]),
+    return {"checkpoint": checkpoint, "prompts": len(scored), "scored": int(sums["scored"]),
             **summary_means(sums), "tool_statuses": dict(statuses), "wall_s": time.perf_counter() - started}
 
 
@@ -215,32 +217,6 @@ def summary_lines(sft_dir: str | Path, grpo_dir: str | Path, width: int = 1,
     return lines
 
 
-def ablation_rows(run_dirs: Sequence[str | Path], width: int = 2) -> list[dict[str, float | str]]:
-    rows = []
-    for run in run_dirs:
-        recipe_file = Path(run) / "recipe.json"
-        if not recipe_file.is_file():
-            raise ValueError(f"{run} has no recipe.json: not a run directory")
-        mode = json.loads(recipe_file.read_text())["grpo"]["fatal_mode"]
-        records = read_metrics(run)
-        row: dict[str, float | str] = {"mode": mode, "steps": len(records), "run": str(run)}
-        for key in SUMMARY_KEYS:
-            row[f"{key}_first"] = _window_mean(records, key, True, width)
-            row[f"{key}_last"] = _window_mean(records, key, False, width)
-        rows.append(row)
-    return rows
-
-
-def ablation_table(rows: Sequence[dict[str, float | str]]) -> str:
-    """Markdown: first/last-window means of reward, accuracy, fatal rate and clamped fraction."""
-    head = "| mode | steps | " + " | ".join(f"{k} first -> last" for k in SUMMARY_KEYS) + " |"
-    lines = [head, "|" + "---|" * (2 + len(SUMMARY_KEYS))]
-    for row in rows:
-        cells = [f"{row[f'{k}_first']:.3f} -> {row[f'{k}_last']:.3f}" for k in SUMMARY_KEYS]
-        lines.append(f"| {row['mode']} | {row['steps']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def _labelled(specs: Sequence[str], flag: str) -> list[tuple[str, str]]:
     pairs = []
     for spec in specs:
@@ -282,9 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     pri.add_argument("--out", required=True)
     pri.add_argument("--limit", type=int, default=0)
     pri.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    abl = sub.add_parser("ablation")
-    abl.add_argument("runs", nargs="+")
-    abl.add_argument("--window", type=int, default=2)
     args = parser.parse_args(argv)
     try:
         if args.command == "tokenizer":
@@ -308,8 +281,6 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps(result))
-        else:
-            print(ablation_table(ablation_rows(args.runs, args.window)))
     except ValueError as error:
         parser.error(str(error))
     return 0

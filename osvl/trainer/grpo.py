@@ -33,6 +33,7 @@ from osvl.data.chat import ChatRenderer
 from osvl.data.distributed import global_normalizers
 from osvl.data.packing import PackedBatch
 from osvl.rl.advantages import AdvantageConfig, trajectory_advantages
+from osvl.rl.fatal import has_infra_error
 from osvl.rl.scoring import GroupScorer, JudgeStats
 from osvl.rl.stats import batch_stats
 from osvl.rl.trajectory import Trajectory
@@ -264,8 +265,11 @@ def step_record(stage: Stage, summed: dict[str, float], rolled: RolloutBatch, st
         "reward_acc": _mean(p.acc for p in parts), "reward_query": _mean(p.query for p in parts),
         "accuracy": _mean(p.acc for p in parts),
         "fatal_rate": stats.fatal_fraction or 0.0, "clamped_frac": stats.clamped_fraction or 0.0,
-        "fatal": stats.fatal, "clamped": stats.clamped, "dropped": stats.infra_dropped + stats.unscored + stats.hard_masked,
-        "unscored": stats.unscored,
+        "fatal": stats.fatal, "clamped": stats.clamped, "preserved": stats.preserved,
+        "dropped": stats.infra_dropped + stats.unscored + stats.hard_masked,
+        "unscored": stats.unscored, "infra_dropped": stats.infra_dropped, "infra_kept": stats.infra_kept,
+        "infra_hit": sum(map(has_infra_error, rolled.scored)),
+        "tool_calls_mean": _mean(sum(s.tool_result is not None for s in t.steps) for t in rolled.scored),
         "clip_frac": summed.get("clip", 0.0) / valid, "entropy": summed.get("entropy", 0.0) / valid,
         "kl": summed.get("kl_old", 0.0) / valid,
         "logprob_abs_diff": summed.get("lp_diff", 0.0) / max(summed.get("valid_first", 0.0), 1.0),
@@ -287,6 +291,9 @@ def step_record(stage: Stage, summed: dict[str, float], rolled: RolloutBatch, st
         **mismatch_metrics(summed),
         **rolled.judges,
     }
+    for key in ("mean_pre_clamp_zeroed", "mean_pre_clamp_preserved"):
+        if getattr(stats, key) is not None:
+            record[key] = getattr(stats, key)
     utilisation = mfu(summed.get("train_flops", 0.0) + summed["rollout_flops"], t4 - t0, stage.world_size,
                       stage.peak_tflops)
     if utilisation is not None:

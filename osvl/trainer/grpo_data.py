@@ -74,6 +74,11 @@ def load_prompts(source: str | Path | DataConfig, stats: FileStats | None = None
     return prompts
 
 
+def recipe_fatal(recipe: Recipe) -> FatalConfig:
+    """The fatal rule of ``grpo.fatal_k`` and ``grpo.fatal_errors``, shared by the agent loop and the scorer."""
+    return FatalConfig(k=recipe.grpo.fatal_k, errors=recipe.grpo.fatal_errors)
+
+
 def rollout_configs(recipe: Recipe, *, greedy: bool = False, group_size: int | None = None,
                     max_retries: int | None = None, temperature: float | None = None,
                     top_p: float | None = None) -> tuple[AgentConfig, RolloutConfig]:
@@ -87,11 +92,11 @@ def rollout_configs(recipe: Recipe, *, greedy: bool = False, group_size: int | N
     top_p = 1.0 if greedy else g.top_p if top_p is None else top_p
     sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=g.max_response_tokens)
     agent = AgentConfig(max_turns=r.max_turns, max_total_tokens=g.max_prompt_tokens + g.max_response_tokens,
-                        sampling=sampling, fatal=FatalConfig(k=g.fatal_k))
+                        sampling=sampling, fatal=recipe_fatal(recipe))
     workers = RolloutConfig(group_size=g.group_size if group_size is None else group_size,
                             max_in_flight=r.max_in_flight, trajectory_deadline_s=r.trajectory_deadline_s,
                             max_retries=r.max_retries if max_retries is None else max_retries,
-                            base_seed=recipe.job.seed)
+                            base_seed=recipe.job.seed, infra_rollouts=g.infra_rollouts)
     return agent, workers
 
 
@@ -106,7 +111,8 @@ def reward_scoring(recipe: Recipe) -> tuple[AccuracyJudge, QueryJudge, RewardCon
                                                        timeout_s=j.timeout_s, max_attempts=j.max_attempts))
     accuracy = LLMAccuracyJudge(client) if j.accuracy == "llm" else ExactMatchAccuracyJudge()
     query = LLMQueryJudge(client) if j.query == "llm" else HeuristicQueryJudge()
-    return accuracy, query, RewardConfig(alpha=j.alpha, fatal=FatalConfig(k=recipe.grpo.fatal_k))
+    return accuracy, query, RewardConfig(alpha=j.alpha, fatal=recipe_fatal(recipe),
+                                         infra_rollouts=recipe.grpo.infra_rollouts)
 
 
 def stage_scorer(recipe: Recipe) -> GroupScorer:

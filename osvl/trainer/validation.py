@@ -31,7 +31,8 @@ from osvl.trainer.grpo_data import load_prompts, reward_scoring, rollout_configs
 from osvl.trainer.tool_env import FaultInjectingRunner
 
 VALIDATION_STEP = -1  # the rollout "step" of every validation: seeds depend on it, not on the training step
-SUMMARY_KEYS = ("accuracy", "reward", "reward_fmt", "answered", "grounded", "fatal_rate", "turns_mean")
+SUMMARY_KEYS = ("accuracy", "reward", "reward_fmt", "answered", "grounded", "fatal_rate", "turns_mean", "tool_calls",
+                "no_tool_answers")
 
 
 async def collect_rollouts(prompts: Sequence[Prompt], engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
@@ -61,7 +62,13 @@ def summary_sums(scored: Sequence[Trajectory]) -> dict[str, float]:
             "answered": float(sum(t.final_answer is not None for t in scored)),
             "grounded": float(sum(map(answer_is_grounded, scored))),
             "fatal_rate": float(sum(t.fatal_step >= 0 for t in scored)),
-            "turns_mean": float(sum(len(t.steps) for t in scored))}
+            "turns_mean": float(sum(len(t.steps) for t in scored)),
+            "tool_calls": float(sum(_tool_calls(t) for t in scored)),
+            "no_tool_answers": float(sum(t.final_answer is not None and _tool_calls(t) == 0 for t in scored))}
+
+
+def _tool_calls(trajectory: Trajectory) -> int:
+    return sum(step.tool_result is not None for step in trajectory.steps)
 
 
 def summary_means(sums: dict[str, float]) -> dict[str, float]:

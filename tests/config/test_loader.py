@@ -61,3 +61,14 @@ def test_read_prompt_file_strips_and_names_the_key_on_errors(tmp_path):
     (tmp_path / "blank.txt").write_text(" \n\t\n")
     with pytest.raises(ValueError, match=r"^data\.system_prompt file .*blank\.txt is empty$"):
         read_prompt_file(tmp_path / "blank.txt", "data.system_prompt")
+
+
+def test_counting_infra_errors_needs_the_outage_rollouts_kept():
+    with pytest.raises(ValueError, match="grpo: fatal_errors 'all' .* set infra_rollouts = 'keep'"):
+        load_recipe("tiny_grpo", ["grpo.fatal_errors=all"])
+    paper = load_recipe("tiny_grpo", ["grpo.fatal_errors=all", "grpo.infra_rollouts=keep"])
+    assert (paper.grpo.fatal_errors, paper.grpo.infra_rollouts) == ("all", "keep")
+    default = load_recipe("tiny_grpo")
+    assert (default.grpo.fatal_errors, default.grpo.infra_rollouts) == ("policy", "drop")
+    with pytest.raises(ValueError, match="grpo.infra_rollouts"):
+        load_recipe("tiny_grpo", ["grpo.infra_rollouts=retry"])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
-from osvl.eval.interval import wilson_interval
+from osvl.eval.interval import bootstrap_interval, wilson_interval
 
 
 @pytest.mark.parametrize(
@@ -33,3 +36,72 @@ def test_edges_symmetry_and_width():
 def test_bad_inputs_raise_value_error(args):
     with pytest.raises(ValueError):
         wilson_interval(*args)
+
+
+def test_bootstrap_of_a_mean_covers_it_and_narrows_with_more_prompts():
+    rng = np.random.default_rng(1)
+    small = (rng.random((3, 32)) < 0.3).astype(float)
+    large = (rng.random((3, 512)) < 0.3).astype(float)
+    a, b = bootstrap_interval((small, None)), bootstrap_interval((large, None))
+    assert a.value == pytest.approx(small.mean()) and a.low < a.value < a.high
+    assert b.high - b.low < (a.high - a.low) / 2  # ~1/sqrt(16) of the width
+    assert bootstrap_interval((small, None)) == a  # seeded: the same report twice
+
+
+def test_bootstrap_of_a_proportion_matches_wilson_for_one_seed():
+    table = np.zeros((1, 200))
+    table[0, :60] = 1.0
+    boot = bootstrap_interval((table, None), resamples=8000)
+    low, high = wilson_interval(60, 200)
+    assert abs(boot.low - low) < 0.015 and abs(boot.high - high) < 0.015
+
+
+def test_seed_variation_widens_the_interval():
+    prompts = np.tile((np.arange(64) % 4 == 0).astype(float), (3, 1))  # every seed the same: only prompt noise
+    shifted = prompts.copy()
+    shifted[0] = 1.0  # one seed much better: seed noise on top
+    calm, noisy = bootstrap_interval((prompts, None)), bootstrap_interval((shifted, None))
+    assert noisy.high - noisy.low > 2 * (calm.high - calm.low)
+
+
+def test_ratio_of_sums_and_an_undefined_ratio():
+    calls = np.array([[2.0, 4.0, 0.0], [1.0, 3.0, 0.0]])
+    answered = np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    assert bootstrap_interval((calls, answered)).value == pytest.approx(10 / 4)
+    nothing = bootstrap_interval((calls, np.zeros_like(calls)))
+    assert math.isnan(nothing.value) and math.isnan(nothing.low)
+
+
+def test_paired_difference_sees_a_shift_the_marginal_intervals_hide():
+    rng = np.random.default_rng(3)
+    hard = rng.random(64)  # prompts differ a lot in difficulty; the two settings share them
+    base = np.tile((hard < 0.5).astype(float), (3, 1))
+    better = np.tile((hard < 0.6).astype(float), (3, 1))
+    diff = bootstrap_interval((better, None), (base, None))
+    assert diff.value == pytest.approx(better.mean() - base.mean()) and diff.excludes_zero()
+    a, b = bootstrap_interval((better, None)), bootstrap_interval((base, None))
+    assert a.low < b.high  # the marginal intervals overlap
+    same = bootstrap_interval((base, None), (base, None))
+    assert same.value == 0.0 and not same.excludes_zero()
+
+
+@pytest.mark.parametrize(("table", "baseline", "message"), [
+    (np.zeros(5), None, r"\[seeds, prompts\]"), (np.zeros((2, 0)), None, r"\[seeds, prompts\]"),
+    (np.full((2, 3), np.nan), None, "finite"), (np.zeros((2, 3)), (np.zeros((2, 4)), None), "same prompts"),
+])
+def test_bootstrap_refuses_bad_tables(table, baseline, message):
+    with pytest.raises(ValueError, match=message):
+        bootstrap_interval((table, None), baseline)
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_interval((np.zeros((1, 2)), None), confidence=1.0)
+
+
+def test_matched_seeds_are_paired_in_a_difference():
+    rng = np.random.default_rng(5)
+    seed_effect = np.array([[0.0], [0.5], [1.0]])  # seeds differ a lot; each seed moves both settings alike
+    base = np.clip(seed_effect + 0.1 * rng.random((3, 64)), 0, None)
+    shifted = base + 0.05
+    paired = bootstrap_interval((shifted, None), (base, None))
+    assert paired.value == pytest.approx(0.05) and paired.high - paired.low < 1e-9  # the seed noise cancels
+    unpaired = bootstrap_interval((shifted, None), (base[:2], None))  # 3 seeds vs 2: drawn independently
+    assert unpaired.high - unpaired.low > 0.1

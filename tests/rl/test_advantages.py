@@ -162,6 +162,29 @@ def test_trajectories_end_to_end_with_offline_judges() -> None:
         trajectory_advantages(batch)
 
 
+def test_kept_outage_rollouts_enter_the_group_and_are_counted() -> None:
+    from osvl.rl.fatal import FatalConfig
+    from osvl.rl.rewards import RewardConfig
+
+    batch = [
+        trajectory(["ok"], answer="1982", group_id=0, sample_index=0),
+        trajectory(["ok", "infra_error", "infra_error", "infra_error"], answer=None, group_id=0, sample_index=1),
+        trajectory(["ok", "infra_error", "ok"], answer="1982", group_id=0, sample_index=2),
+        trajectory(["ok"], answer="1990", group_id=0, sample_index=3),
+    ]
+    paper = RewardConfig(fatal=FatalConfig(errors="all"), infra_rollouts="keep")
+    scored = score_batch(batch, ExactMatchAccuracyJudge(), HeuristicQueryJudge(), paper)
+    result = trajectory_advantages(scored)
+    assert result.drop_reasons == (None,) * 4 and bool(result.in_statistics.all())
+    assert result.loss_fatal_steps.tolist() == [-1, 3, -1, -1]  # the outage's cascade is masked from the breach
+    np.testing.assert_allclose(result.pre_clamp.numpy(), grpo([t.reward.total for t in scored]), rtol=1e-5)
+    stats = batch_stats(result, scored)
+    assert (stats.infra_kept, stats.infra_dropped, stats.fatal) == (2, 0, 1)
+    dropped = batch_stats(trajectory_advantages(score_batch(batch, ExactMatchAccuracyJudge(), HeuristicQueryJudge())),
+                          scored)
+    assert (dropped.infra_kept, dropped.infra_dropped, dropped.scored) == (0, 2, 2)
+
+
 def test_figure5_bookkeeping() -> None:
     # group 0: fatal rollouts at 0.0 and 0.0 fall below the mean; group 1: a fatal one beats it
     rewards = [1.0, 0.0, 0.0, 0.8, 0.9, 0.0, 0.1, None]

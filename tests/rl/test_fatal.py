@@ -10,6 +10,7 @@ from osvl.rl import find_fatal_step
 from osvl.rl.fatal import (
     FatalConfig,
     has_infra_error,
+    infra_excluded,
     is_fatal,
     trajectory_fatal_step,
     valid_prefix,
@@ -178,3 +179,48 @@ def test_infra_error_flags() -> None:
     assert has_infra_error(trajectory([OK, INF, OK]))
     assert has_infra_error(trajectory([OK], finish=FinishReason.INFRA_ERROR))
     assert not has_infra_error(trajectory([OK, E, T]))
+
+
+# --- which errors count: policy errors only, or every tool-execution failure ------------------
+
+# (statuses, k, breach under "all", onset under "all"); under "policy" the same lists follow WORKED_EXAMPLES
+ALL_ERRORS = {
+    "an outage after a good call": ([OK, INF, INF, INF], 3, 3, 1),
+    "outage and policy errors mix": ([OK, E, INF, T, OK], 3, 3, 1),
+    "ok resets an outage": ([INF, INF, OK, INF, INF], 3, -1, -1),
+    "only infra": ([INF, INF, INF, INF], 1, 0, 0),
+    "infra interleaved": ([E, INF, E, INF, INF, T], 3, 2, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_ERRORS))
+def test_all_errors_count_infra_errors(name: str) -> None:
+    statuses, k, breach, onset = ALL_ERRORS[name]
+    assert find_fatal_step(statuses, k=k, errors="all") == breach
+    assert find_fatal_step(statuses, k=k, anchor="onset", errors="all") == onset
+
+
+def test_policy_errors_leave_an_outage_alone() -> None:
+    assert find_fatal_step([OK, INF, INF, INF]) == -1
+    assert find_fatal_step([OK, INF, INF, INF], errors="policy") == -1
+    traj = trajectory([OK, INF, INF, INF], answer=None, finish=FinishReason.FATAL)
+    assert trajectory_fatal_step(traj) == 4  # no response: fatal at its end, nothing masked
+    assert trajectory_fatal_step(traj, FatalConfig(errors="all")) == 3
+
+
+def test_unknown_error_choice_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown fatal errors 'infra'"):
+        FatalConfig(errors="infra")
+    with pytest.raises(ValueError, match="unknown fatal errors"):
+        find_fatal_step([E, E, E], errors="everything")
+
+
+def test_infra_rollouts_decide_what_is_excluded() -> None:
+    outage = trajectory([OK, INF, OK])
+    engine_down = trajectory([OK], finish=FinishReason.INFRA_ERROR)
+    clean = trajectory([OK, E])
+    assert infra_excluded(outage) and infra_excluded(outage, "drop") and not infra_excluded(outage, "keep")
+    assert infra_excluded(engine_down, "keep") and infra_excluded(engine_down, "drop")  # no rollout to learn from
+    assert not infra_excluded(clean, "drop") and not infra_excluded(clean, "keep")
+    with pytest.raises(ValueError, match="unknown infra_rollouts 'retry'"):
+        infra_excluded(clean, "retry")

@@ -188,6 +188,25 @@ def test_infra_error_is_unscored_without_judges() -> None:
     assert out.reward.total is None and out.reward.unscored_reason == "infra_error"
 
 
+def test_kept_outage_rollouts_are_scored_and_the_fatal_rule_decides_their_mask() -> None:
+    acc, query = SpyAccuracy(), SpyQuery()
+    recovered = trajectory(["ok", "infra_error", "ok"], answer="1982")
+    kept = score_trajectory(recovered, acc, query, RewardConfig(infra_rollouts="keep"))
+    assert kept.reward.scored and acc.calls == ["1982"] and kept.fatal_step == -1
+    assert kept.reward.fmt == 1.0  # an outage is not a format error of the policy's
+    outage = trajectory(["ok", "infra_error", "infra_error", "infra_error"], answer=None, finish=FinishReason.FATAL)
+    paper = RewardConfig(fatal=FatalConfig(errors="all"), infra_rollouts="keep")
+    scored = score_trajectory(outage, acc, query, paper)
+    assert scored.fatal_step == 3 and query.calls[-1] == outage.steps[:3]  # the good prefix and two failed calls
+    assert scored.reward.acc == 0.0 and scored.reward.total == pytest.approx(0.2 * 0.5)
+    policy_only = score_trajectory(outage, acc, query, RewardConfig(infra_rollouts="keep"))
+    assert policy_only.fatal_step == 4 and policy_only.reward.scored  # no cascade: fatal at its end (no answer)
+    engine_down = trajectory(["ok"], answer=None, finish=FinishReason.INFRA_ERROR)
+    assert score_trajectory(engine_down, acc, query, paper).reward.unscored_reason == "infra_error"
+    with pytest.raises(ValueError, match="infra_rollouts"):
+        RewardConfig(infra_rollouts="sometimes")
+
+
 def test_unscored_verdict_marks_sample_unscored_not_zero() -> None:
     out = score_trajectory(trajectory(["ok"]), SpyAccuracy(Verdict(None, "timeout")), SpyQuery())
     assert out.reward.total is None and out.reward.acc is None

@@ -100,6 +100,35 @@ def test_recorder_rejects_negative_steps(tmp_path):
         RolloutRecorder(tmp_path).path(-1)
 
 
+@pytest.mark.parametrize(("errors", "infra_rollouts"), [("policy", "drop"), ("policy", "keep"), ("all", "keep")])
+def test_an_outage_is_retried_or_kept_and_counted_as_the_recipe_says(local_engine, env, renderer, errors,
+                                                                     infra_rollouts):
+    from osvl.rl.fatal import FatalConfig
+    from osvl.tools import ToolEnvironment
+    from osvl.trainer.tool_env import FaultInjectingRunner, OutageModel
+
+    down = OutageModel(rate=1.0, start_turns=1, tools=("echo",))  # the echo back-end is down for every rollout
+    outage_env = ToolEnvironment(env.registry, FaultInjectingRunner(env.pool, 0.0, seed=1, outages=down))
+    engine = ReplayEngine(local_engine, scripted([call("echo", tag="x")]))  # keeps calling
+    agent = AgentConfig(max_turns=5, sampling=AGENT.sampling, fatal=FatalConfig(k=3, errors=errors))
+    config = RolloutConfig(group_size=2, max_retries=1, infra_rollouts=infra_rollouts)
+    metrics = RolloutMetrics()
+    [group] = asyncio.run(_collect(prompts(1), engine, outage_env, renderer, agent, config, metrics=metrics))
+    for traj in group.trajectories:
+        assert all(s.tool_result.status.value == "infra_error" for s in traj.steps)
+        assert traj.infra_retries == (1 if infra_rollouts == "drop" else 0)  # a kept outage is data, not retried
+        if errors == "all":  # three consecutive failures abort the rollout at the breach
+            assert traj.finish_reason is FinishReason.FATAL and len(traj.steps) == 3 and traj.fatal_step == 2
+        else:  # the outage never counts: the rollout runs out of turns, fatal at its end
+            assert traj.finish_reason is FinishReason.MAX_TURNS and len(traj.steps) == 5 and traj.fatal_step == 5
+    assert metrics.retries == (2 if infra_rollouts == "drop" else 0)
+
+
+def test_unknown_infra_rollouts_is_refused():
+    with pytest.raises(ValueError, match="infra_rollouts"):
+        RolloutConfig(infra_rollouts="retry")
+
+
 class HeldEngine:
     """Forwards to ``inner``; while ``held``, every request waits (as a long generation would)."""
 

@@ -93,6 +93,25 @@ def test_single_process_hard_mask_drops_fatal(tmp_path, two_rank_run):
     assert m["train_tokens"] < policy_tokens
 
 
+@pytest.mark.parametrize(("errors", "infra_rollouts"), [("policy", "drop"), ("all", "keep")])
+def test_outage_hit_rollouts_are_dropped_or_kept_as_the_recipe_says(tmp_path, two_rank_run, errors, infra_rollouts):
+    root, _ = two_rank_run
+    outage = ["tools.fault_rate=0", "tools.outage_rate=1", "tools.outage_start_turns=1", 'tools.outage_tools=["echo"]',
+              f"grpo.fatal_errors={errors}", f"grpo.infra_rollouts={infra_rollouts}", "grpo.max_steps=1",
+              "checkpoint.export_hf=false"]
+    recipe = load_recipe("tiny_grpo", grpo_overrides(root, tmp_path / "run", *outage))
+    run_grpo(recipe, environment=echo_environment, engine_wrapper=scripted)
+    (m,) = read_metrics(tmp_path / "run")
+    rollouts = RolloutRecorder(tmp_path / "run" / "rollouts").read(1)
+    hit = [t for t in rollouts if any(s.tool_result is not None and s.tool_result.error
+                                      and "back-end" in s.tool_result.error for s in t.steps)]
+    assert hit and m["infra_hit"] == len(hit) and m["tool_calls_mean"] > 0
+    if infra_rollouts == "keep":
+        assert m["infra_kept"] == len(hit) and m["infra_dropped"] == 0 and all(t.reward.scored for t in hit)
+    else:
+        assert m["infra_dropped"] == len(hit) and m["infra_kept"] == 0 and not any(t.reward.scored for t in hit)
+
+
 def test_bad_grpo_inputs_fail_clearly(tmp_path, two_rank_run):
     root, _ = two_rank_run
     recipe = load_recipe("tiny_grpo", grpo_overrides(root, tmp_path / "r", f"data.train_path={tmp_path}/none.jsonl"))

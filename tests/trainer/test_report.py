@@ -1,14 +1,12 @@
-"""``osvl.report`` renders real PNGs from metrics.jsonl; the demo summary and ablation table read runs."""
+"""``osvl.report`` renders real PNGs from metrics.jsonl; the demo summary reads runs."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from osvl.report import main as report_main
 from osvl.report import render
-from osvl.trainer.demo import ablation_rows, ablation_table, summary_lines
+from osvl.trainer.demo import summary_lines
 from osvl.trainer.metrics import MetricsWriter
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -54,14 +52,3 @@ def test_summary_reports_before_and_after_honestly(tmp_path):
     assert "did NOT improve" in down[-2]
 
 
-def test_ablation_table_one_row_per_mode(tmp_path):
-    runs = [fake_run(tmp_path / m, m, [0.1 * i, 0.2 * i, 0.3 * i, 0.4 * i])
-            for i, m in enumerate(("vanilla", "hard_mask", "fatal_mask", "fatal_clamp"), 1)]
-    rows = ablation_rows(runs, width=2)
-    assert [r["mode"] for r in rows] == ["vanilla", "hard_mask", "fatal_mask", "fatal_clamp"]
-    assert rows[3]["accuracy_first"] == pytest.approx(0.6) and rows[3]["accuracy_last"] == pytest.approx(1.4)
-    table = ablation_table(rows)
-    assert table.count("\n") == 5 and "| fatal_clamp | 4 |" in table
-    with pytest.raises(ValueError, match="no recipe.json"):
-        ablation_rows([tmp_path / "nothing"])
-    json.loads((runs[0] / "recipe.json").read_text())

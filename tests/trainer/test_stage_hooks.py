@@ -95,10 +95,11 @@ def test_validation_refuses_a_missing_file_and_the_sft_stage(tmp_path):
 
 def test_summary_means_divide_reward_parts_by_scored_and_the_rest_by_all():
     sums = {"trajectories": 4.0, "scored": 2.0, "accuracy": 1.0, "reward": 1.5, "reward_fmt": 2.0, "answered": 3.0,
-            "grounded": 1.0, "fatal_rate": 2.0, "turns_mean": 8.0}
+            "grounded": 1.0, "fatal_rate": 2.0, "turns_mean": 8.0, "tool_calls": 6.0, "no_tool_answers": 1.0}
     means = summary_means(sums)
     assert means["accuracy"] == 0.5 and means["reward"] == 0.75 and means["answered"] == 0.75
     assert means["turns_mean"] == 2.0 and summary_means(summary_sums([]))["accuracy"] == 0.0
+    assert means["tool_calls"] == 1.5 and means["no_tool_answers"] == 0.25
 
 
 def test_without_faults_unwraps_only_an_injecting_pool(tmp_path):
