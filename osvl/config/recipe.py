@@ -298,7 +298,7 @@ class ToolsConfig:
     workers: int = 4
     call_deadline_s: float = 60.0
     fault_rate: float = 0.0  # injected tool faults, independent per call (demo / tests)
-    # injected back-end outages (osvl.trainer.tool_env.OutageModel): per rollout, with probability
+    # injected back-end outages (osvl.tools.faults.OutageModel): per rollout, with probability
     # outage_rate the back-end of outage_tools fails from a turn drawn uniformly in [0, outage_start_turns)
     # for outage_mean_turns turns on average (geometric; 0 = to the rollout's end): every call to those
     # tools then answers 503 / 429 / a timeout as infra_error

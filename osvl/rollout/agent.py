@@ -14,7 +14,6 @@ runner (the fault injector) can key decisions on which call it is, not on when i
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
 from osvl.data.chat import ChatRenderer
@@ -39,7 +38,7 @@ from osvl.rollout.engine import (
     StopKind,
 )
 from osvl.rollout.reserved import find_unusable, reserved_vision_ids
-from osvl.tools.environment import ToolEnvironment
+from osvl.tools.environment import CallIdentity, ToolEnvironment, current_call
 from osvl.tools.errors import CallParseError, ToolError
 from osvl.tools.registry import parse_tool_call
 from osvl.tools.visual_context import VisualContext
@@ -57,18 +56,6 @@ class AgentConfig:
         if self.max_turns < 1 or self.max_total_tokens < 2:
             raise ValueError(f"max_turns must be >= 1 and max_total_tokens >= 2, got "
                              f"{self.max_turns} and {self.max_total_tokens}")
-
-
-@dataclass(frozen=True)
-class CallIdentity:
-    """Which tool call of a rollout step this is; stable across reruns however calls interleave."""
-
-    group_id: int
-    sample_index: int
-    turn: int
-
-
-current_call: ContextVar[CallIdentity | None] = ContextVar("osvl_current_tool_call", default=None)
 
 
 def _observation_text(result: ToolResult) -> str:

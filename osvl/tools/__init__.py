@@ -13,7 +13,7 @@ from osvl.tools.config import (
     OcrConfig,
     SuperResolutionConfig,
     TextSearchConfig,
-    ToolsConfig,
+    ToolBackendsConfig,
 )
 from osvl.tools.environment import ToolEnvironment
 from osvl.tools.errors import BackendError, CallParseError, InvalidArguments, ToolError
@@ -40,17 +40,17 @@ __all__ = [
     "RemoteToolPool",
     "SuperResolutionConfig",
     "TextSearchConfig",
+    "ToolBackendsConfig",
     "ToolCache",
     "ToolEnvironment",
     "ToolError",
     "ToolLimits",
     "ToolOutput",
-    "ToolProfile",
     "ToolPool",
+    "ToolProfile",
     "ToolRegistry",
     "ToolServer",
     "ToolSpec",
-    "ToolsConfig",
     "VisualContext",
     "builtin_specs",
     "default_registry",

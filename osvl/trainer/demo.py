@@ -80,8 +80,8 @@ def evaluation_rollouts(recipe: Recipe, checkpoint: str, limit: int = 0,
     from osvl.rl.rewards import score_batch
     from osvl.rollout import LocalEngine
     from osvl.trainer.grpo_data import load_prompts, reward_scoring, rollout_configs
-    from osvl.trainer.policy import build_policy, policy_arch
-    from osvl.trainer.tool_env import stage_environment, stage_renderer
+    from osvl.trainer.policy import build_policy, policy_arch, policy_renderer
+    from osvl.trainer.tool_env import stage_environment
     from osvl.trainer.validation import collect_rollouts
 
     pretrained = "" if checkpoint == "init" else checkpoint
@@ -89,7 +89,7 @@ def evaluation_rollouts(recipe: Recipe, checkpoint: str, limit: int = 0,
                                  tools=dataclasses.replace(recipe.tools, fault_rate=0.0, outage_rate=0.0))
     tokenizer = load_tokenizer(recipe.data.tokenizer or pretrained)
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
-    renderer = stage_renderer(recipe, tokenizer, arch)
+    renderer = policy_renderer(recipe, tokenizer, arch)
     prompts = load_prompts(recipe.data)
     prompts = prompts[:limit] if limit else prompts
     engine_model = build_model(arch, init=False)

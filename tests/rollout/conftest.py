@@ -6,14 +6,14 @@ import pytest
 
 from osvl.data.chat import ChatRenderer
 from osvl.rollout.local_engine import LocalEngine
-from osvl.tools import PoolConfig, ToolEnvironment, ToolPool, ToolRegistry, ToolsConfig
+from osvl.tools import PoolConfig, ToolBackendsConfig, ToolEnvironment, ToolPool, ToolRegistry
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 from tests.tools.fault_tools import fault_specs
 
 
 @pytest.fixture(scope="session")
 def tool_pool():
-    with ToolPool(ToolsConfig(), PoolConfig(num_workers=2, max_queue=16, watch_interval_s=0.02)) as pool:
+    with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=2, max_queue=16, watch_interval_s=0.02)) as pool:
         yield pool
 
 
