@@ -62,7 +62,7 @@ test: install vllm-venv
 # SFT data's most frequent answer to the asked attribute) is the floor, and `grounded` counts
 # answers stated word for word by one of the rollout's own tool observations.
 DEMO_DATA := runs/demo/data
-DEMO_EVAL := $(BIN)/python -m osvl.trainer.demo evaluate --recipe tiny_grpo --set model.preset=small \
+DEMO_EVAL := $(BIN)/python -m osvl.demo evaluate --recipe tiny_grpo --set model.preset=small \
 	--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --set rollout.max_in_flight=32
 demo: install
 	rm -rf runs/demo runs/tiny_sft runs/tiny_grpo
@@ -74,8 +74,8 @@ demo: install
 	head -n 48 $(DEMO_DATA)/rl_short/all.jsonl > $(DEMO_DATA)/rl_short/prompts.jsonl  # GRPO's 12 steps x 4 prompts
 	tail -n 64 $(DEMO_DATA)/rl_short/all.jsonl > $(DEMO_DATA)/rl_short/eval.jsonl
 	cat $(DEMO_DATA)/sft/trajectories.jsonl $(DEMO_DATA)/sft/drills.jsonl > $(DEMO_DATA)/sft/with_drills.jsonl
-	$(BIN)/python -m osvl.trainer.demo tokenizer --data $(DEMO_DATA) --vocab-size 1024 --max-digits 2
-	$(BIN)/python -m osvl.trainer.demo prior --recipe tiny_grpo --sft $(DEMO_DATA)/sft/with_drills.jsonl \
+	$(BIN)/python -m osvl.demo tokenizer --data $(DEMO_DATA) --vocab-size 1024 --max-digits 2
+	$(BIN)/python -m osvl.demo prior --recipe tiny_grpo --sft $(DEMO_DATA)/sft/with_drills.jsonl \
 		--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --out runs/demo/eval/prior.json
 	$(DEMO_EVAL) --checkpoint init --out runs/demo/eval/init.json
 	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_sft --set model.preset=small --set metrics.tensorboard=false
@@ -84,7 +84,7 @@ demo: install
 	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --out runs/demo/eval/grpo.json
 	$(BIN)/python -m osvl.report runs/tiny_sft > /dev/null
 	$(BIN)/python -m osvl.report runs/tiny_grpo > /dev/null
-	$(BIN)/python -m osvl.trainer.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 2 \
+	$(BIN)/python -m osvl.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 2 \
 		--evals init=runs/demo/eval/init.json sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json \
 		--prior runs/demo/eval/prior.json
 
