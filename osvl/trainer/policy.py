@@ -32,9 +32,8 @@ from osvl.trainer.tool_env import recipe_profile
 
 # CPU presets: (hidden, heads, kv heads, head_dim, intermediate); two layers each.
 # tiny: unit and end-to-end tests (GQA, MoE). small: make demo, whose policy starts from random
-# weights and must copy the names and numbers it reads into its next query and its answer: at
-# width 64 it garbled most names; at width 128 about half of its queries name an entity its tools
-# returned, and it copies some numbers.
+# weights and must copy the names and numbers it reads into its next query and its answer, which
+# needs the wider model (docs/demo.md).
 CPU_SIZES = {"tiny": (64, 4, 2, 16, 128), "tiny_moe": (64, 4, 2, 16, 128), "small": (128, 4, 4, 32, 256)}
 
 
