@@ -3,6 +3,10 @@
 ``ToolEnvironment.execute`` turns one model action into a typed ``ToolResult``; images are
 addressed by index into the trajectory's ``VisualContext``; ``tool_schemas()`` is what the
 prompt renders.
+
+The HTTP tool server and its client live in :mod:`osvl.tools.server` (``RemoteToolPool``,
+``ToolServer``), imported from there: the package does not import its own ``__main__`` module, so
+``python -m osvl.tools.server`` runs it once, without runpy's warning.
 """
 
 from osvl.tools.cache import CacheStats, ToolCache
@@ -21,7 +25,6 @@ from osvl.tools.limits import ToolLimits
 from osvl.tools.pool import Job, PoolBusy, PoolClosed, PoolConfig, PoolStats, ToolPool
 from osvl.tools.profiles import ToolProfile, tool_profile
 from osvl.tools.registry import ToolOutput, ToolRegistry, ToolSpec, parse_tool_call
-from osvl.tools.server import RemoteToolPool, ToolServer
 from osvl.tools.visual_context import VisualContext
 
 __all__ = [
@@ -37,7 +40,6 @@ __all__ = [
     "PoolClosed",
     "PoolConfig",
     "PoolStats",
-    "RemoteToolPool",
     "SuperResolutionConfig",
     "TextSearchConfig",
     "ToolBackendsConfig",
@@ -49,7 +51,6 @@ __all__ = [
     "ToolPool",
     "ToolProfile",
     "ToolRegistry",
-    "ToolServer",
     "ToolSpec",
     "VisualContext",
     "builtin_specs",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,5 +57,6 @@ def world_environment(world: str | os.PathLike[str] | World, pool: PoolConfig | 
     environment across many episodes)."""
     config = config or world_tools_config(world, index_path, limits)
     registry = default_registry(config.limits)
-    with ToolPool(config, pool or PoolConfig(num_workers=2, preload=registry.targets())) as tool_pool:
+    pool = pool or PoolConfig(num_workers=2)
+    with ToolPool(config, replace(pool, preload=pool.preload or registry.targets())) as tool_pool:
         yield ToolEnvironment(registry, tool_pool)

@@ -112,8 +112,9 @@ def test_scripted_agent_through_the_real_loop_scores_exactly(checkpoint, held_ou
                           script)
     tools = ToolBackendsConfig(text_search=TextSearchConfig(corpus_path=str(world_dir / "corpus.jsonl")),
                         image_search=ImageSearchConfig(collection_path=str(world_dir / "images.jsonl")))
-    with ToolPool(tools, PoolConfig(num_workers=1)) as pool:
-        env = ToolEnvironment(default_registry(tools.limits), pool)
+    registry = default_registry(tools.limits)
+    with ToolPool(tools, PoolConfig(num_workers=1, preload=registry.targets())) as pool:
+        env = ToolEnvironment(registry, pool)
         renderer = ChatRenderer(tokenizer, IMAGE_CONFIG, env.registry.tool_schemas(),
                                 system_prompt("agent_system.v1.txt"))
         answerer = AgenticAnswerer(engine, renderer, env,

@@ -12,14 +12,21 @@ from tests.tools.fault_tools import fault_specs
 
 
 @pytest.fixture(scope="session")
-def tool_pool():
-    with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=2, max_queue=16, watch_interval_s=0.02)) as pool:
+def registry():
+    return ToolRegistry(fault_specs())
+
+
+@pytest.fixture(scope="session")
+def tool_pool(registry):
+    """Workers that import the fault tools before they are ready, as the stages' pools do."""
+    config = PoolConfig(num_workers=2, max_queue=16, watch_interval_s=0.02, preload=registry.targets())
+    with ToolPool(ToolBackendsConfig(), config) as pool:
         yield pool
 
 
 @pytest.fixture(scope="session")
-def env(tool_pool):
-    return ToolEnvironment(ToolRegistry(fault_specs()), tool_pool)
+def env(registry, tool_pool):
+    return ToolEnvironment(registry, tool_pool)
 
 
 @pytest.fixture(scope="session")

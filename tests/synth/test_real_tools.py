@@ -156,3 +156,9 @@ def test_curation_can_synthesize_with_the_real_tool_pool(world, curated, tmp_pat
     assert (out / "cache" / "corpus.fts5.sqlite").is_file()  # the index is built beside the output, not in the world
     with pytest.raises(ValueError, match="tool_workers"):
         CurationConfig(tool_workers=0)
+
+
+def test_the_world_pool_preloads_every_tool_even_when_given_a_pool_config(real_tools):
+    """A caller's PoolConfig (here one worker, no preload) still gets every tool imported before a call."""
+    env = real_tools.env
+    assert env.pool.config.num_workers == 1 and env.pool.config.preload == env.registry.targets()

@@ -120,5 +120,7 @@ def gated_script_for(tok):
 
 @contextmanager
 def echo_environment(recipe, rank):
-    with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=1, max_queue=16, watch_interval_s=0.02)) as pool:
-        yield with_faults(ToolEnvironment(ToolRegistry(fault_specs()), pool), recipe, rank)
+    registry = ToolRegistry(fault_specs())
+    config = PoolConfig(num_workers=1, max_queue=16, watch_interval_s=0.02, preload=registry.targets())
+    with ToolPool(ToolBackendsConfig(), config) as pool:
+        yield with_faults(ToolEnvironment(registry, pool), recipe, rank)
