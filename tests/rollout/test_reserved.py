@@ -126,7 +126,7 @@ def test_image_pad_mid_batch_ends_one_trajectory_typed_and_the_trainer_can_pack_
     by_key = {(g.prompt.id, t.sample_index): t for g in groups for t in g.trajectories}
     bad = by_key.pop(("p1", 1))
     assert all(t.finish_reason is FinishReason.RESPONSE for t in by_key.values())
-    assert bad.finish_reason is FinishReason.FATAL and bad.fatal_step == 2
+    assert bad.finish_reason is FinishReason.MALFORMED and bad.fatal_step == 2  # no response: fatal at its end
     assert bad.statuses == [ToolStatus.OK, ToolStatus.PARSE_ERROR]
     step = bad.steps[1]
     assert step.token_ids == prefix and step.logprobs == [-0.25] * len(prefix) and step.response is None
