@@ -354,7 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tool_environment(args) as env:
             turn = system_turn(args.mode, model_dir, args.system_prompt, env.tool_schemas() if env is not None else [])
             answerer = build_answerer(args, engine, model_dir, env, turn)
-            evaluator = Evaluator(answerer, judge, out, EvalRunConfig(args.concurrency, args.judge_concurrency, args.seed))
+            run_config = EvalRunConfig(args.concurrency, args.judge_concurrency, args.seed)
+            evaluator = Evaluator(answerer, judge, out, run_config)
             stats = asyncio.run(evaluator.run([item for r, _ in reports for item in r.items]))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -170,8 +170,9 @@ async def _sample(prompt: Prompt, group_id: int, index: int, step: int, engine: 
 
 
 async def run_group(prompt: Prompt, group_id: int, engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
-                    agent: AgentConfig, config: RolloutWorkerConfig, *, step: int = 0, slots: asyncio.Semaphore | None = None,
-                    metrics: RolloutMetrics | None = None, preemption: Preemption | None = None) -> Group:
+                    agent: AgentConfig, config: RolloutWorkerConfig, *, step: int = 0,
+                    slots: asyncio.Semaphore | None = None, metrics: RolloutMetrics | None = None,
+                    preemption: Preemption | None = None) -> Group:
     """All G samples of one prompt, each final (retried or kept as an ``infra_error`` record).
 
     ``slots`` bounds trajectories in flight across the groups that share it; ``metrics`` receives

@@ -116,7 +116,7 @@ class FaultInjectingRunner:
         call = current_call.get()
         if call is None:
             raise ValueError("fault injection needs the identity of the tool call: run calls through the agent loop "
-                             "(osvl.rollout.run_trajectory) or set osvl.rollout.agent.current_call")
+                             "(osvl.rollout.run_trajectory) or set osvl.tools.environment.current_call")
         return call
 
     def _maybe_fault(self, result: ToolResult, call: CallIdentity) -> ToolResult:

@@ -43,7 +43,8 @@ def world_tools_config(world: str | os.PathLike[str] | World, index_path: str | 
                              f"`python -m osvl.world build --out {root}`")
     return ToolBackendsConfig(
         limits=limits or ToolLimits(),
-        text_search=TextSearchConfig(corpus_path=str(corpus), index_path=None if index_path is None else str(index_path)),
+        text_search=TextSearchConfig(corpus_path=str(corpus),
+                                     index_path=None if index_path is None else str(index_path)),
         image_search=ImageSearchConfig(collection_path=str(collection)),
     )
 

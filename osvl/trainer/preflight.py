@@ -1,7 +1,8 @@
 """The GRPO stage's checks before step 1, each failure a clear error naming the key or the URL.
 
 What the recipe alone decides is :meth:`osvl.config.Recipe.check_stage`, which the stage and
-``python -m osvl.train --dry-run`` both run. ``preflight`` here: every service the stage will use, after the engines took the trainer's weights:
+``python -m osvl.train --dry-run`` both run. ``preflight`` here: every service the stage will use,
+after the engines took the trainer's weights:
 
 - each SGLang server answers ``/get_model_info`` as a generation model and, when the trainer can
   read its model directory (shared storage), serves the trainer's architecture and vocabulary;

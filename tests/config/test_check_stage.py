@@ -42,7 +42,8 @@ def test_kl_and_the_data_parallel_split():
 
 
 def test_an_sft_recipe_is_not_held_to_the_grpo_stage():
-    Recipe(job=JobConfig(stage="sft"), tools=ToolsConfig(backend="offline"), grpo=GRPOConfig(kl_coef=0.1)).check_stage(3)
+    sft = Recipe(job=JobConfig(stage="sft"), tools=ToolsConfig(backend="offline"), grpo=GRPOConfig(kl_coef=0.1))
+    sft.check_stage(3)
 
 
 def test_url_checks_stay_field_level():

@@ -120,7 +120,8 @@ def test_scripted_agent_through_the_real_loop_scores_exactly(checkpoint, held_ou
         answerer = AgenticAnswerer(engine, renderer, env,
                                    AgentConfig(max_turns=3, max_total_tokens=8192,
                                                sampling=SamplingParams(temperature=0.0, max_new_tokens=64)))
-        stats = asyncio.run(Evaluator(answerer, NormalizedMatchJudge(), tmp_path, EvalRunConfig(concurrency=2)).run(items))
+        evaluator = Evaluator(answerer, NormalizedMatchJudge(), tmp_path, EvalRunConfig(concurrency=2))
+        stats = asyncio.run(evaluator.run(items))
     assert stats.generated == N and stats.max_in_flight <= 2
     records, _ = read_records(tmp_path / "records.jsonl")
     scores = {r["id"]: r["verdict"]["score"] for r in records.values()}

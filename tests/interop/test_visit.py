@@ -45,8 +45,9 @@ def test_online_visit_goes_through_jina_reader(monkeypatch):
 
     client = httpx.Client(transport=httpx.MockTransport(reader))
     monkeypatch.setattr(http_client, "shared_client", lambda timeout_s: client)
-    config = ToolBackendsConfig(text_search=TextSearchConfig(backend="online", serper_key="k", summarizer_url="http://s/v1",
-                                                      jina_url="http://reader.test/", jina_key="jk"))
+    online = TextSearchConfig(backend="online", serper_key="k", summarizer_url="http://s/v1",
+                              jina_url="http://reader.test/", jina_key="jk")
+    config = ToolBackendsConfig(text_search=online)
     out = visit_tool({"url": "https://example.org/kessock", "goal": ""}, [], config)
     assert "opened in 1982" in out.text
     assert seen == [("http://reader.test/https://example.org/kessock", "Bearer jk")]

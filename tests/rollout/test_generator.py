@@ -221,7 +221,8 @@ def test_restart_mode_rolls_the_trajectories_in_flight_out_again_on_the_new_weig
 
     async def rollout(ticket, preemption):
         group = await run_group(prompts(1)[0], ticket.position, engine, env, renderer, agent,
-                                RolloutWorkerConfig(group_size=2), step=ticket.batch, metrics=metrics, preemption=preemption)
+                                RolloutWorkerConfig(group_size=2), step=ticket.batch, metrics=metrics,
+                                preemption=preemption)
         return group.trajectories
 
     with EventLoopThread() as loop:

@@ -37,7 +37,8 @@ AGENT = AgentConfig(max_turns=3, sampling=SamplingParams(temperature=1.0, max_ne
 
 
 async def _groups(engine, env, renderer, n=3, g=2):
-    out = [grp async for grp in stream_groups(prompts(n), engine, env, renderer, AGENT, RolloutWorkerConfig(group_size=g))]
+    config = RolloutWorkerConfig(group_size=g)
+    out = [grp async for grp in stream_groups(prompts(n), engine, env, renderer, AGENT, config)]
     await engine.aclose()
     return out
 

@@ -158,7 +158,8 @@ def test_a_weight_update_restarts_the_samples_in_flight_on_the_new_weights(env, 
     async def main():
         preemption, metrics = Preemption(), RolloutMetrics()
         group = asyncio.ensure_future(run_group(prompts(1)[0], 0, engine, env, renderer, AGENT,
-                                                RolloutWorkerConfig(group_size=3), metrics=metrics, preemption=preemption))
+                                                RolloutWorkerConfig(group_size=3), metrics=metrics,
+                                                preemption=preemption))
         while engine.calls < 3:  # every sample is generating on the old weights
             await asyncio.sleep(0.01)
         preemption.begin()
