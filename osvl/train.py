@@ -31,10 +31,10 @@ def dry_run(recipe: Recipe, preflight: bool = False) -> list[str]:
 
     lines = [f"recipe {recipe.job.name}: stage {recipe.job.stage}, model {recipe.model.preset}, "
              f"parallel {recipe.parallel}"]
+    recipe.check_stage(recipe.data_parallel_size(recipe.job.world_size or 1))
     if recipe.job.stage == "grpo":
-        from osvl.trainer.preflight import check_grpo_recipe, dry_run_lines
+        from osvl.trainer.preflight import dry_run_lines
 
-        check_grpo_recipe(recipe, recipe.data_parallel_size(recipe.job.world_size or 1))
         lines += dry_run_lines(recipe)
     if recipe.job.world_size:
         lines += _memory_plan(recipe)
@@ -107,13 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     if recipe.job.world_size and recipe.job.world_size != world:
         parser.error(f"recipe {recipe.job.name} targets job.world_size={recipe.job.world_size} but "
                      f"{world} processes were started (use --set job.world_size={world} to run it smaller)")
-    if recipe.job.stage == "grpo":
-        from osvl.trainer.preflight import check_grpo_recipe
-
-        try:
-            check_grpo_recipe(recipe, recipe.data_parallel_size(world))
-        except ValueError as error:
-            parser.error(str(error))
+    try:
+        recipe.check_stage(recipe.data_parallel_size(world))
+    except ValueError as error:
+        parser.error(str(error))
     return _train(recipe, rank, world)
 
 

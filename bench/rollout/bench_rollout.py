@@ -33,9 +33,9 @@ from osvl.rl.trajectory import Prompt, ToolResult, ToolStatus
 from osvl.rollout import (
     AgentConfig,
     LocalEngine,
-    RolloutConfig,
     RolloutMetrics,
     RolloutSetup,
+    RolloutWorkerConfig,
     RolloutWorkerPool,
     SamplingParams,
     WorkerPoolConfig,
@@ -77,7 +77,7 @@ def build_setup(group_size: int, max_new_tokens: int, threads: int, prefix_cache
         engine=LocalEngine(model, tok, IMAGE_CONFIG, max_batch=16, prefix_cache_tokens=prefix_cache_tokens), env=env,
         renderer=ChatRenderer(tok, IMAGE_CONFIG, []),
         agent=AgentConfig(max_turns=4, sampling=SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)),
-        rollout=RolloutConfig(group_size=group_size, max_in_flight=64, max_retries=0))
+        rollout=RolloutWorkerConfig(group_size=group_size, max_in_flight=64, max_retries=0))
 
 
 def make_prompts(n: int) -> list[Prompt]:

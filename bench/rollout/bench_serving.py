@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from bench.kernels.report import git_info
-from bench.rollout.bench_rollout import CORPUS, IMAGE_CONFIG, make_prompts, median_run, summarize
+from bench.rollout.bench_rollout import CORPUS, IMAGE_CONFIG, NoTools, make_prompts, median_run, summarize
 from osvl.data.chat import ChatRenderer
 from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.data.tokenizer import train_bpe_tokenizer
@@ -38,8 +38,8 @@ from osvl.model.presets import preset
 from osvl.rollout import (
     AgentConfig,
     LocalEngine,
-    RolloutConfig,
     RolloutMetrics,
+    RolloutWorkerConfig,
     SamplingParams,
     SGLangConfig,
     SGLangEngine,
@@ -47,7 +47,6 @@ from osvl.rollout import (
 )
 from osvl.rollout.weight_sync import DiskSync, DistributedSync
 from osvl.tools import ToolEnvironment, ToolRegistry
-from bench.rollout.bench_rollout import NoTools
 
 SCHEMA = "osvl.bench.serving/1"
 REPO = Path(__file__).resolve().parents[2]
@@ -94,7 +93,7 @@ def throughput(args, tok, directory: Path) -> dict:
     prompts = make_prompts(args.prompts)
     renderer = ChatRenderer(tok, IMAGE_CONFIG, [])
     agent = AgentConfig(max_turns=4, sampling=SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens))
-    rollout = RolloutConfig(group_size=args.group_size, max_in_flight=64, max_retries=0)
+    rollout = RolloutWorkerConfig(group_size=args.group_size, max_in_flight=64, max_retries=0)
     env = ToolEnvironment(ToolRegistry([]), NoTools())
     local = LocalEngine(model, tok, IMAGE_CONFIG, max_batch=16)
     process, url = start_server(path, directory, 16)

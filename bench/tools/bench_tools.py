@@ -36,7 +36,7 @@ if __package__ in (None, ""):
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
-from osvl.tools import ImageSearchConfig, Job, PoolConfig, TextSearchConfig, ToolPool, ToolsConfig  # noqa: E402
+from osvl.tools import ImageSearchConfig, Job, PoolConfig, TextSearchConfig, ToolBackendsConfig, ToolPool  # noqa: E402
 from osvl.tools.catalog import default_registry  # noqa: E402
 from osvl.tools.image_io import encode_png  # noqa: E402
 from osvl.tools.worker import run_job  # noqa: E402
@@ -103,7 +103,7 @@ def skewed(image: np.ndarray) -> np.ndarray:
     )
 
 
-def build_world(folder: Path, documents: int) -> ToolsConfig:
+def build_world(folder: Path, documents: int) -> ToolBackendsConfig:
     rng = np.random.default_rng(0)
     words = [f"w{i}" for i in range(5000)]
     with open(folder / "corpus.jsonl", "w", encoding="utf-8") as handle:
@@ -114,7 +114,7 @@ def build_world(folder: Path, documents: int) -> ToolsConfig:
         for i in range(20):
             (folder / f"{i}.png").write_bytes(encode_png(scene(i)))
             handle.write(json.dumps({"image": f"{i}.png", "title": f"Entity {i}", "page_id": str(i)}) + "\n")
-    return ToolsConfig(
+    return ToolBackendsConfig(
         text_search=TextSearchConfig(corpus_path=str(folder / "corpus.jsonl")),
         image_search=ImageSearchConfig(collection_path=str(folder / "collection.jsonl")),
     )
@@ -156,7 +156,7 @@ def summarise(
     )
 
 
-def bench_inprocess(tool: str, arguments: dict, images: list, config: ToolsConfig, calls: int) -> CaseResult:
+def bench_inprocess(tool: str, arguments: dict, images: list, config: ToolBackendsConfig, calls: int) -> CaseResult:
     target = default_registry().get(tool).target
     arguments = default_registry().parse({"name": tool, "arguments": arguments}).arguments  # defaults filled
     status, _, _, error = run_job(target, arguments, images, config)  # warm-up: model loading is not per call

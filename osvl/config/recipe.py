@@ -1,7 +1,8 @@
 """Typed recipe: one frozen config per component (torchtitan style), validated on construction.
 
 Field-level checks live in ``__post_init__`` and raise ``ValueError`` naming the field; the loader
-prefixes the section path (``grpo.eps_high: ...``). Cross-component checks are in ``Recipe``.
+prefixes the section path (``grpo.eps_high: ...``). Cross-component checks are in ``Recipe``; what a
+stage refuses given the ranks it runs on is ``Recipe.check_stage``.
 """
 
 from __future__ import annotations
@@ -298,7 +299,7 @@ class ToolsConfig:
     workers: int = 4
     call_deadline_s: float = 60.0
     fault_rate: float = 0.0  # injected tool faults, independent per call (demo / tests)
-    # injected back-end outages (osvl.trainer.tool_env.OutageModel): per rollout, with probability
+    # injected back-end outages (osvl.tools.faults.OutageModel): per rollout, with probability
     # outage_rate the back-end of outage_tools fails from a turn drawn uniformly in [0, outage_start_turns)
     # for outage_mean_turns turns on average (geometric; 0 = to the rollout's end): every call to those
     # tools then answers 503 / 429 / a timeout as infra_error
@@ -427,6 +428,36 @@ class Recipe:
         if self.job.stage == "sft" and w and self.sft.global_batch % self.data_parallel_size(w):
             raise ValueError(f"sft.global_batch {self.sft.global_batch} must be a multiple of the "
                              f"data-parallel size {self.data_parallel_size(w)}")
+
+    def check_stage(self, dp_size: int) -> None:
+        """What this recipe's stage refuses before it starts, given the data-parallel size it runs on:
+        settings valid one by one that the stage cannot run together. The stage and ``--dry-run``
+        call it, so both refuse the same recipes with the same message; checks of live services
+        (servers, judges, sandboxes) are the stage's pre-flight."""
+        if self.job.stage == "grpo":
+            self._check_grpo(dp_size)
+
+    def _check_grpo(self, dp_size: int) -> None:
+        g, t, r = self.grpo, self.tools, self.rollout
+        if g.kl_coef:
+            raise ValueError("grpo.kl_coef > 0 needs a reference policy, which the grpo stage does not keep (the "
+                             "paper uses no KL loss)")
+        if g.mini_batch_prompts % dp_size:
+            raise ValueError(f"grpo.mini_batch_prompts {g.mini_batch_prompts} must be a multiple of the "
+                             f"data-parallel size {dp_size}")
+        if not t.servers and t.backend == "online" and not t.config_file:
+            raise ValueError("tools.backend = 'online' needs tools.config_file (the online back-ends, keys named by "
+                             "*_key_env fields) or tools.servers (tool servers that hold them)")
+        if r.engine == "local" and self.model.preset in PAPER_PRESETS:
+            raise ValueError(f"rollout.engine = 'local' keeps an unsharded generation copy of the policy in every "
+                             f"trainer rank, the CPU form only; serve {self.model.preset} with rollout.engine = "
+                             f"'sglang' (python -m osvl.serve --recipe ... prints the servers' commands)")
+        if r.engine == "vllm" and r.deterministic:
+            raise ValueError("rollout.deterministic: osvl cannot check or switch on batch-invariant inference in a "
+                             "vLLM server; use rollout.engine = 'sglang' (--enable-deterministic-inference) or 'local'")
+        if not t.servers and t.backend == "offline" and not t.world_dir:
+            raise ValueError("tools.world_dir must name a world directory for the offline backends (or set "
+                             "tools.servers)")
 
     def data_parallel_size(self, world_size: int) -> int:
         return self.parallel.resolved_dp_shard(world_size) * self.parallel.dp_replicate

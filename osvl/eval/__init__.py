@@ -26,7 +26,7 @@ from osvl.eval.modes import (
     RagAnswerer,
     extract_answer,
 )
-from osvl.eval.runner import Evaluator, RunConfig, RunStats, read_records
+from osvl.eval.runner import EvalRunConfig, Evaluator, RunStats, read_records
 from osvl.eval.summary import (
     BenchmarkSummary,
     cost_table,
@@ -35,7 +35,7 @@ from osvl.eval.summary import (
     summarize_benchmark,
 )
 from osvl.eval.tools import (
-    ProfiledEnvironment,
+    EvalToolEnvironment,
     check_offline_paths,
     read_tools_file,
     resolve_sections,
@@ -44,8 +44,8 @@ from osvl.eval.tools import (
 
 __all__ = [
     "FORMATS", "MODES", "AgenticAnswerer", "AnswerJudge", "Answerer", "Attempt", "BenchmarkFormat",
-    "BenchmarkSummary", "DirectAnswerer", "EquivalenceJudge", "EvalItem", "Evaluator", "LoadReport", "ModelDir",
-    "NormalizedMatchJudge", "ProfiledEnvironment", "RagAnswerer", "Rejected", "RunConfig", "RunStats",
+    "BenchmarkSummary", "DirectAnswerer", "EquivalenceJudge", "EvalItem", "EvalRunConfig", "EvalToolEnvironment",
+    "Evaluator", "LoadReport", "ModelDir", "NormalizedMatchJudge", "RagAnswerer", "Rejected", "RunStats",
     "check_offline_paths", "convert", "cost_table", "extract_answer", "get_format", "load_benchmark",
     "load_model_dir", "load_prompt", "paper_table", "pass_table", "read_image_ref", "read_records",
     "read_tools_file", "resolve_sections", "summarize_benchmark", "to_prompt", "tool_sections",

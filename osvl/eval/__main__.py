@@ -59,16 +59,16 @@ from osvl.eval.modes import (
     RagAnswerer,
     system_prompt,
 )
-from osvl.eval.runner import RECORDS, Evaluator, RunConfig, read_records
+from osvl.eval.runner import RECORDS, EvalRunConfig, Evaluator, read_records
 from osvl.eval.summary import cost_table, pass_table, summarize_benchmark, summary_dict
 from osvl.eval.tools import (
     FLAG_FIELDS,
-    ProfiledEnvironment,
+    EvalToolEnvironment,
     check_offline_paths,
     resolve_sections,
     tool_sections,
 )
-from osvl.tools.config import ToolsConfig
+from osvl.tools.config import ToolBackendsConfig
 from osvl.tools.profiles import PROFILES, tool_profile
 
 SHIPPED_PROMPTS = {"direct": "direct_system.v1.txt", "rag": "direct_system.v1.txt", "agentic": "agent_system.v1.txt"}
@@ -177,7 +177,7 @@ def build_judge(args: argparse.Namespace) -> AnswerJudge:
     return EquivalenceJudge(ChatCompletionsClient(config), args.judge_prompt)
 
 
-def tools_config(args: argparse.Namespace) -> ToolsConfig:
+def tools_config(args: argparse.Namespace) -> ToolBackendsConfig:
     """The validated tool back-ends of the run: ``--tools`` file, flags on top, ``--world`` defaults."""
     config = resolve_sections(tool_sections(args.tools, {dest: getattr(args, dest) for dest in FLAG_FIELDS},
                                             args.world))
@@ -186,7 +186,7 @@ def tools_config(args: argparse.Namespace) -> ToolsConfig:
 
 
 @contextlib.contextmanager
-def tool_environment(args: argparse.Namespace) -> Iterator[ProfiledEnvironment | None]:
+def tool_environment(args: argparse.Namespace) -> Iterator[EvalToolEnvironment | None]:
     """Worker pool over the configured back-ends, seen through the ``--tool-profile`` schema."""
     if args.mode == "direct":
         yield None
@@ -204,7 +204,7 @@ def tool_environment(args: argparse.Namespace) -> Iterator[ProfiledEnvironment |
     profile = tool_profile(args.tool_profile, config.limits, python_interpreter=args.python_interpreter,
                            sandbox=sandbox)
     with ToolPool(config, PoolConfig(num_workers=2, preload=profile.registry.targets())) as pool:
-        yield ProfiledEnvironment(ToolEnvironment(profile.registry, pool), profile)
+        yield EvalToolEnvironment(ToolEnvironment(profile.registry, pool), profile)
 
 
 def read_system_prompt(path: str | None) -> str | None:
@@ -267,7 +267,7 @@ def resolve_tool_profile(requested: str | None, model_dir: ModelDir, python_inte
     return matching[0]
 
 
-def build_answerer(args: argparse.Namespace, engine, model_dir: ModelDir, env: ProfiledEnvironment | None,
+def build_answerer(args: argparse.Namespace, engine, model_dir: ModelDir, env: EvalToolEnvironment | None,
                    turn: SystemTurn | None = None) -> Answerer:
     from osvl.data.chat import ChatRenderer
     from osvl.rollout.agent import AgentConfig
@@ -341,7 +341,7 @@ def write_summary(out: Path, reports: Sequence[tuple[LoadReport, BenchmarkFormat
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        RunConfig(args.concurrency, args.judge_concurrency, args.seed)
+        EvalRunConfig(args.concurrency, args.judge_concurrency, args.seed)
         reports = load_all(args)
         judge = build_judge(args)
         if args.mode != "direct":
@@ -354,7 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tool_environment(args) as env:
             turn = system_turn(args.mode, model_dir, args.system_prompt, env.tool_schemas() if env is not None else [])
             answerer = build_answerer(args, engine, model_dir, env, turn)
-            evaluator = Evaluator(answerer, judge, out, RunConfig(args.concurrency, args.judge_concurrency, args.seed))
+            run_config = EvalRunConfig(args.concurrency, args.judge_concurrency, args.seed)
+            evaluator = Evaluator(answerer, judge, out, run_config)
             stats = asyncio.run(evaluator.run([item for r, _ in reports for item in r.items]))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -34,7 +34,7 @@ STATUSES = ("judged", "unjudged", "infra_error", "bad_input")
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class EvalRunConfig:
     concurrency: int = 4  # items in flight (generation and tools)
     judge_concurrency: int = 8  # judge requests in flight
     seed: int = 0
@@ -87,7 +87,7 @@ class Evaluator:
     """Holds the answerer, the judge and the output directory for one run."""
 
     def __init__(self, answerer: Answerer, judge: AnswerJudge, out_dir: str | os.PathLike[str],
-                 config: RunConfig = RunConfig()) -> None:
+                 config: EvalRunConfig = EvalRunConfig()) -> None:
         self.answerer, self.judge, self.config = answerer, judge, config
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """The tool back-ends an evaluation runs against, and the tool schema the checkpoint sees.
 
-``--tools FILE.toml`` has one table per :class:`osvl.tools.ToolsConfig` section (``limits``,
+``--tools FILE.toml`` has one table per :class:`osvl.tools.ToolBackendsConfig` section (``limits``,
 ``http``, ``super_resolution``, ``ocr``, ``text_search``, ``image_search``) with that section's
 field names. Secrets never appear in the file or on the command line: a field ``X_key`` or
 ``X_token`` is given as ``X_key_env = "VARIABLE"`` and read from the environment here, so configs
@@ -8,7 +8,7 @@ can be committed and shell history stays clean. Flags override the file; ``--wor
 the offline corpus and image collection when the file does not name them.
 
 A released checkpoint was trained on the release's tool names (``--tool-profile release``): its
-calls are translated to osvl's tools by :class:`ProfiledEnvironment` and results are presented
+calls are translated to osvl's tools by :class:`EvalToolEnvironment` and results are presented
 back in its own image-reference style.
 """
 
@@ -29,7 +29,7 @@ from osvl.tools.config import (
     OcrConfig,
     SuperResolutionConfig,
     TextSearchConfig,
-    ToolsConfig,
+    ToolBackendsConfig,
 )
 from osvl.tools.environment import ToolEnvironment
 from osvl.tools.limits import ToolLimits
@@ -65,8 +65,8 @@ def read_tools_file(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
 
 
 def resolve_sections(sections: Mapping[str, Mapping[str, Any]],
-                     environ: Mapping[str, str] | None = None) -> ToolsConfig:
-    """``{section: {field: value}}`` (``X_key_env`` naming variables) -> a validated ToolsConfig."""
+                     environ: Mapping[str, str] | None = None) -> ToolBackendsConfig:
+    """``{section: {field: value}}`` (``X_key_env`` naming variables) -> a validated ToolBackendsConfig."""
     environ = os.environ if environ is None else environ
     built: dict[str, Any] = {}
     for name, values in sections.items():
@@ -94,10 +94,10 @@ def resolve_sections(sections: Mapping[str, Mapping[str, Any]],
             built[name] = SECTIONS[name](**kwargs)
         except TypeError as error:
             raise ValueError(f"[{name}] {error}") from None
-    return ToolsConfig(**built)
+    return ToolBackendsConfig(**built)
 
 
-def check_offline_paths(config: ToolsConfig) -> None:
+def check_offline_paths(config: ToolBackendsConfig) -> None:
     """An offline search back-end without its data would fail every call; say so before the run."""
     for section, path, what in (("text_search", config.text_search.corpus_path, "corpus_path (corpus.jsonl)"),
                                 ("image_search", config.image_search.collection_path,
@@ -110,7 +110,7 @@ def check_offline_paths(config: ToolsConfig) -> None:
                 raise ValueError(f"{section} {what.split()[0]} not found: {path}")
 
 
-class ProfiledEnvironment(profiles.ProfiledEnvironment):
+class EvalToolEnvironment(profiles.ProfiledEnvironment):
     """The agentic modes' environment in ``profile``'s schema, keeping the osvl-protocol ``env`` it
     runs on for RAG, which issues osvl's own ``text_search`` calls whatever the checkpoint's profile."""
 

@@ -4,7 +4,7 @@ A toy agent answers a question whose answer takes ``hops`` successful tool calls
 does not know the answer it decides, at every turn, to call the tool (probability ``sigmoid(theta)``)
 or to answer now (right with probability ``guess``); once it knows, it answers (not a decision).
 A back-end outage hits a rollout with probability ``outage_rate`` from a turn drawn uniformly in
-``[0, outage_start_turns)`` to its end (``osvl.trainer.tool_env.OutageModel``): every call then
+``[0, outage_start_turns)`` to its end (``osvl.tools.faults.OutageModel``): every call then
 fails with ``infra_error``.
 
 Every rollout the policy can produce is enumerated with its probability and scored by the real

@@ -60,6 +60,9 @@ class FinishReason(str, enum.Enum):
 
     RESPONSE = "response"  # the policy emitted a final <response>
     FATAL = "fatal"  # aborted by the consecutive-error rule
+    # a generation that cannot be rendered into a next turn (reserved vision or out-of-vocabulary ids):
+    # stopped at once; with no response, the fatal rule counts it fatal at its end (osvl.rl.fatal)
+    MALFORMED = "malformed"
     MAX_TURNS = "max_turns"
     MAX_TOKENS = "max_tokens"  # generation or context budget exhausted
     INFRA_ERROR = "infra_error"  # our infrastructure failed; the rollout is retried or dropped

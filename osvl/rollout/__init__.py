@@ -39,8 +39,8 @@ from osvl.rollout.worker_pool import (
 from osvl.rollout.workers import (
     Group,
     Preemption,
-    RolloutConfig,
     RolloutMetrics,
+    RolloutWorkerConfig,
     run_group,
     stream_groups,
 )
@@ -48,7 +48,7 @@ from osvl.rollout.workers import (
 __all__ = [
     "Action", "AgentConfig", "Engine", "EngineError", "GenerationPreempted", "GenerationRequest", "GenerationResult",
     "Group", "LocalEngine", "ParityReport", "Preemption", "ProcessEngine", "ProcessEngineConfig",
-    "ReplayEngine", "RolloutConfig", "RolloutMetrics", "RolloutRecorder", "RolloutSetup", "RolloutWorkerPool",
+    "ReplayEngine", "RolloutMetrics", "RolloutRecorder", "RolloutSetup", "RolloutWorkerConfig", "RolloutWorkerPool",
     "SGLangConfig", "SGLangEngine", "SamplingParams", "StopKind", "UnusableToken", "VLLMConfig", "VLLMEngine",
     "WorkerPoolConfig", "WorkerPoolStats", "derive_seed", "find_unusable", "logprob_parity", "malformed_step",
     "parse_action",

@@ -5,16 +5,16 @@ tool call keeps the tool's typed status, an engine failure ends the rollout as `
 A generation holding a reserved vision placeholder (or an id the tokenizer cannot decode) cannot
 be rendered into a next turn nor trained on: the step keeps only the ids before the first such
 id, its ``parse_error`` names every offending id and the full engine output, and the rollout
-stops as ``fatal`` (see :mod:`osvl.rollout.reserved`).
+stops as ``malformed`` (see :mod:`osvl.rollout.reserved`).
 The record holds the engine's ids and logprobs and the observation ids exactly as the engine
 saw them, so the trainer never re-tokenizes.
-Each tool call runs with ``current_call`` set to its ``CallIdentity``, so a wrapper of the tool
-runner (the fault injector) can key decisions on which call it is, not on when it finishes.
+Each tool call runs with ``current_call`` set to its ``CallIdentity`` (:mod:`osvl.tools.environment`),
+so a wrapper of the tool runner (the fault injector) can key decisions on which call it is, not on
+when it finishes.
 """
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
 from osvl.data.chat import ChatRenderer
@@ -39,7 +39,7 @@ from osvl.rollout.engine import (
     StopKind,
 )
 from osvl.rollout.reserved import find_unusable, reserved_vision_ids
-from osvl.tools.environment import ToolEnvironment
+from osvl.tools.environment import CallIdentity, ToolEnvironment, current_call
 from osvl.tools.errors import CallParseError, ToolError
 from osvl.tools.registry import parse_tool_call
 from osvl.tools.visual_context import VisualContext
@@ -57,18 +57,6 @@ class AgentConfig:
         if self.max_turns < 1 or self.max_total_tokens < 2:
             raise ValueError(f"max_turns must be >= 1 and max_total_tokens >= 2, got "
                              f"{self.max_turns} and {self.max_total_tokens}")
-
-
-@dataclass(frozen=True)
-class CallIdentity:
-    """Which tool call of a rollout step this is; stable across reruns however calls interleave."""
-
-    group_id: int
-    sample_index: int
-    turn: int
-
-
-current_call: ContextVar[CallIdentity | None] = ContextVar("osvl_current_tool_call", default=None)
 
 
 def _observation_text(result: ToolResult) -> str:
@@ -144,7 +132,7 @@ async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, r
         malformed = malformed_step(generation, renderer, reserved)
         if malformed is not None:
             steps.append(malformed)
-            finish = FinishReason.FATAL
+            finish = FinishReason.MALFORMED
             break
         text = renderer.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         budget_cut = generation.finish is StopKind.LENGTH and sampling.max_new_tokens == room

@@ -37,7 +37,7 @@ from osvl.rollout.engine_process import (
     spawn,
     start_context,
 )
-from osvl.rollout.workers import Group, RolloutConfig, RolloutMetrics, run_group
+from osvl.rollout.workers import Group, RolloutMetrics, RolloutWorkerConfig, run_group
 from osvl.tools.environment import ToolEnvironment
 
 
@@ -49,7 +49,7 @@ class RolloutSetup:
     env: ToolEnvironment
     renderer: ChatRenderer
     agent: AgentConfig
-    rollout: RolloutConfig
+    rollout: RolloutWorkerConfig
 
 
 SetupFactory = Callable[[], RolloutSetup]  # picklable (module-level function or functools.partial)

@@ -31,7 +31,7 @@ from osvl.tools.environment import ToolEnvironment
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
+class RolloutWorkerConfig:
     group_size: int = 8
     max_in_flight: int = 64  # trajectories running concurrently
     trajectory_deadline_s: float = 900.0
@@ -145,7 +145,7 @@ async def _attempt(rollout, preemption: Preemption | None) -> Trajectory | None:
 
 
 async def _sample(prompt: Prompt, group_id: int, index: int, step: int, engine: Engine, env: ToolEnvironment,
-                  renderer: ChatRenderer, agent: AgentConfig, config: RolloutConfig,
+                  renderer: ChatRenderer, agent: AgentConfig, config: RolloutWorkerConfig,
                   slots: asyncio.Semaphore, metrics: RolloutMetrics, preemption: Preemption | None) -> Trajectory:
     seed = derive_seed(step, prompt.id, index, config.base_seed)
     attempt = 0
@@ -170,8 +170,9 @@ async def _sample(prompt: Prompt, group_id: int, index: int, step: int, engine: 
 
 
 async def run_group(prompt: Prompt, group_id: int, engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
-                    agent: AgentConfig, config: RolloutConfig, *, step: int = 0, slots: asyncio.Semaphore | None = None,
-                    metrics: RolloutMetrics | None = None, preemption: Preemption | None = None) -> Group:
+                    agent: AgentConfig, config: RolloutWorkerConfig, *, step: int = 0,
+                    slots: asyncio.Semaphore | None = None, metrics: RolloutMetrics | None = None,
+                    preemption: Preemption | None = None) -> Group:
     """All G samples of one prompt, each final (retried or kept as an ``infra_error`` record).
 
     ``slots`` bounds trajectories in flight across the groups that share it; ``metrics`` receives
@@ -187,7 +188,7 @@ async def run_group(prompt: Prompt, group_id: int, engine: Engine, env: ToolEnvi
 
 
 async def stream_groups(prompts: Sequence[Prompt], engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
-                        agent: AgentConfig, config: RolloutConfig, *, step: int = 0,
+                        agent: AgentConfig, config: RolloutWorkerConfig, *, step: int = 0,
                         metrics: RolloutMetrics | None = None) -> AsyncIterator[Group]:
     """Yields each prompt's group of G trajectories as soon as the whole group is final."""
     metrics = metrics if metrics is not None else RolloutMetrics()

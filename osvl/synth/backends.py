@@ -1,4 +1,4 @@
-"""A :class:`RunConfig` made real: the source world and the back-end of every stage.
+"""A :class:`SynthRunConfig` made real: the source world and the back-end of every stage.
 
 :func:`open_backends` is the one place where configuration turns into clients, tool pools and
 solvers; ``curate`` only sees the resulting objects, so the default configuration reaches
@@ -16,12 +16,12 @@ from typing import Any
 
 from osvl.rl.judges import ChatCompletionsClient, ChatJudgeConfig
 from osvl.synth.chat_expert import ChatExpert, ChatExpertConfig
-from osvl.synth.environment import world_environment, world_tools_config
+from osvl.synth.environment import EnvironmentTools
 from osvl.synth.expert import ScriptedExpert, ToolExecutor, WorldTools
 from osvl.synth.llm import LLMDescriptorProposer, LLMUniquenessEvaluator
 from osvl.synth.llm_access import LLMUsage, MeteredChat
 from osvl.synth.pipeline import question_image
-from osvl.synth.run_config import RunConfig, secret
+from osvl.synth.run_config import SynthRunConfig, secret
 from osvl.synth.tool_solvers import (
     ChatClosedBookSolver,
     ChatImageSearchSolver,
@@ -31,14 +31,15 @@ from osvl.tools import (
     ImageSearchConfig,
     PoolConfig,
     TextSearchConfig,
-    ToolsConfig,
+    ToolBackendsConfig,
     tool_schemas,
 )
+from osvl.tools.world import world_environment, world_tools_config
 from osvl.world.build import SamplingDefaults, World, graph_world, load_world
 from osvl.world.graph import Graph
 
 
-def open_world(config: RunConfig, out: Path) -> World:
+def open_world(config: SynthRunConfig, out: Path) -> World:
     """The configured source; a graph source's image collection is derived into ``out``."""
     source = config.source
     if source.world:
@@ -47,7 +48,7 @@ def open_world(config: RunConfig, out: Path) -> World:
                        SamplingDefaults(source.hub_threshold, source.min_seed_in_degree, source.min_image_side))
 
 
-def tools_config(config: RunConfig, world: World, out: Path) -> ToolsConfig:
+def tools_config(config: SynthRunConfig, world: World, out: Path) -> ToolBackendsConfig:
     """The offline back-ends over the world, with the search tools switched online as configured."""
     tools, llm = config.tools, config.llm
     offline = world_tools_config(world, out / "cache" / "corpus.fts5.sqlite")
@@ -87,7 +88,7 @@ class Backends:
 
 
 @contextmanager
-def open_backends(config: RunConfig, out: str | Path) -> Iterator[Backends]:
+def open_backends(config: SynthRunConfig, out: str | Path) -> Iterator[Backends]:
     """Clients, tool pool and solvers for the configured stages; closed when the block ends."""
     out = Path(out)
     world = open_world(config, out)
@@ -97,8 +98,8 @@ def open_backends(config: RunConfig, out: str | Path) -> Iterator[Backends]:
         kwargs = backends.curate_kwargs
         pool: ToolExecutor | None = None
         if config.tools.mode == "environment" or stages.image_search == "tools":
-            pool = stack.enter_context(world_environment(world, PoolConfig(num_workers=config.tools.workers),
-                                                         config=tools_config(config, world, out)))
+            pool = EnvironmentTools(stack.enter_context(world_environment(
+                world, PoolConfig(num_workers=config.tools.workers), config=tools_config(config, world, out))))
         tools = pool if config.tools.mode == "environment" else WorldTools(world)
         if stages.llm_stages:
             llm = config.llm

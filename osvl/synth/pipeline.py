@@ -22,7 +22,7 @@ import numpy as np
 
 from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.trajectory import Prompt, append_jsonl
-from osvl.synth.environment import world_environment
+from osvl.synth.environment import EnvironmentTools
 from osvl.synth.expert import (
     Expert,
     ExpertConfig,
@@ -61,6 +61,7 @@ from osvl.synth.sampling import (
 )
 from osvl.synth.tool_solvers import SolverUnavailable
 from osvl.tools import PoolConfig
+from osvl.tools.world import world_environment
 from osvl.world.build import World
 from osvl.world.render import stable_seed
 
@@ -235,9 +236,10 @@ def _split_and_synthesize(world: World, out: Path, config: CurationConfig, exper
     environment = (world_environment(world, PoolConfig(num_workers=config.tool_workers),
                                      index_path=out / "cache" / "corpus.fts5.sqlite") if real_tools
                    else nullcontext(None))
-    with environment as tools:
+    with environment as env:
         if expert is None:
-            expert = ScriptedExpert(world.graph, tools or WorldTools(world), config.expert)
+            tools = EnvironmentTools(env) if env is not None else WorldTools(world)
+            expert = ScriptedExpert(world.graph, tools, config.expert)
         result = _synthesize_all(world, out, config, expert)
     marker.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (out / SYNTHESIS_PROGRESS).unlink()

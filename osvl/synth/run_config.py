@@ -1,4 +1,4 @@
-"""Typed configuration of ``python -m osvl.synth run``: TOML file + flags -> :class:`RunConfig`.
+"""Typed configuration of ``python -m osvl.synth run``: TOML file + flags -> :class:`SynthRunConfig`.
 
 Flags are written into the raw TOML tree before validation, so a flag is checked exactly like the
 file. Unknown keys and wrong types are errors naming the key (``osvl.config.loader.build``).
@@ -138,7 +138,7 @@ class BudgetConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class SynthRunConfig:
     source: SourceConfig
     llm: LLMConfig = field(default_factory=LLMConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
@@ -165,7 +165,7 @@ SECTIONS: dict[str, type] = {"source": SourceConfig, "llm": LLMConfig, "stages":
 _TOOLS_OWNED = {"expert_tools": "tools.mode", "tool_workers": "tools.workers"}
 
 
-def build_run_config(raw: Mapping[str, Any]) -> RunConfig:
+def build_run_config(raw: Mapping[str, Any]) -> SynthRunConfig:
     """Validate a raw tree (parsed TOML with flags applied); errors name the key."""
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
@@ -181,7 +181,7 @@ def build_run_config(raw: Mapping[str, Any]) -> RunConfig:
         sections[name] = build(cls, value, name)
     sections["curation"] = dataclasses.replace(sections["curation"], expert_tools=sections["tools"].mode,
                                                tool_workers=sections["tools"].workers)
-    return RunConfig(**sections)
+    return SynthRunConfig(**sections)
 
 
 def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:

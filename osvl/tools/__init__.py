@@ -3,6 +3,10 @@
 ``ToolEnvironment.execute`` turns one model action into a typed ``ToolResult``; images are
 addressed by index into the trajectory's ``VisualContext``; ``tool_schemas()`` is what the
 prompt renders.
+
+The HTTP tool server and its client live in :mod:`osvl.tools.server` (``RemoteToolPool``,
+``ToolServer``), imported from there: the package does not import its own ``__main__`` module, so
+``python -m osvl.tools.server`` runs it once, without runpy's warning.
 """
 
 from osvl.tools.cache import CacheStats, ToolCache
@@ -13,7 +17,7 @@ from osvl.tools.config import (
     OcrConfig,
     SuperResolutionConfig,
     TextSearchConfig,
-    ToolsConfig,
+    ToolBackendsConfig,
 )
 from osvl.tools.environment import ToolEnvironment
 from osvl.tools.errors import BackendError, CallParseError, InvalidArguments, ToolError
@@ -21,7 +25,6 @@ from osvl.tools.limits import ToolLimits
 from osvl.tools.pool import Job, PoolBusy, PoolClosed, PoolConfig, PoolStats, ToolPool
 from osvl.tools.profiles import ToolProfile, tool_profile
 from osvl.tools.registry import ToolOutput, ToolRegistry, ToolSpec, parse_tool_call
-from osvl.tools.server import RemoteToolPool, ToolServer
 from osvl.tools.visual_context import VisualContext
 
 __all__ = [
@@ -37,20 +40,18 @@ __all__ = [
     "PoolClosed",
     "PoolConfig",
     "PoolStats",
-    "RemoteToolPool",
     "SuperResolutionConfig",
     "TextSearchConfig",
+    "ToolBackendsConfig",
     "ToolCache",
     "ToolEnvironment",
     "ToolError",
     "ToolLimits",
     "ToolOutput",
-    "ToolProfile",
     "ToolPool",
+    "ToolProfile",
     "ToolRegistry",
-    "ToolServer",
     "ToolSpec",
-    "ToolsConfig",
     "VisualContext",
     "builtin_specs",
     "default_registry",

@@ -87,7 +87,7 @@ class ImageSearchConfig:
 
 
 @dataclass(frozen=True)
-class ToolsConfig:
+class ToolBackendsConfig:
     limits: ToolLimits = field(default_factory=ToolLimits)
     http: HttpConfig = field(default_factory=HttpConfig)
     super_resolution: SuperResolutionConfig = field(default_factory=SuperResolutionConfig)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from osvl.rl.trajectory import ToolCall, ToolResult, ToolStatus
@@ -19,6 +21,20 @@ from osvl.tools.registry import ToolRegistry, parse_tool_call
 from osvl.tools.visual_context import VisualContext
 
 RawCall = str | Mapping[str, Any] | ToolCall
+
+
+@dataclass(frozen=True)
+class CallIdentity:
+    """Which tool call of a rollout step this is; stable across reruns however calls interleave."""
+
+    group_id: int
+    sample_index: int
+    turn: int
+
+
+# Set by the agent loop around each tool call, so a wrapper of the runner (the fault injector of
+# osvl.tools.faults) keys its decisions on which call it is, not on when it finishes.
+current_call: ContextVar[CallIdentity | None] = ContextVar("osvl_current_tool_call", default=None)
 
 
 class ToolRunner(Protocol):

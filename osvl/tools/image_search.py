@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 
 from osvl.jsonl import iter_jsonl
-from osvl.tools.config import HttpConfig, ImageSearchConfig, ToolsConfig
+from osvl.tools.config import HttpConfig, ImageSearchConfig, ToolBackendsConfig
 from osvl.tools.errors import BackendError, ToolError
 from osvl.tools.http_client import request_json
 from osvl.tools.image_io import encode_png, read_image
@@ -218,7 +218,7 @@ def render_matches(matches: list[Match]) -> str:
     )
 
 
-def image_search_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> ToolOutput:
+def image_search_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig) -> ToolOutput:
     settings = config.image_search
     if settings.backend == "online":
         matches = online_image_search(images[0], arguments["top_k"], settings, config.http)

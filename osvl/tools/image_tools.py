@@ -12,7 +12,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from osvl.tools.config import ToolsConfig
+from osvl.tools.config import ToolBackendsConfig
 from osvl.tools.errors import ToolError
 from osvl.tools.registry import ToolOutput
 
@@ -116,17 +116,18 @@ def perspective_correct(image: np.ndarray) -> Rectification:
     return Rectification(warped, corners, f"rectified the document outline to {width}x{height}")
 
 
-def crop_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> ToolOutput:
+def crop_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig) -> ToolOutput:
     crops = crop(images[0], arguments["boxes"], arguments["coordinates"])
     sizes = ", ".join(f"{c.shape[1]}x{c.shape[0]}" for c in crops)
     return ToolOutput(text=f"cropped {len(crops)} region(s): {sizes}", images=crops)
 
 
-def sharpen_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> ToolOutput:
+def sharpen_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig) -> ToolOutput:
     out = sharpen(images[0], arguments["amount"], arguments["sigma"])
     return ToolOutput(text=f"sharpened with amount={arguments['amount']:g} sigma={arguments['sigma']:g}", images=[out])
 
 
-def perspective_correct_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> ToolOutput:
+def perspective_correct_tool(arguments: Mapping[str, Any], images: list[np.ndarray],
+                             config: ToolBackendsConfig) -> ToolOutput:
     result = perspective_correct(images[0])
     return ToolOutput(text=result.note, images=[result.image])

@@ -19,7 +19,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from osvl.tools.config import HttpConfig, OcrConfig, ToolsConfig
+from osvl.tools.config import HttpConfig, OcrConfig, ToolBackendsConfig
 from osvl.tools.errors import BackendError
 from osvl.tools.http_client import request_json
 from osvl.tools.image_io import encode_png
@@ -215,7 +215,7 @@ def paddlex_ocr(
     return blocks, "\n\n".join(texts) if texts else format_blocks(blocks)
 
 
-def ocr_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> ToolOutput:
+def ocr_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig) -> ToolOutput:
     if config.ocr.backend == "paddlex":
         blocks, formatted = paddlex_ocr(
             images[0], config.ocr, config.http, arguments["chart_recognition"], arguments["doc_orientation"]

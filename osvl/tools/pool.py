@@ -29,7 +29,6 @@ import math
 import multiprocessing as mp
 import os
 import queue
-import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,13 +38,13 @@ from typing import Any
 import numpy as np
 
 from osvl.rl.trajectory import ToolResult, ToolStatus
-from osvl.tools.config import ToolsConfig
+from osvl.tools.config import ToolBackendsConfig
+from osvl.tools.registry import check_target
 from osvl.tools.sandbox import sweep_stale_scratch
 from osvl.tools.worker import worker_main
 
 log = logging.getLogger(__name__)
 _STOP = object()
-_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -71,8 +70,7 @@ class PoolConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "preload", tuple(self.preload))
         for target in self.preload:
-            if not (isinstance(target, str) and _TARGET.fullmatch(target)):
-                raise ValueError(f"PoolConfig.preload entries must be 'module:function' targets, got {target!r}")
+            check_target(target, "PoolConfig.preload")
         if self.opencv_threads < 1:
             raise ValueError(f"PoolConfig.opencv_threads must be >= 1, got {self.opencv_threads}")
         if self.num_workers < 1 or self.max_queue < 1:
@@ -119,7 +117,7 @@ class PoolStats:
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, ctx: Any, tools_config: ToolsConfig, pool_config: PoolConfig) -> None:
+    def __init__(self, ctx: Any, tools_config: ToolBackendsConfig, pool_config: PoolConfig) -> None:
         self._ctx, self._tools_config, self._pool_config = ctx, tools_config, pool_config
         self.process: Any = None
         self.conn: Any = None
@@ -186,8 +184,8 @@ class ToolPool:
     """Runs ``Job``s in spawned workers; ``import_errors`` maps preloaded targets that failed to import
     to their error."""
 
-    def __init__(self, tools_config: ToolsConfig | None = None, config: PoolConfig | None = None) -> None:
-        self.tools_config = tools_config or ToolsConfig()
+    def __init__(self, tools_config: ToolBackendsConfig | None = None, config: PoolConfig | None = None) -> None:
+        self.tools_config = tools_config or ToolBackendsConfig()
         self.config = config or PoolConfig()
         self.stats = PoolStats()
         self._ctx = mp.get_context("spawn")

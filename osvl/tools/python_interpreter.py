@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from osvl.tools.config import ToolsConfig
+from osvl.tools.config import ToolBackendsConfig
 from osvl.tools.errors import BackendError, ToolError
 from osvl.tools.registry import ToolOutput, ToolSpec
 from osvl.tools.sandbox import SandboxConfig, SandboxLimits, SandboxRun, SandboxUnavailable, run_sandboxed
@@ -27,7 +27,7 @@ REFUSAL = ("python_interpreter refuses to run without its sandbox: {reason}. Ins
            "or accept running without one by setting tools.python_sandbox = 'unsafe_no_boundary'")
 
 
-def python_interpreter_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig,
+def python_interpreter_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig,
                             limits: SandboxLimits = SandboxLimits(),
                             sandbox: SandboxConfig = SandboxConfig()) -> ToolOutput:
     try:

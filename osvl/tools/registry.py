@@ -10,6 +10,7 @@ spec's own fixed settings (e.g. the interpreter's sandbox limits), never the pol
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,15 @@ from osvl.tools.call_json import loads_call_json, reject_unusable
 from osvl.tools.errors import CallParseError, InvalidArguments
 from osvl.tools.limits import ToolLimits
 from osvl.tools.schema import check_arguments, check_schema
+
+# An implementation's address, importable in a spawned worker: "package.module:function"
+TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def check_target(target: object, owner: str) -> None:
+    """The one rule for a ``module:function`` target, shared by tool specs and pool preloads."""
+    if not (isinstance(target, str) and TARGET.fullmatch(target)):
+        raise ValueError(f"{owner}: target {target!r} must look like 'module:function'")
 
 
 @dataclass
@@ -45,8 +55,7 @@ class ToolSpec:
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"tool name {self.name!r} must be an identifier")
-        if ":" not in self.target:
-            raise ValueError(f"tool {self.name}: target {self.target!r} must look like 'module:function'")
+        check_target(self.target, f"tool {self.name}")
         if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
             raise ValueError(f"tool {self.name}: deadline_s must be a positive number, got {self.deadline_s}")
         if self.parameters.get("type") != "object":

@@ -18,7 +18,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from osvl.tools.config import SuperResolutionConfig, ToolsConfig
+from osvl.tools.config import SuperResolutionConfig, ToolBackendsConfig
 from osvl.tools.errors import BackendError, ToolError
 from osvl.tools.registry import ToolOutput
 
@@ -123,7 +123,8 @@ def super_resolve(image: np.ndarray, scale: int, config: SuperResolutionConfig) 
     raise BackendError("no super-resolution backend worked: " + "; ".join(failures))
 
 
-def super_resolution_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> ToolOutput:
+def super_resolution_tool(arguments: Mapping[str, Any], images: list[np.ndarray],
+                          config: ToolBackendsConfig) -> ToolOutput:
     image, scale = images[0], arguments["scale"]
     pixels = image.shape[0] * image.shape[1] * scale * scale
     if pixels > config.limits.max_image_pixels:

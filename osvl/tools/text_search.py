@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from osvl.jsonl import iter_jsonl
-from osvl.tools.config import HttpConfig, TextSearchConfig, ToolsConfig
+from osvl.tools.config import HttpConfig, TextSearchConfig, ToolBackendsConfig
 from osvl.tools.errors import BackendError, ToolError
 from osvl.tools.http_client import request, request_json
 from osvl.tools.registry import ToolOutput
@@ -209,7 +209,7 @@ def online_search(query: str, top_k: int, config: TextSearchConfig, http: HttpCo
         return list(executor.map(one, hits))
 
 
-def text_search_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> ToolOutput:
+def text_search_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig) -> ToolOutput:
     query, top_k = arguments["query"], arguments["top_k"]
     settings = config.text_search
     if settings.backend == "online":

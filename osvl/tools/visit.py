@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from osvl.tools.config import ToolsConfig
+from osvl.tools.config import ToolBackendsConfig
 from osvl.tools.errors import BackendError, ToolError
 from osvl.tools.limits import ToolLimits
 from osvl.tools.registry import ToolOutput, ToolSpec
@@ -53,7 +53,7 @@ def offline_page(url: str, corpus_path: str, index_path: str | None) -> tuple[st
     return row
 
 
-def visit_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig) -> ToolOutput:
+def visit_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig) -> ToolOutput:
     url, goal = arguments["url"].strip(), arguments.get("goal", "")
     settings = config.text_search
     if settings.backend == "online":

@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 
 from osvl.rl.trajectory import ToolStatus, check_image
-from osvl.tools.config import ToolsConfig
+from osvl.tools.config import ToolBackendsConfig
 from osvl.tools.errors import BackendError, CallParseError, ToolError, error_status
 from osvl.tools.registry import ToolOutput
 
@@ -54,7 +54,7 @@ def preload_targets(targets: Iterable[str]) -> dict[str, str]:
     return failed
 
 
-def run_job(target: str, arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolsConfig,
+def run_job(target: str, arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig,
             options: Mapping[str, Any] | None = None) -> Reply:
     """Run one tool call; every failure becomes a status with a message, never an exception."""
     try:
@@ -94,7 +94,7 @@ def _apply_address_space_limit(limit_bytes: int | None) -> None:
 
 def worker_main(
     conn: Connection,
-    config: ToolsConfig,
+    config: ToolBackendsConfig,
     address_space_bytes: int | None,
     opencv_threads: int = 1,
     preload: tuple[str, ...] = (),

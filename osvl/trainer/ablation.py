@@ -188,7 +188,7 @@ def run_one(study: StudyConfig, spec: RunSpec | None, threads: int = 1,
     import torch
 
     from osvl.config import load_recipe
-    from osvl.trainer.demo import evaluation_rollouts
+    from osvl.demo import evaluation_rollouts
     from osvl.trainer.grpo import run_grpo
 
     torch.set_num_threads(threads)

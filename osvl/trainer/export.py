@@ -27,7 +27,7 @@ from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import Tokenizer
 from osvl.model import Qwen3VLModel, ShardFile, save_pretrained
-from osvl.trainer.tool_env import stage_prompt
+from osvl.trainer.policy import policy_prompt
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -48,7 +48,7 @@ class PolicyDefaults:
 
 def policy_defaults(recipe: Recipe) -> PolicyDefaults:
     """The stages' prompt (``data.system_prompt``, the release profile's schema) and GRPO sampling."""
-    system_prompt, tools = stage_prompt(recipe)
+    system_prompt, tools = policy_prompt(recipe)
     return PolicyDefaults(system_prompt, tuple(tools), recipe.grpo.temperature, recipe.grpo.top_p)
 
 

@@ -46,7 +46,7 @@ from osvl.trainer.flops import generation_flops, mfu, packed_batch_flops, packed
 from osvl.trainer.grpo_data import load_prompts, rank_minibatch, stage_scorer, training_sequences
 from osvl.trainer.metrics import peak_memory_gib
 from osvl.trainer.policy import lm_head_weight
-from osvl.trainer.preflight import check_grpo_recipe, preflight
+from osvl.trainer.preflight import preflight
 from osvl.trainer.rollouts import GroupRoller, stage_generator
 from osvl.trainer.router_losses import RouterLosses
 from osvl.trainer.serving import EngineWrapper, build_serving
@@ -54,7 +54,7 @@ from osvl.trainer.stage import Stage, StageResult, all_reduce_sums, stage_inputs
 from osvl.trainer.tool_env import EnvironmentFactory, stage_environment
 from osvl.trainer.validation import Validator
 
-__all__ = ["check_grpo_recipe", "run_grpo"]
+__all__ = ["run_grpo"]
 
 T = TypeVar("T")
 
@@ -169,7 +169,7 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
              engine_wrapper: EngineWrapper | None = None) -> StageResult:
     """Train to ``grpo.max_steps`` rollout steps (or ``stop_after`` of them, to simulate an interruption)."""
     g = recipe.grpo
-    check_grpo_recipe(recipe, recipe.data_parallel_size(world_size))
+    recipe.check_stage(recipe.data_parallel_size(world_size))
     tokenizer, arch, renderer = stage_inputs(recipe)  # as in SFT: the policy learned this prompt
     prompts = load_prompts(recipe.data)
     if g.batch_prompts > len(prompts):

@@ -44,7 +44,7 @@ from osvl.rl.judges import (
 from osvl.rl.rewards import RewardConfig
 from osvl.rl.scoring import GroupScorer
 from osvl.rl.trajectory import Prompt, Trajectory
-from osvl.rollout import AgentConfig, RolloutConfig, SamplingParams
+from osvl.rollout import AgentConfig, RolloutWorkerConfig, SamplingParams
 from osvl.synth.records import read_prompts
 from osvl.trainer.sft_data import (
     as_data_config,
@@ -81,7 +81,7 @@ def recipe_fatal(recipe: Recipe) -> FatalConfig:
 
 def rollout_configs(recipe: Recipe, *, greedy: bool = False, group_size: int | None = None,
                     max_retries: int | None = None, temperature: float | None = None,
-                    top_p: float | None = None) -> tuple[AgentConfig, RolloutConfig]:
+                    top_p: float | None = None) -> tuple[AgentConfig, RolloutWorkerConfig]:
     """The agent loop and rollout workers of the recipe's GRPO stage. Evaluation reuses them with its
     own sampling (``greedy``: temperature 0, no top-p; or ``temperature`` / ``top_p``), group size and
     retry budget, so its prompts, tools and turn budget are the training ones."""
@@ -93,7 +93,7 @@ def rollout_configs(recipe: Recipe, *, greedy: bool = False, group_size: int | N
     sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=g.max_response_tokens)
     agent = AgentConfig(max_turns=r.max_turns, max_total_tokens=g.max_prompt_tokens + g.max_response_tokens,
                         sampling=sampling, fatal=recipe_fatal(recipe))
-    workers = RolloutConfig(group_size=g.group_size if group_size is None else group_size,
+    workers = RolloutWorkerConfig(group_size=g.group_size if group_size is None else group_size,
                             max_in_flight=r.max_in_flight, trajectory_deadline_s=r.trajectory_deadline_s,
                             max_retries=r.max_retries if max_retries is None else max_retries,
                             base_seed=recipe.job.seed, infra_rollouts=g.infra_rollouts)

@@ -1,17 +1,21 @@
-"""The trained policy: architecture from the recipe (or the checkpoint), weights, parallel plan."""
+"""The trained policy: architecture from the recipe (or the checkpoint), weights, parallel plan, and the
+prompt renderer (system prompt, tool schema, image patching) it is trained and served with."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from osvl.config.recipe import Recipe
+from osvl.data.chat import ChatRenderer
+from osvl.data.formats import checkpoint_image_config
 from osvl.data.image import ImageConfig
-from osvl.data.tokenizer import SpecialTokens
+from osvl.data.tokenizer import SpecialTokens, Tokenizer
 from osvl.model import (
     Qwen3VLConfig,
     Qwen3VLModel,
@@ -23,12 +27,13 @@ from osvl.model import (
 from osvl.model.presets import preset
 from osvl.parallel import parallelize, sharded_model_config
 from osvl.trainer.rng import seed_generators
+from osvl.trainer.sft_data import read_system_prompt
+from osvl.trainer.tool_env import recipe_profile
 
 # CPU presets: (hidden, heads, kv heads, head_dim, intermediate); two layers each.
 # tiny: unit and end-to-end tests (GQA, MoE). small: make demo, whose policy starts from random
-# weights and must copy the names and numbers it reads into its next query and its answer: at
-# width 64 it garbled most names; at width 128 about half of its queries name an entity its tools
-# returned, and it copies some numbers.
+# weights and must copy the names and numbers it reads into its next query and its answer, which
+# needs the wider model (docs/demo.md).
 CPU_SIZES = {"tiny": (64, 4, 2, 16, 128), "tiny_moe": (64, 4, 2, 16, 128), "small": (128, 4, 4, 32, 256)}
 
 
@@ -71,11 +76,39 @@ def policy_arch(recipe: Recipe, vocab_size: int, special: SpecialTokens) -> Qwen
     return arch
 
 
-def image_config(arch: Qwen3VLConfig, recipe: Recipe) -> ImageConfig:
+def policy_image_config(recipe: Recipe, arch: Qwen3VLConfig) -> ImageConfig:
+    """How the policy sees images: a checkpoint directory's ``preprocessor_config.json`` when the
+    recipe names no tokenizer of its own (the directory is the whole released model), else the
+    vision tower's patching with the recipe's pixel budget."""
     v = arch.vision
-    return ImageConfig(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
-                       merge_size=v.spatial_merge_size, min_pixels=recipe.data.min_pixels,
-                       max_pixels=recipe.data.max_pixels)
+    own = ImageConfig(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
+                      merge_size=v.spatial_merge_size, min_pixels=recipe.data.min_pixels,
+                      max_pixels=recipe.data.max_pixels)
+    if not recipe.model.pretrained or recipe.data.tokenizer:
+        return own
+    shipped = checkpoint_image_config(recipe.model.pretrained)
+    if shipped is None:
+        return own
+    expected = (v.patch_size, v.temporal_patch_size, v.spatial_merge_size)
+    found = (shipped.patch_size, shipped.temporal_patch_size, shipped.merge_size)
+    if found != expected:
+        raise ValueError(f"model.pretrained: preprocessor_config.json patches images as (patch, temporal, merge) "
+                         f"= {found} but the vision tower in config.json expects {expected}")
+    return shipped
+
+
+def policy_prompt(recipe: Recipe) -> tuple[str, list[dict[str, Any]]]:
+    """``(system prompt, tool schemas shown)`` of both stages: ``data.system_prompt`` and, for the
+    release profile, the release tool schema. The paper profile shows no schema, as osvl's own SFT
+    data has none. The exported chat template carries the same pair."""
+    tools = recipe_profile(recipe).tool_schemas() if recipe.tools.profile == "release" else []
+    return read_system_prompt(recipe.data.system_prompt), tools
+
+
+def policy_renderer(recipe: Recipe, tokenizer: Tokenizer, arch: Qwen3VLConfig) -> ChatRenderer:
+    """The prompt the policy is trained and served on (:func:`policy_prompt`, :func:`policy_image_config`)."""
+    system_prompt, tools = policy_prompt(recipe)
+    return ChatRenderer(tokenizer, policy_image_config(recipe, arch), tools, system_prompt)
 
 
 def build_policy(recipe: Recipe, arch: Qwen3VLConfig, world_size: int) -> Qwen3VLModel:

@@ -1,9 +1,8 @@
 """The GRPO stage's checks before step 1, each failure a clear error naming the key or the URL.
 
-``check_grpo_recipe``: what the recipe alone decides; ``python -m osvl.train --dry-run`` runs the
-same function, so the dry run refuses exactly what the stage refuses, with the same message.
-
-``preflight``: every service the stage will use, after the engines took the trainer's weights:
+What the recipe alone decides is :meth:`osvl.config.Recipe.check_stage`, which the stage and
+``python -m osvl.train --dry-run`` both run. ``preflight`` here: every service the stage will use,
+after the engines took the trainer's weights:
 
 - each SGLang server answers ``/get_model_info`` as a generation model and, when the trainer can
   read its model directory (shared storage), serves the trainer's architecture and vocabulary;
@@ -33,7 +32,7 @@ import torch
 import torch.distributed as dist
 from osvl_kernels import linear_grpo_loss
 
-from osvl.config.recipe import PAPER_PRESETS, Recipe
+from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
 from osvl.data.packing import pack_microbatch, train_sequence
 from osvl.model import Qwen3VLConfig, config_from_hf
@@ -61,28 +60,6 @@ PROBE_SEED = 1234
 
 class PreflightError(ValueError):
     """A service the stage needs is missing or disagrees with the trainer."""
-
-
-def check_grpo_recipe(recipe: Recipe, dp_size: int) -> None:
-    g, t = recipe.grpo, recipe.tools
-    if g.kl_coef:
-        raise ValueError("grpo.kl_coef > 0 needs a reference policy, which the grpo stage does not keep (the paper "
-                         "uses no KL loss)")
-    if g.mini_batch_prompts % dp_size:
-        raise ValueError(f"grpo.mini_batch_prompts {g.mini_batch_prompts} must be a multiple of the "
-                         f"data-parallel size {dp_size}")
-    if not t.servers and t.backend == "online" and not t.config_file:
-        raise ValueError("tools.backend = 'online' needs tools.config_file (the online back-ends, keys named by "
-                         "*_key_env fields) or tools.servers (tool servers that hold them)")
-    if recipe.rollout.engine == "local" and recipe.model.preset in PAPER_PRESETS:
-        raise ValueError(f"rollout.engine = 'local' keeps an unsharded generation copy of the policy in every trainer "
-                         f"rank, the CPU form only; serve {recipe.model.preset} with rollout.engine = 'sglang' "
-                         f"(python -m osvl.serve --recipe ... prints the servers' commands)")
-    if recipe.rollout.engine == "vllm" and recipe.rollout.deterministic:
-        raise ValueError("rollout.deterministic: osvl cannot check or switch on batch-invariant inference in a vLLM "
-                         "server; use rollout.engine = 'sglang' (--enable-deterministic-inference) or 'local'")
-    if not t.servers and t.backend == "offline" and not t.world_dir:
-        raise ValueError("tools.world_dir must name a world directory for the offline backends (or set tools.servers)")
 
 
 def _arch_mismatch(server: Qwen3VLConfig, trainer: Qwen3VLConfig) -> list[str]:

@@ -24,12 +24,12 @@ from osvl.rollout.generator import GeneratorConfig, RolloutGenerator
 from osvl.rollout.replay import Ticket
 from osvl.tools import ToolEnvironment
 from osvl.trainer.grpo_data import rank_share, rollout_configs
+from osvl.trainer.index_stream import IndexStream
 from osvl.trainer.serving import Serving
-from osvl.trainer.sft_data import SFTStream
 from osvl.trainer.tool_env import step_faults
 
 
-def ticket_source(stream: SFTStream, dp_size: int, dp_rank: int) -> Callable[[], list[Ticket]]:
+def ticket_source(stream: IndexStream, dp_size: int, dp_rank: int) -> Callable[[], list[Ticket]]:
     """This rank's tickets of the next prompt-stream batch, numbered by batch from the stream's cursor."""
     cursor = stream.cursor  # batches drawn so far: whole epochs of steps_per_epoch, then this epoch's
     state = {"batch": cursor.epoch * stream.steps_per_epoch + cursor.index // stream.global_batch}
@@ -71,7 +71,7 @@ class GroupRoller:
         return restarts
 
 
-def stage_generator(recipe: Recipe, roller: GroupRoller, loop: EventLoopThread, stream: SFTStream, dp_size: int,
+def stage_generator(recipe: Recipe, roller: GroupRoller, loop: EventLoopThread, stream: IndexStream, dp_size: int,
                     dp_rank: int, version: int, state: dict | None) -> RolloutGenerator:
     """The rank's generator over its share of the prompt stream, restored from ``state`` on a resume."""
     g, r = recipe.grpo, recipe.rollout

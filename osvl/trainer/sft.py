@@ -29,6 +29,9 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
     """Train to the recipe's step count (or ``stop_after`` steps, to simulate an interruption)."""
     tokenizer, arch, renderer = stage_inputs(recipe)
     sequences = load_sft_sequences(recipe.data, renderer)
+    if recipe.sft.global_batch > len(sequences):
+        raise ValueError(f"sft.global_batch {recipe.sft.global_batch} exceeds the {len(sequences)} training "
+                         f"trajectories")
     stage = start_stage(recipe, rank, world_size, arch, num_items=len(sequences), batch_size=recipe.sft.global_batch,
                         max_steps=recipe.sft.max_steps, epochs=recipe.sft.epochs)
     model, stream = stage.model, stage.stream

@@ -1,4 +1,4 @@
-"""SFT trajectories -> packed micro-batches, in a seeded order with a resumable cursor.
+"""SFT trajectories -> packed micro-batches (drawn in the order of :mod:`osvl.trainer.index_stream`).
 
 Synthesised SFT trajectories carry text, not engine ids: each step is tokenized once here
 (generation + ``<|im_end|>``, so the model learns to stop). Every rank renders the whole set and
@@ -15,7 +15,6 @@ import dataclasses
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -120,46 +119,6 @@ def load_sft_sequences(source: str | Path | DataConfig, renderer: ChatRenderer,
         rejected = f" ({dict(stats.rejected)} rejected: {stats.examples})" if stats and stats.rejected else ""
         raise ValueError(f"data.train_path: {path} holds no usable trajectories{rejected}")
     return sequences
-
-
-@dataclass
-class Cursor:
-    """Where the stream is: epoch and position in that epoch's permutation."""
-
-    epoch: int = 0
-    index: int = 0
-
-
-class SFTStream:
-    """Global batches of sequence indices; epoch e is a permutation seeded by (seed, e)."""
-
-    def __init__(self, num_sequences: int, global_batch: int, seed: int, shuffle: bool = True) -> None:
-        if global_batch > num_sequences:
-            raise ValueError(f"sft.global_batch {global_batch} exceeds the {num_sequences} training trajectories")
-        self.num_sequences, self.global_batch, self.seed, self.shuffle = num_sequences, global_batch, seed, shuffle
-        self.cursor = Cursor()
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.num_sequences // self.global_batch  # a ragged tail is dropped, as with drop_last
-
-    def _order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.num_sequences)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_sequences)
-
-    def next_batch(self) -> list[int]:
-        if self.cursor.index + self.global_batch > self.num_sequences:
-            self.cursor = Cursor(self.cursor.epoch + 1, 0)
-        start = self.cursor.index
-        self.cursor = Cursor(self.cursor.epoch, start + self.global_batch)
-        return self._order(self.cursor.epoch)[start:start + self.global_batch].tolist()
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.cursor.epoch, "index": self.cursor.index}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.cursor = Cursor(int(state["epoch"]), int(state["index"]))
 
 
 def rank_microbatches(sequences: list[TrainSequence], indices: list[int], max_tokens: int, num_ranks: int,

@@ -21,12 +21,11 @@ from osvl.data.tokenizer import Tokenizer, load_tokenizer
 from osvl.model import Qwen3VLConfig, Qwen3VLModel
 from osvl.trainer.checkpoint import finish_stage, resume_state, save_checkpoint, stage_state
 from osvl.trainer.flops import device_name, resolve_peak_tflops
+from osvl.trainer.index_stream import IndexStream
 from osvl.trainer.metrics import MetricsWriter, stage_metrics
 from osvl.trainer.optim import build_optimizer, build_scheduler
-from osvl.trainer.policy import build_policy, policy_arch
+from osvl.trainer.policy import build_policy, policy_arch, policy_renderer
 from osvl.trainer.resume import Resumption, resume_records
-from osvl.trainer.sft_data import SFTStream
-from osvl.trainer.tool_env import stage_renderer
 
 
 @dataclass(frozen=True)
@@ -41,7 +40,7 @@ def stage_inputs(recipe: Recipe) -> tuple[Tokenizer, Qwen3VLConfig, ChatRenderer
     """The tokenizer, the policy's architecture and the renderer of the prompt both stages train on."""
     tokenizer = load_tokenizer(recipe.data.tokenizer or recipe.model.pretrained)
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
-    return tokenizer, arch, stage_renderer(recipe, tokenizer, arch)
+    return tokenizer, arch, policy_renderer(recipe, tokenizer, arch)
 
 
 @dataclass
@@ -53,7 +52,7 @@ class Stage:
     params: list[torch.nn.Parameter]
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    stream: SFTStream
+    stream: IndexStream
     total: int  # the stage's steps
     step: int  # steps taken (resumed ones included)
     resumed: int
@@ -98,7 +97,7 @@ def start_stage(recipe: Recipe, rank: int, world_size: int, arch: Qwen3VLConfig,
     """The policy on its parallel plan, AdamW, the schedule over ``total * updates_per_step``
     updates, and the data cursor over ``num_items``; everything restored from the newest
     checkpoint in ``job.run_dir`` when ``checkpoint.resume``."""
-    stream = SFTStream(num_items, batch_size, recipe.job.seed, recipe.data.shuffle)
+    stream = IndexStream(num_items, batch_size, recipe.job.seed, recipe.data.shuffle)
     total = max_steps or epochs * stream.steps_per_epoch
     model = build_policy(recipe, arch, world_size)
     params = [p for p in model.parameters() if p.requires_grad]

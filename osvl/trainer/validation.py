@@ -25,10 +25,10 @@ from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
 from osvl.rl.rewards import score_batch
 from osvl.rl.trajectory import Prompt, Trajectory
-from osvl.rollout import AgentConfig, Engine, RolloutConfig, stream_groups
+from osvl.rollout import AgentConfig, Engine, RolloutWorkerConfig, stream_groups
 from osvl.tools import ToolEnvironment
+from osvl.tools.faults import FaultInjectingRunner
 from osvl.trainer.grpo_data import load_prompts, reward_scoring, rollout_configs
-from osvl.trainer.tool_env import FaultInjectingRunner
 
 VALIDATION_STEP = -1  # the rollout "step" of every validation: seeds depend on it, not on the training step
 SUMMARY_KEYS = ("accuracy", "reward", "reward_fmt", "answered", "grounded", "fatal_rate", "turns_mean", "tool_calls",
@@ -36,7 +36,7 @@ SUMMARY_KEYS = ("accuracy", "reward", "reward_fmt", "answered", "grounded", "fat
 
 
 async def collect_rollouts(prompts: Sequence[Prompt], engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
-                           agent: AgentConfig, workers: RolloutConfig, *, step: int = 0) -> list[Trajectory]:
+                           agent: AgentConfig, workers: RolloutWorkerConfig, *, step: int = 0) -> list[Trajectory]:
     """Every prompt's group of trajectories, in completion order."""
     out = []
     async for group in stream_groups(prompts, engine, env, renderer, agent, workers, step=step):

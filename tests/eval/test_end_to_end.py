@@ -13,7 +13,7 @@ from osvl.eval.__main__ import main
 from osvl.eval.benchmarks import load_benchmark
 from osvl.eval.judge import NormalizedMatchJudge
 from osvl.eval.modes import AgenticAnswerer, system_prompt
-from osvl.eval.runner import Evaluator, RunConfig, read_records
+from osvl.eval.runner import EvalRunConfig, Evaluator, read_records
 from osvl.rl.trajectory import ImageStore, trajectory_from_dict
 from osvl.rollout.agent import AgentConfig
 from osvl.rollout.engine import GenerationRequest, SamplingParams
@@ -22,9 +22,9 @@ from osvl.tools import (
     ImageSearchConfig,
     PoolConfig,
     TextSearchConfig,
+    ToolBackendsConfig,
     ToolEnvironment,
     ToolPool,
-    ToolsConfig,
     default_registry,
 )
 from tests.eval.conftest import IMAGE_CONFIG
@@ -110,16 +110,18 @@ def test_scripted_agent_through_the_real_loop_scores_exactly(checkpoint, held_ou
 
     engine = ReplayEngine(LocalEngine(from_pretrained(checkpoint, dtype=torch.float32), tokenizer, IMAGE_CONFIG),
                           script)
-    tools = ToolsConfig(text_search=TextSearchConfig(corpus_path=str(world_dir / "corpus.jsonl")),
+    tools = ToolBackendsConfig(text_search=TextSearchConfig(corpus_path=str(world_dir / "corpus.jsonl")),
                         image_search=ImageSearchConfig(collection_path=str(world_dir / "images.jsonl")))
-    with ToolPool(tools, PoolConfig(num_workers=1)) as pool:
-        env = ToolEnvironment(default_registry(tools.limits), pool)
+    registry = default_registry(tools.limits)
+    with ToolPool(tools, PoolConfig(num_workers=1, preload=registry.targets())) as pool:
+        env = ToolEnvironment(registry, pool)
         renderer = ChatRenderer(tokenizer, IMAGE_CONFIG, env.registry.tool_schemas(),
                                 system_prompt("agent_system.v1.txt"))
         answerer = AgenticAnswerer(engine, renderer, env,
                                    AgentConfig(max_turns=3, max_total_tokens=8192,
                                                sampling=SamplingParams(temperature=0.0, max_new_tokens=64)))
-        stats = asyncio.run(Evaluator(answerer, NormalizedMatchJudge(), tmp_path, RunConfig(concurrency=2)).run(items))
+        evaluator = Evaluator(answerer, NormalizedMatchJudge(), tmp_path, EvalRunConfig(concurrency=2))
+        stats = asyncio.run(evaluator.run(items))
     assert stats.generated == N and stats.max_in_flight <= 2
     records, _ = read_records(tmp_path / "records.jsonl")
     scores = {r["id"]: r["verdict"]["score"] for r in records.values()}

@@ -28,8 +28,7 @@ from osvl.eval.items import to_prompt
 from osvl.model import from_pretrained
 from osvl.trainer.checkpoint import finish_stage
 from osvl.trainer.grpo_data import load_prompts
-from osvl.trainer.policy import build_policy, policy_arch
-from osvl.trainer.tool_env import stage_image_config, stage_renderer
+from osvl.trainer.policy import build_policy, policy_arch, policy_image_config, policy_renderer
 
 N = 3
 
@@ -47,7 +46,7 @@ def export(tmp_path, tokenizer, held_out, world_dir, profile, system_prompt):
         f"job.run_dir={tmp_path / 'run'}", "grpo.temperature=0.6", "grpo.top_p=0.95"])
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
     model = build_policy(recipe, arch, world_size=1)
-    finish_stage(lambda step: None, 12, 12, 12, recipe, model, tokenizer, stage_image_config(recipe, arch),
+    finish_stage(lambda step: None, 12, 12, 12, recipe, model, tokenizer, policy_image_config(recipe, arch),
                  tmp_path / "run")
     return recipe, arch, model, tmp_path / "run" / "hf"
 
@@ -68,7 +67,7 @@ def eval_prompt_ids(hf, held_out, world_dir, out, *flags):
 def test_eval_prompts_the_exported_policy_as_its_stage_did(tokenizer, held_out, world_dir, tmp_path, profile,
                                                            system_prompt):
     recipe, arch, model, hf = export(tmp_path, tokenizer, held_out, world_dir, profile, system_prompt)
-    stage = stage_renderer(recipe, tokenizer, arch)
+    stage = policy_renderer(recipe, tokenizer, arch)
     prompts = load_prompts(recipe.data)[:N]  # the GRPO stage's own reader
     assert any(p.images for p in prompts)
     trained = [stage.render_prompt(p).ids for p in prompts]

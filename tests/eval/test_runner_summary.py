@@ -8,7 +8,7 @@ import pytest
 
 from osvl.eval.items import EvalItem
 from osvl.eval.modes import Attempt, extract_answer
-from osvl.eval.runner import Evaluator, RunConfig, read_records
+from osvl.eval.runner import EvalRunConfig, Evaluator, read_records
 from osvl.eval.summary import cost_table, paper_table, pass_table, summarize_benchmark
 from osvl.rl.judges import Verdict
 from osvl.rl.trajectory import FinishReason, Step, Trajectory
@@ -52,7 +52,7 @@ class FlakyJudge:
 
 
 def _run(tmp_path, answerer, judge, concurrency=2):
-    return asyncio.run(Evaluator(answerer, judge, tmp_path, RunConfig(concurrency=concurrency)).run(ITEMS))
+    return asyncio.run(Evaluator(answerer, judge, tmp_path, EvalRunConfig(concurrency=concurrency)).run(ITEMS))
 
 
 def test_unjudged_items_are_excluded_then_rejudged_without_regenerating(tmp_path):
@@ -96,7 +96,7 @@ def test_duplicate_keys_and_bad_config_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="unique"):
         asyncio.run(Evaluator(ScriptedAnswerer(), FlakyJudge(), tmp_path).run(ITEMS[:1] * 2))
     with pytest.raises(ValueError, match="concurrency"):
-        RunConfig(concurrency=0)
+        EvalRunConfig(concurrency=0)
 
 
 def test_paper_numbers_sit_beside_ours_and_are_labelled():

@@ -1,4 +1,4 @@
-"""``python -m osvl.eval`` tool plumbing: TOML / flags / env-var keys -> ToolsConfig, the release tool
+"""``python -m osvl.eval`` tool plumbing: TOML / flags / env-var keys -> ToolBackendsConfig, the release tool
 profile and a user system prompt, driven for real against loopback online back-ends."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from osvl.eval.benchmarks import load_benchmark
 from osvl.eval.items import to_prompt
 from osvl.eval.judge import NormalizedMatchJudge
 from osvl.eval.model_dir import load_model_dir
-from osvl.eval.runner import Evaluator, RunConfig, read_records
+from osvl.eval.runner import EvalRunConfig, Evaluator, read_records
 from osvl.eval.tools import (
-    ProfiledEnvironment,
+    EvalToolEnvironment,
     check_offline_paths,
     read_tools_file,
     resolve_sections,
@@ -170,7 +170,7 @@ def test_release_profile_with_online_search_and_own_system_prompt(checkpoint, wo
         assert "You are a visual investigation agent." in system
         assert '"name": "web_search"' in system and '"name": "layout_parsing"' in system
         assert '"name": "ocr"' not in system
-        stats = asyncio.run(Evaluator(answerer, NormalizedMatchJudge(), tmp_path / "o", RunConfig(2)).run(items))
+        stats = asyncio.run(Evaluator(answerer, NormalizedMatchJudge(), tmp_path / "o", EvalRunConfig(2)).run(items))
     assert stats.generated == 2
     records, _ = read_records(tmp_path / "o" / "records.jsonl")
     assert {r["id"]: r["verdict"]["score"] for r in records.values()} == {"a": 1.0, "b": 0.0}
@@ -204,7 +204,7 @@ def test_cli_refuses_bad_tool_settings_before_loading_the_model(checkpoint, worl
 def test_profiled_environment_is_the_tools_one_over_the_osvl_environment_rag_uses():
     profile = tool_profile("release")
     osvl_env = ToolEnvironment(profile.registry, pool=object())
-    env = ProfiledEnvironment(osvl_env, profile)
+    env = EvalToolEnvironment(osvl_env, profile)
     assert isinstance(env, profiles.ProfiledEnvironment) and env.profile is profile
     assert env.env is osvl_env and env.pool is osvl_env.pool and env.registry is profile.registry
     assert env.tool_schemas() == profile.tool_schemas() != profile.registry.tool_schemas()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from osvl.rl.trajectory import ToolResult, ToolStatus
-from osvl.tools import ToolsConfig
+from osvl.tools import ToolBackendsConfig
 from osvl.tools.errors import InvalidArguments
 from osvl.tools.profiles import (
     RELEASE_TOOLS,
@@ -52,7 +52,7 @@ def test_release_crop_executes_the_osvl_crop_on_the_referenced_image(release):
     call = release.translate({"name": "crop", "arguments": {"image": "img_2", "x": 5, "y": 2, "width": 8, "height": 7}})
     spec = release.registry.get(call.name)
     images = [[question, tool_image][call.arguments[arg]] for arg in spec.image_args]
-    status, _, out, error = run_job(spec.target, call.arguments, images, ToolsConfig())
+    status, _, out, error = run_job(spec.target, call.arguments, images, ToolBackendsConfig())
     assert status is ToolStatus.OK, error
     np.testing.assert_array_equal(out[0], tool_image[2:9, 5:13])
 

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import ToolsConfig
+from osvl.tools import ToolBackendsConfig
 from osvl.tools.python_interpreter import python_interpreter_spec
 from osvl.tools.sandbox import SandboxConfig, SandboxLimits, SandboxUnavailable, check_sandbox, run_sandboxed
 from osvl.tools.worker import run_job
@@ -14,7 +14,7 @@ LOCAL_BACKENDS = ["namespaces", "unsafe_no_boundary"]
 
 def run_tool(code: str, limits: SandboxLimits = SandboxLimits(), sandbox: SandboxConfig = SandboxConfig()):
     spec = python_interpreter_spec(limits, sandbox)
-    return run_job(spec.target, {"code": code}, [], ToolsConfig(), spec.options)
+    return run_job(spec.target, {"code": code}, [], ToolBackendsConfig(), spec.options)
 
 
 @pytest.mark.parametrize("backend", LOCAL_BACKENDS)

@@ -4,7 +4,7 @@ import httpx
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import TextSearchConfig, ToolsConfig, http_client
+from osvl.tools import TextSearchConfig, ToolBackendsConfig, http_client
 from osvl.tools.visit import focus_page, visit_spec, visit_tool
 from osvl.tools.worker import run_job
 
@@ -17,7 +17,7 @@ def offline(tmp_path):
     rows = [{"id": "p1", "title": "Kessock Bridge", "text": PAGE, "url": "world://p1"},
             {"id": "p2", "title": "Empty", "text": " ", "url": "world://p2"}]
     corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return ToolsConfig(text_search=TextSearchConfig(corpus_path=str(corpus)))
+    return ToolBackendsConfig(text_search=TextSearchConfig(corpus_path=str(corpus)))
 
 
 def test_offline_visit_reads_the_corpus_page_by_url_or_id(offline):
@@ -32,7 +32,7 @@ def test_offline_visit_errors_are_typed(offline):
     assert status is ToolStatus.TOOL_ERROR and "no page" in error
     status, _, _, error = run_job(visit_spec().target, {"url": "world://p2"}, [], offline)
     assert status is ToolStatus.TOOL_ERROR and "no readable text" in error
-    status, _, _, error = run_job(visit_spec().target, {"url": "world://p1"}, [], ToolsConfig())
+    status, _, _, error = run_job(visit_spec().target, {"url": "world://p1"}, [], ToolBackendsConfig())
     assert status is ToolStatus.INFRA_ERROR and "corpus_path" in error
 
 
@@ -45,8 +45,9 @@ def test_online_visit_goes_through_jina_reader(monkeypatch):
 
     client = httpx.Client(transport=httpx.MockTransport(reader))
     monkeypatch.setattr(http_client, "shared_client", lambda timeout_s: client)
-    config = ToolsConfig(text_search=TextSearchConfig(backend="online", serper_key="k", summarizer_url="http://s/v1",
-                                                      jina_url="http://reader.test/", jina_key="jk"))
+    online = TextSearchConfig(backend="online", serper_key="k", summarizer_url="http://s/v1",
+                              jina_url="http://reader.test/", jina_key="jk")
+    config = ToolBackendsConfig(text_search=online)
     out = visit_tool({"url": "https://example.org/kessock", "goal": ""}, [], config)
     assert "opened in 1982" in out.text
     assert seen == [("http://reader.test/https://example.org/kessock", "Bearer jk")]

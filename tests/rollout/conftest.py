@@ -6,20 +6,27 @@ import pytest
 
 from osvl.data.chat import ChatRenderer
 from osvl.rollout.local_engine import LocalEngine
-from osvl.tools import PoolConfig, ToolEnvironment, ToolPool, ToolRegistry, ToolsConfig
+from osvl.tools import PoolConfig, ToolBackendsConfig, ToolEnvironment, ToolPool, ToolRegistry
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 from tests.tools.fault_tools import fault_specs
 
 
 @pytest.fixture(scope="session")
-def tool_pool():
-    with ToolPool(ToolsConfig(), PoolConfig(num_workers=2, max_queue=16, watch_interval_s=0.02)) as pool:
+def registry():
+    return ToolRegistry(fault_specs())
+
+
+@pytest.fixture(scope="session")
+def tool_pool(registry):
+    """Workers that import the fault tools before they are ready, as the stages' pools do."""
+    config = PoolConfig(num_workers=2, max_queue=16, watch_interval_s=0.02, preload=registry.targets())
+    with ToolPool(ToolBackendsConfig(), config) as pool:
         yield pool
 
 
 @pytest.fixture(scope="session")
-def env(tool_pool):
-    return ToolEnvironment(ToolRegistry(fault_specs()), tool_pool)
+def env(registry, tool_pool):
+    return ToolEnvironment(registry, tool_pool)
 
 
 @pytest.fixture(scope="session")

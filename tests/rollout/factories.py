@@ -13,7 +13,7 @@ from osvl.rollout.agent import AgentConfig
 from osvl.rollout.engine import SamplingParams
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
 from osvl.rollout.worker_pool import RolloutSetup
-from osvl.rollout.workers import RolloutConfig
+from osvl.rollout.workers import RolloutWorkerConfig
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 from tests.rollout.inline_tools import inline_environment, renderer_for
 from tests.rollout.scripts import scripted
@@ -85,4 +85,4 @@ def rollout_setup(turns: Sequence[str], marker: str = "", flag: str = "", mode: 
     return RolloutSetup(
         engine=DieOnPrompt(engine, marker, flag, mode) if marker else engine, env=env, renderer=renderer_for(env),
         agent=AgentConfig(max_turns=3, sampling=SamplingParams(temperature=1.0, max_new_tokens=64)),
-        rollout=RolloutConfig(group_size=2, max_in_flight=4, trajectory_deadline_s=60, max_retries=0))
+        rollout=RolloutWorkerConfig(group_size=2, max_in_flight=4, trajectory_deadline_s=60, max_retries=0))

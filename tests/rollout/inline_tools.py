@@ -7,7 +7,7 @@ import asyncio
 
 from osvl.data.chat import ChatRenderer
 from osvl.rl.trajectory import ToolResult
-from osvl.tools import ToolEnvironment, ToolRegistry, ToolsConfig
+from osvl.tools import ToolBackendsConfig, ToolEnvironment, ToolRegistry
 from osvl.tools.pool import Job
 from osvl.tools.worker import run_job
 from tests.rollout.helpers import IMAGE_CONFIG, tokenizer
@@ -16,7 +16,7 @@ from tests.tools.fault_tools import fault_specs
 
 class InlineRunner:
     def __init__(self) -> None:
-        self.config = ToolsConfig()
+        self.config = ToolBackendsConfig()
 
     def call(self, job: Job) -> ToolResult:
         status, text, images, error = run_job(job.target, job.arguments, job.images, self.config)

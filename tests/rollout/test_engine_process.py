@@ -14,7 +14,7 @@ from osvl.rollout.engine import (
 )
 from osvl.rollout.engine_process import ProcessEngine, ProcessEngineConfig, save_weights
 from osvl.rollout.local_engine import LocalEngine
-from osvl.rollout.workers import RolloutConfig, stream_groups
+from osvl.rollout.workers import RolloutWorkerConfig, stream_groups
 from tests.rollout import factories
 from tests.rollout.helpers import IMAGE_CONFIG, prompts, tiny_model, tokenizer
 from tests.rollout.inline_tools import inline_environment, renderer_for
@@ -90,7 +90,7 @@ def test_a_killed_engine_server_ends_its_trajectories_as_infra_error_and_the_bat
                 self.running -= 1
 
     agent = AgentConfig(max_turns=3, sampling=SamplingParams(temperature=1.0, max_new_tokens=64))
-    config = RolloutConfig(group_size=2, max_in_flight=4, trajectory_deadline_s=60, max_retries=0)
+    config = RolloutWorkerConfig(group_size=2, max_in_flight=4, trajectory_deadline_s=60, max_retries=0)
     factory = functools.partial(factories.replay_engine, TURNS, [hang])
     env = inline_environment()
     with ProcessEngine(factory) as server:

@@ -208,7 +208,7 @@ def test_restart_mode_rolls_the_trajectories_in_flight_out_again_on_the_new_weig
     """The generator with the real rollout workers: a weight update under partial_rollouts = "restart"
     aborts the samples in flight; they start again once the new weights serve, so no trajectory
     mixes versions."""
-    from osvl.rollout import AgentConfig, LocalEngine, ReplayEngine, RolloutConfig, RolloutMetrics, SamplingParams
+    from osvl.rollout import AgentConfig, LocalEngine, ReplayEngine, RolloutMetrics, RolloutWorkerConfig, SamplingParams
     from osvl.rollout.workers import run_group
     from tests.rollout.helpers import IMAGE_CONFIG, prompts, tiny_model, tokenizer
     from tests.rollout.scripts import respond, scripted
@@ -221,7 +221,8 @@ def test_restart_mode_rolls_the_trajectories_in_flight_out_again_on_the_new_weig
 
     async def rollout(ticket, preemption):
         group = await run_group(prompts(1)[0], ticket.position, engine, env, renderer, agent,
-                                RolloutConfig(group_size=2), step=ticket.batch, metrics=metrics, preemption=preemption)
+                                RolloutWorkerConfig(group_size=2), step=ticket.batch, metrics=metrics,
+                                preemption=preemption)
         return group.trajectories
 
     with EventLoopThread() as loop:

@@ -22,7 +22,7 @@ from osvl.rollout.engine import (
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
 from osvl.rollout.reserved import find_unusable, reserved_vision_ids
 from osvl.rollout.sampling import make_generator, sample_next
-from osvl.rollout.workers import RolloutConfig, RolloutMetrics, stream_groups
+from osvl.rollout.workers import RolloutMetrics, RolloutWorkerConfig, stream_groups
 from tests.rollout.helpers import IMAGE_CONFIG, model_config, prompts, tokenizer
 from tests.rollout.scripts import call, respond, scripted
 
@@ -119,14 +119,14 @@ def test_image_pad_mid_batch_ends_one_trajectory_typed_and_the_trainer_can_pack_
 
     async def collect():
         return [g async for g in stream_groups(prompts(3), engine, env, renderer, agent,
-                                               RolloutConfig(group_size=2, max_in_flight=6), metrics=metrics)]
+                                               RolloutWorkerConfig(group_size=2, max_in_flight=6), metrics=metrics)]
 
     groups = asyncio.run(collect())
     assert sorted(g.group_id for g in groups) == [0, 1, 2] and all(len(g.trajectories) == 2 for g in groups)
     by_key = {(g.prompt.id, t.sample_index): t for g in groups for t in g.trajectories}
     bad = by_key.pop(("p1", 1))
     assert all(t.finish_reason is FinishReason.RESPONSE for t in by_key.values())
-    assert bad.finish_reason is FinishReason.FATAL and bad.fatal_step == 2
+    assert bad.finish_reason is FinishReason.MALFORMED and bad.fatal_step == 2  # no response: fatal at its end
     assert bad.statuses == [ToolStatus.OK, ToolStatus.PARSE_ERROR]
     step = bad.steps[1]
     assert step.token_ids == prefix and step.logprobs == [-0.25] * len(prefix) and step.response is None

@@ -30,14 +30,15 @@ from osvl.rollout.sglang import (
     generate_payload,
     parse_generate_response,
 )
-from osvl.rollout.workers import RolloutConfig, stream_groups
+from osvl.rollout.workers import RolloutWorkerConfig, stream_groups
 from tests.rollout.helpers import IMAGE_CONFIG, prompts, tiny_model, tokenizer
 
 AGENT = AgentConfig(max_turns=3, sampling=SamplingParams(temperature=1.0, max_new_tokens=10))
 
 
 async def _groups(engine, env, renderer, n=3, g=2):
-    out = [grp async for grp in stream_groups(prompts(n), engine, env, renderer, AGENT, RolloutConfig(group_size=g))]
+    config = RolloutWorkerConfig(group_size=g)
+    out = [grp async for grp in stream_groups(prompts(n), engine, env, renderer, AGENT, config)]
     await engine.aclose()
     return out
 

@@ -26,8 +26,8 @@ from osvl.rollout import (
     AgentConfig,
     EngineError,
     GenerationRequest,
-    RolloutConfig,
     RolloutRecorder,
+    RolloutWorkerConfig,
     SamplingParams,
     StopKind,
     VLLMConfig,
@@ -39,7 +39,7 @@ from osvl.rollout.weight_sync import DiskSync
 from osvl.trainer import read_metrics
 from osvl.trainer.checkpoint import latest_checkpoint, step_dir
 from osvl.trainer.export import PolicyDefaults, model_files
-from osvl.trainer.policy import image_config, policy_arch
+from osvl.trainer.policy import policy_arch, policy_image_config
 from osvl.trainer.preflight import trainer_logprobs
 from osvl.trainer.stage import stage_inputs
 from tests.trainer.ranks import run_ranks
@@ -74,7 +74,7 @@ def served(tmp_path_factory):
     model = build_model(arch).eval()
     served_dir = root / "served"
     save_pretrained(model, served_dir, dtype=torch.float32, text_only=True)
-    for name, body in model_files(tokenizer, image_config(arch, recipe), PolicyDefaults(), 2048).items():
+    for name, body in model_files(tokenizer, policy_image_config(recipe, arch), PolicyDefaults(), 2048).items():
         (served_dir / name).write_text(body)
     server = vllm_server(served_dir, root / "vllm.log")
     try:
@@ -269,7 +269,7 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
         engine = VLLMEngine(VLLMConfig((server.url,), timeout_s=10))
         try:
             return await run_group(prompts[0], 0, engine, env, renderer, AgentConfig(max_turns=2),
-                                   RolloutConfig(group_size=2, max_retries=1, trajectory_deadline_s=60))
+                                   RolloutWorkerConfig(group_size=2, max_retries=1, trajectory_deadline_s=60))
         finally:
             await engine.aclose()
 

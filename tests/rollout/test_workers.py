@@ -9,7 +9,7 @@ from osvl.rollout.engine import EngineError, SamplingParams
 from osvl.rollout.local_engine import ReplayEngine
 from osvl.rollout.parity import logprob_parity, trainer_logprobs
 from osvl.rollout.recorder import RolloutRecorder
-from osvl.rollout.workers import RolloutConfig, RolloutMetrics, stream_groups
+from osvl.rollout.workers import RolloutMetrics, RolloutWorkerConfig, stream_groups
 from tests.rollout.helpers import prompts
 from tests.rollout.scripts import call, respond, scripted
 
@@ -47,7 +47,7 @@ def test_groups_stay_together_with_faults_and_metrics(local_engine, env, rendere
     hang = {derive_seed(0, "p2", 1)}  # always hangs: deadline, retry, drop
     engine = FlakyEngine(base, crash, hang)
     metrics = RolloutMetrics()
-    config = RolloutConfig(group_size=2, max_in_flight=4, trajectory_deadline_s=4.0, max_retries=1, queue_size=1)
+    config = RolloutWorkerConfig(group_size=2, max_in_flight=4, trajectory_deadline_s=4.0, max_retries=1, queue_size=1)
     groups = asyncio.run(_collect(prompts(3), engine, env, renderer, AGENT, config, metrics=metrics))
     assert sorted(g.group_id for g in groups) == [0, 1, 2]
     for g in groups:
@@ -66,15 +66,15 @@ def test_groups_stay_together_with_faults_and_metrics(local_engine, env, rendere
 
 def test_rollout_config_refuses_bad_values():
     with pytest.raises(ValueError, match="max_retries"):
-        RolloutConfig(max_retries=-1)
+        RolloutWorkerConfig(max_retries=-1)
     with pytest.raises(ValueError, match="trajectory_deadline_s"):
-        RolloutConfig(trajectory_deadline_s=0)
+        RolloutWorkerConfig(trajectory_deadline_s=0)
 
 
 def test_sampled_rollouts_recorded_and_logprobs_match_the_trainer(local_engine, env, renderer, tmp_path):
     turns = [call("echo_image", image=0, tag="p"), call("echo", tag="q"), respond()]
     engine = ReplayEngine(local_engine, scripted(turns))
-    config = RolloutConfig(group_size=2, max_in_flight=4)
+    config = RolloutWorkerConfig(group_size=2, max_in_flight=4)
     groups = asyncio.run(_collect(prompts(2), engine, env, renderer, AGENT, config))
     trajectories = [t for g in groups for t in g.trajectories]
     recorder = RolloutRecorder(tmp_path / "run")
@@ -105,13 +105,13 @@ def test_an_outage_is_retried_or_kept_and_counted_as_the_recipe_says(local_engin
                                                                      infra_rollouts):
     from osvl.rl.fatal import FatalConfig
     from osvl.tools import ToolEnvironment
-    from osvl.trainer.tool_env import FaultInjectingRunner, OutageModel
+    from osvl.tools.faults import FaultInjectingRunner, OutageModel
 
     down = OutageModel(rate=1.0, start_turns=1, tools=("echo",))  # the echo back-end is down for every rollout
     outage_env = ToolEnvironment(env.registry, FaultInjectingRunner(env.pool, 0.0, seed=1, outages=down))
     engine = ReplayEngine(local_engine, scripted([call("echo", tag="x")]))  # keeps calling
     agent = AgentConfig(max_turns=5, sampling=AGENT.sampling, fatal=FatalConfig(k=3, errors=errors))
-    config = RolloutConfig(group_size=2, max_retries=1, infra_rollouts=infra_rollouts)
+    config = RolloutWorkerConfig(group_size=2, max_retries=1, infra_rollouts=infra_rollouts)
     metrics = RolloutMetrics()
     [group] = asyncio.run(_collect(prompts(1), engine, outage_env, renderer, agent, config, metrics=metrics))
     for traj in group.trajectories:
@@ -126,7 +126,7 @@ def test_an_outage_is_retried_or_kept_and_counted_as_the_recipe_says(local_engin
 
 def test_unknown_infra_rollouts_is_refused():
     with pytest.raises(ValueError, match="infra_rollouts"):
-        RolloutConfig(infra_rollouts="retry")
+        RolloutWorkerConfig(infra_rollouts="retry")
 
 
 class HeldEngine:
@@ -158,7 +158,8 @@ def test_a_weight_update_restarts_the_samples_in_flight_on_the_new_weights(env, 
     async def main():
         preemption, metrics = Preemption(), RolloutMetrics()
         group = asyncio.ensure_future(run_group(prompts(1)[0], 0, engine, env, renderer, AGENT,
-                                                RolloutConfig(group_size=3), metrics=metrics, preemption=preemption))
+                                                RolloutWorkerConfig(group_size=3), metrics=metrics,
+                                                preemption=preemption))
         while engine.calls < 3:  # every sample is generating on the old weights
             await asyncio.sleep(0.01)
         preemption.begin()

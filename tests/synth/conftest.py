@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from osvl.synth.environment import world_environment
+from osvl.synth.environment import EnvironmentTools
 from osvl.synth.pipeline import CurationConfig, curate
 from osvl.tools import PoolConfig
+from osvl.tools.world import world_environment
 from osvl.world import WorldConfig, build_world, load_world
 
 
@@ -29,5 +30,5 @@ def real_tools(world, tmp_path_factory):
     """The real tool pool over the world, spawned once (start-up and the per-worker index builds
     take seconds); one worker: the tests call it sequentially."""
     index = tmp_path_factory.mktemp("fts") / "corpus.fts5.sqlite"
-    with world_environment(world, PoolConfig(num_workers=1, max_queue=8), index_path=index) as tools:
-        yield tools
+    with world_environment(world, PoolConfig(num_workers=1, max_queue=8), index_path=index) as env:
+        yield EnvironmentTools(env)

@@ -11,7 +11,7 @@ import pytest
 
 from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.trajectory import ToolCall, ToolResult, ToolStatus, read_jsonl
-from osvl.synth.environment import EnvironmentTools, world_tools_config
+from osvl.synth.environment import EnvironmentTools
 from osvl.synth.expert import (
     ExpertConfig,
     ScriptedExpert,
@@ -29,6 +29,7 @@ from osvl.synth.tool_solvers import (
     caption_facts,
 )
 from osvl.tools import ToolEnvironment, default_registry
+from osvl.tools.world import world_tools_config
 
 
 def test_world_tools_config_points_at_the_world(world, tmp_path):
@@ -39,6 +40,16 @@ def test_world_tools_config_points_at_the_world(world, tmp_path):
     moved = replace(world, corpus_path=tmp_path / "corpus.jsonl")
     with pytest.raises(ValueError, match="no corpus.jsonl"):
         world_tools_config(moved)
+
+
+def test_world_tools_config_takes_a_world_directory(world, tmp_path):
+    """The recipes' tools.world_dir and the tool server's --world name the directory, not a loaded world."""
+    config = world_tools_config(world.root)
+    assert config.text_search.corpus_path == str(world.root / "corpus.jsonl")
+    assert config.image_search.collection_path == str(world.root / "images.jsonl")
+    assert config.text_search.index_path is None
+    with pytest.raises(ValueError, match=f"world {tmp_path} has no corpus.jsonl; build it with"):
+        world_tools_config(tmp_path)
 
 
 def test_real_search_observations_parse(world, real_tools):
@@ -145,3 +156,9 @@ def test_curation_can_synthesize_with_the_real_tool_pool(world, curated, tmp_pat
     assert (out / "cache" / "corpus.fts5.sqlite").is_file()  # the index is built beside the output, not in the world
     with pytest.raises(ValueError, match="tool_workers"):
         CurationConfig(tool_workers=0)
+
+
+def test_the_world_pool_preloads_every_tool_even_when_given_a_pool_config(real_tools):
+    """A caller's PoolConfig (here one worker, no preload) still gets every tool imported before a call."""
+    env = real_tools.env
+    assert env.pool.config.num_workers == 1 and env.pool.config.preload == env.registry.targets()

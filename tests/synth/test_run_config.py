@@ -1,4 +1,4 @@
-"""``python -m osvl.synth run`` configuration: TOML + flags -> RunConfig, and its error paths."""
+"""``python -m osvl.synth run`` configuration: TOML + flags -> SynthRunConfig, and its error paths."""
 
 from __future__ import annotations
 

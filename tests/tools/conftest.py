@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from osvl.tools import PoolConfig, ToolEnvironment, ToolPool, ToolRegistry, ToolsConfig
+from osvl.tools import PoolConfig, ToolBackendsConfig, ToolEnvironment, ToolPool, ToolRegistry
 from tests.tools.fault_tools import fault_specs
 
 LEAK_LIMIT_BYTES = 400 << 20
@@ -13,7 +13,7 @@ LEAK_LIMIT_BYTES = 400 << 20
 @pytest.fixture(scope="session")
 def fault_pool():
     config = PoolConfig(num_workers=2, max_queue=4, max_rss_bytes=LEAK_LIMIT_BYTES, watch_interval_s=0.02)
-    with ToolPool(ToolsConfig(), config) as pool:
+    with ToolPool(ToolBackendsConfig(), config) as pool:
         yield pool
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from osvl.rl.trajectory import POLICY_ERRORS, ToolStatus
-from osvl.tools import ImageSearchConfig, ToolsConfig, VisualContext
+from osvl.tools import ImageSearchConfig, ToolBackendsConfig, VisualContext
 from osvl.tools.catalog import default_registry
 from osvl.tools.image_io import decode_image, encode_png
 from osvl.tools.worker import run_job
@@ -60,7 +60,7 @@ def tools_config(tmp_path_factory):
         (folder / f"{seed}.png").write_bytes(encode_png(scene(seed, (120, 160))))
         lines.append(json.dumps({"image": f"{seed}.png", "title": f"Entity {seed}"}))
     (folder / "c.jsonl").write_text("\n".join(lines) + "\n")
-    return ToolsConfig(image_search=ImageSearchConfig(collection_path=str(folder / "c.jsonl")))
+    return ToolBackendsConfig(image_search=ImageSearchConfig(collection_path=str(folder / "c.jsonl")))
 
 
 IMAGE_CALLS = {

@@ -6,10 +6,10 @@ from osvl.rl.trajectory import ToolStatus
 from osvl.tools import (
     BackendError,
     SuperResolutionConfig,
+    ToolBackendsConfig,
     ToolEnvironment,
     ToolError,
     ToolLimits,
-    ToolsConfig,
     VisualContext,
     default_registry,
 )
@@ -177,6 +177,6 @@ def test_super_resolution_output_limit_is_a_tool_error(fault_pool):
         "osvl.tools.superres:super_resolution_tool",
         {"image": 0, "scale": 4},
         [scene(6, (60, 60))],
-        ToolsConfig(limits=ToolLimits(max_image_pixels=10_000)),
+        ToolBackendsConfig(limits=ToolLimits(max_image_pixels=10_000)),
     )
     assert status is ToolStatus.TOOL_ERROR and images == [] and "crop the region of interest first" in error

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import OcrConfig, ToolsConfig
+from osvl.tools import OcrConfig, ToolBackendsConfig
 from osvl.tools.image_tools import perspective_correct
 from osvl.tools.ocr import (
     LayoutRegion,
@@ -66,7 +66,7 @@ def test_local_ocr_reads_rendered_text_back_as_layout_blocks():
         "osvl.tools.ocr:ocr_tool",
         {"image": 0, "chart_recognition": False, "doc_orientation": False},
         [document],
-        ToolsConfig(),
+        ToolBackendsConfig(),
     )
     assert status is ToolStatus.OK, error
     observation = json.loads(text)

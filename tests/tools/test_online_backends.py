@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import BackendError, HttpConfig, ImageSearchConfig, OcrConfig, TextSearchConfig, ToolsConfig
+from osvl.tools import BackendError, HttpConfig, ImageSearchConfig, OcrConfig, TextSearchConfig, ToolBackendsConfig
 from osvl.tools.http_client import request_json, retry_after_seconds
 from osvl.tools.image_io import decode_image
 from osvl.tools.worker import run_job
@@ -79,7 +79,7 @@ def text_config(web, **overrides):
         summarizer_key="llm-key",
     )
     settings.update(overrides)
-    return ToolsConfig(http=FAST, text_search=TextSearchConfig(**settings))
+    return ToolBackendsConfig(http=FAST, text_search=TextSearchConfig(**settings))
 
 
 def search(config, query="Kessock Bridge opening year", top_k=3):
@@ -215,7 +215,7 @@ def test_paddlex_layout_parsing_protocol(web):
         )
 
     web.routes["/layout-parsing"] = paddlex
-    config = ToolsConfig(
+    config = ToolBackendsConfig(
         http=FAST, ocr=OcrConfig(backend="paddlex", paddlex_url=f"{web.url}/layout-parsing", paddlex_token="px")
     )
     arguments = {"image": 0, "chart_recognition": True, "doc_orientation": False}
@@ -258,7 +258,7 @@ def test_reverse_image_search_by_uploaded_url_and_inline(web):
 
     web.routes.update({"/upload": upload, "/reverse": reverse})
     settings = dict(backend="online", api_url=f"{web.url}/reverse")
-    by_url = ToolsConfig(http=FAST, image_search=ImageSearchConfig(upload_url=f"{web.url}/upload", **settings))
+    by_url = ToolBackendsConfig(http=FAST, image_search=ImageSearchConfig(upload_url=f"{web.url}/upload", **settings))
     status, text, _, error = run_job(
         "osvl.tools.image_search:image_search_tool", {"image": 0, "top_k": 2}, [image], by_url
     )
@@ -268,7 +268,7 @@ def test_reverse_image_search_by_uploaded_url_and_inline(web):
         == "[Match 1] Kessock Bridge (page: https://w/k; web, score 0.93)\nCaption: via https://img.example.org/abc.png"
     )
     assert np.array_equal(decode_image(base64.b64decode(uploads[0]), 10**6), image)
-    inline = ToolsConfig(http=FAST, image_search=ImageSearchConfig(**settings))
+    inline = ToolBackendsConfig(http=FAST, image_search=ImageSearchConfig(**settings))
     status, text, _, _ = run_job("osvl.tools.image_search:image_search_tool", {"image": 0, "top_k": 2}, [image], inline)
     assert status is ToolStatus.OK and text.endswith("Caption: via inline")
     assert "image_base64" in web.hits("/reverse")[-1].json()

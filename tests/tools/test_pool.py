@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import Job, PoolBusy, PoolClosed, PoolConfig, ToolPool, ToolsConfig
+from osvl.tools import Job, PoolBusy, PoolClosed, PoolConfig, ToolBackendsConfig, ToolPool
 from tests.tools.conftest import LEAK_LIMIT_BYTES
 
 T = "tests.tools.fault_tools:"
@@ -129,7 +129,7 @@ def test_async_callers_wait_for_queue_space(fault_pool):
 
 def test_address_space_limit_turns_a_huge_allocation_into_infra_error_and_close():
     config = PoolConfig(num_workers=1, max_queue=2, max_rss_bytes=None, address_space_bytes=6 << 30)
-    pool = ToolPool(ToolsConfig(), config)
+    pool = ToolPool(ToolBackendsConfig(), config)
     try:
         pid = pool.worker_pids[0]
         result = pool.call(job("huge_allocation"))
@@ -159,7 +159,7 @@ def test_bad_pool_and_job_configs():
 
 def test_a_pool_whose_workers_cannot_start_fails_loudly():
     with pytest.raises(RuntimeError, match="failed to start"):
-        ToolPool(ToolsConfig(), PoolConfig(num_workers=1, startup_timeout_s=0.001))
+        ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=1, startup_timeout_s=0.001))
 
 
 def test_time_in_the_queue_does_not_count_against_the_deadline(fault_pool):
@@ -179,13 +179,13 @@ def test_results_record_queue_and_run_seconds_and_the_worker(fault_pool):
 
 
 def test_the_specs_options_reach_the_implementation():
-    with ToolPool(ToolsConfig(), PoolConfig(num_workers=1)) as pool:
+    with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=1)) as pool:
         result = pool.call(Job("echo_options", T + "echo_options", {}, options={"limit": 3, "mode": "x"}))
     assert result.status is ToolStatus.OK and result.text == '{"limit": 3, "mode": "x"}'
 
 
 def test_an_end_to_end_deadline_counts_the_queue_and_is_ours_when_the_queue_spends_it():
-    with ToolPool(ToolsConfig(), PoolConfig(num_workers=1, max_queue=8)) as pool:
+    with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=1, max_queue=8)) as pool:
         blocker = pool.submit(job("echo", seconds=1.0))
         starved = pool.submit(Job("echo", T + "echo", {}, deadline_s=5.0, end_to_end_s=0.3))
         squeezed = pool.submit(Job("echo", T + "echo", {"seconds": 4.0}, deadline_s=5.0, end_to_end_s=2.5))

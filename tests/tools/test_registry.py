@@ -8,6 +8,7 @@ from osvl.rl.trajectory import ToolCall
 from osvl.tools import (
     CallParseError,
     InvalidArguments,
+    PoolConfig,
     ToolError,
     ToolLimits,
     ToolRegistry,
@@ -217,3 +218,14 @@ def test_visual_context_indices_and_limits():
         VisualContext([np.zeros((4, 4, 3), np.float32)])
     with pytest.raises(ToolError, match="no image"):
         VisualContext().resolve(0)
+
+
+@pytest.mark.parametrize("bad", ["no_colon", "module:", ":function", "a b:c", "m:f:g"])
+def test_specs_and_pool_preloads_share_one_target_rule(bad):
+    """A target a spec accepts is one a pool can preload, and the other way round."""
+    params = {"type": "object", "properties": {}}
+    with pytest.raises(ValueError, match="module:function"):
+        ToolSpec("t", "d", params, bad)
+    with pytest.raises(ValueError, match="module:function"):
+        PoolConfig(preload=(bad,))
+    assert ToolSpec("t", "d", params, "pkg.module:fn").target in PoolConfig(preload=("pkg.module:fn",)).preload

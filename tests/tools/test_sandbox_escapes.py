@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import Job, PoolConfig, ToolPool, ToolsConfig
+from osvl.tools import Job, PoolConfig, ToolBackendsConfig, ToolPool
 from osvl.tools.python_interpreter import python_interpreter_spec
 from osvl.tools.sandbox import SandboxConfig, SandboxLimits, check_sandbox
 
@@ -368,7 +368,7 @@ def host(tmp_path_factory):
 @pytest.fixture(scope="module", params=[True, False], ids=["with_audit_hook", "os_boundary_alone"])
 def sandboxed_pool(request, host):
     spec = python_interpreter_spec(LIMITS, SandboxConfig(audit_hook=request.param))
-    with ToolPool(ToolsConfig(), PoolConfig(num_workers=1, preload=(spec.target,))) as pool:
+    with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=1, preload=(spec.target,))) as pool:
         yield pool, spec
 
 

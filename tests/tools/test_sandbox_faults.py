@@ -10,7 +10,7 @@ import time
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import Job, PoolConfig, ToolPool, ToolsConfig
+from osvl.tools import Job, PoolConfig, ToolBackendsConfig, ToolPool
 from osvl.tools.python_interpreter import python_interpreter_spec
 from osvl.tools.sandbox import SandboxConfig, SandboxLimits, run_sandboxed
 from osvl.tools.sandbox.unsafe import SCRATCH_PREFIX, sweep_stale_scratch
@@ -32,7 +32,7 @@ def job(spec, code: str) -> Job:
 def test_kill_9_of_a_worker_mid_sandbox_leaves_no_process_and_no_scratch(backend):
     spec = python_interpreter_spec(SandboxLimits(wall_s=60.0, cpu_s=60), SandboxConfig(backend=backend))
     before = scratch_dirs()
-    with ToolPool(ToolsConfig(), PoolConfig(num_workers=1, preload=(spec.target,))) as pool:
+    with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=1, preload=(spec.target,))) as pool:
         worker = pool.worker_pids[0]
         future = pool.submit(job(spec, SLEEPER))
         assert wait_for(lambda: any("-c" in cmdline(p) for p in descendants(worker)), 20.0), "no sandbox started"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import ToolsConfig
+from osvl.tools import ToolBackendsConfig
 from osvl.tools.python_interpreter import python_interpreter_spec
 from osvl.tools.sandbox import SandboxConfig, SandboxLimits, SandboxUnavailable, check_sandbox
 from osvl.tools.worker import run_job
@@ -28,7 +28,7 @@ def normal_mode(fusion):
 def call(fusion, code: str, limits: SandboxLimits = SandboxLimits(wall_s=5.0), grace_s: float = 3.0):
     spec = python_interpreter_spec(limits, SandboxConfig("sandbox_fusion", fusion_url=fusion.url,
                                                          fusion_grace_s=grace_s))
-    return run_job(spec.target, {"code": code}, [], ToolsConfig(), spec.options)
+    return run_job(spec.target, {"code": code}, [], ToolBackendsConfig(), spec.options)
 
 
 def test_a_run_is_a_run_code_request_with_the_specs_limits(fusion):
@@ -68,7 +68,7 @@ def test_the_services_failures_are_infra_errors(fusion, mode, fragment):
 def test_an_unreachable_service_is_an_infra_error_and_fails_the_check():
     config = SandboxConfig("sandbox_fusion", fusion_url="http://127.0.0.1:9", fusion_grace_s=0.5)
     spec = python_interpreter_spec(SandboxLimits(wall_s=1.0), config)
-    status, _, _, error = run_job(spec.target, {"code": "print(1)"}, [], ToolsConfig(), spec.options)
+    status, _, _, error = run_job(spec.target, {"code": "print(1)"}, [], ToolBackendsConfig(), spec.options)
     assert status is ToolStatus.INFRA_ERROR and "unreachable" in error
     with pytest.raises(SandboxUnavailable, match="sandbox_fusion"):
         check_sandbox(config)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import BackendError, ImageSearchConfig, TextSearchConfig, ToolsConfig
+from osvl.tools import BackendError, ImageSearchConfig, TextSearchConfig, ToolBackendsConfig
 from osvl.tools.image_io import decode_image, encode_png, image_size
 from osvl.tools.image_search import NearDuplicateIndex
 from osvl.tools.text_search import build_text_index, extractive_summary, offline_search
@@ -51,7 +51,7 @@ def test_bm25_finds_the_right_page_and_summarises_it(corpus, tmp_path):
 
 
 def test_text_search_tool_output_shape_and_no_results(corpus, tmp_path):
-    config = ToolsConfig(text_search=TextSearchConfig(corpus_path=str(corpus)))
+    config = ToolBackendsConfig(text_search=TextSearchConfig(corpus_path=str(corpus)))
     status, text, _, error = run_job(
         "osvl.tools.text_search:text_search_tool",
         {"query": 'Forth "railway" (bridge) OR NEAR*', "top_k": 1},
@@ -131,7 +131,7 @@ def collection(tmp_path_factory):
     ],
 )
 def test_image_search_finds_originals_after_degradation(collection, degrade, kind):
-    config = ToolsConfig(image_search=ImageSearchConfig(collection_path=str(collection)))
+    config = ToolBackendsConfig(image_search=ImageSearchConfig(collection_path=str(collection)))
     original = scene(103, (320, 400))
     status, text, _, error = run_job(
         "osvl.tools.image_search:image_search_tool", {"image": 0, "top_k": 3}, [degrade(original)], config
@@ -146,7 +146,7 @@ def test_image_search_with_nothing_similar_is_a_tool_error(collection):
     assert len(index.entries) == 6
     noise = np.random.default_rng(0).integers(0, 255, (200, 200, 3), dtype=np.uint8)
     assert index.search(noise, 3) == []
-    config = ToolsConfig(image_search=ImageSearchConfig(collection_path=str(collection)))
+    config = ToolBackendsConfig(image_search=ImageSearchConfig(collection_path=str(collection)))
     status, _, _, error = run_job(
         "osvl.tools.image_search:image_search_tool", {"image": 0, "top_k": 3}, [noise], config
     )
@@ -161,7 +161,7 @@ def test_bad_collections(tmp_path):
     path.write_text('{"title": "x"}\n')
     with pytest.raises(ValueError, match="needs string fields"):
         NearDuplicateIndex.from_jsonl(path, 10**7)
-    config = ToolsConfig(image_search=ImageSearchConfig(collection_path=str(tmp_path / "none.jsonl")))
+    config = ToolBackendsConfig(image_search=ImageSearchConfig(collection_path=str(tmp_path / "none.jsonl")))
     status, _, _, error = run_job(
         "osvl.tools.image_search:image_search_tool", {"image": 0, "top_k": 1}, [scene(1)], config
     )

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import RemoteToolPool, ToolEnvironment, ToolServer, VisualContext
+from osvl.tools import ToolEnvironment, VisualContext
 from osvl.tools.image_io import encode_png
 from osvl.tools.pool import Job
+from osvl.tools.server import RemoteToolPool, ToolServer
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import Job, RemoteToolPool
+from osvl.tools import Job
 from osvl.tools.image_io import encode_png
+from osvl.tools.server import RemoteToolPool
 from tests.tools.images import scene
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,3 +54,12 @@ def test_the_server_process_serves_the_sandboxed_interpreter_and_stops_on_sigter
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_running_the_server_module_warns_nothing():
+    """osvl.tools does not import osvl.tools.server, so runpy does not find it imported before it runs it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels")])}
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "osvl.tools.server", "--help"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage: python -m osvl.tools.server" in done.stdout, done.stderr
+    assert "RuntimeWarning" not in done.stderr

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import RemoteToolPool, ToolEnvironment, VisualContext
+from osvl.tools import ToolEnvironment, VisualContext
 from osvl.tools.image_io import encode_png
-from osvl.tools.server import ServerLimits, ToolServer
+from osvl.tools.server import RemoteToolPool, ServerLimits, ToolServer
 from tests.tools.test_hostile_inputs import gif_header_claiming, png_header_claiming
 
 LIMITS = ServerLimits(max_request_bytes=1 << 20, header_timeout_s=1.0, body_timeout_s=1.0, write_timeout_s=5.0,

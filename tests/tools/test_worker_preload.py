@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import Job, PoolConfig, ToolPool, ToolsConfig
+from osvl.tools import Job, PoolConfig, ToolBackendsConfig, ToolPool
 from osvl.tools.worker import preload_targets, resolve_target, run_job
 from tests.tools.slow_import_tool import IMPORT_SECONDS
 
@@ -29,7 +29,7 @@ assert CALL_DEADLINE_S < IMPORT_SECONDS  # without the preload, the first call c
 def preloaded_pool():
     config = PoolConfig(num_workers=1, max_queue=4, watch_interval_s=0.02,
                         preload=(SLOW, ECHO, MISSING_MODULE, MISSING_FUNCTION))
-    with ToolPool(ToolsConfig(), config) as pool:
+    with ToolPool(ToolBackendsConfig(), config) as pool:
         yield pool
 
 
@@ -69,7 +69,7 @@ def test_a_replacement_worker_preloads_too(preloaded_pool):
 def test_slow_imports_count_against_the_start_up_timeout():
     config = PoolConfig(num_workers=1, startup_timeout_s=0.5, preload=(SLOW,))
     with pytest.raises(RuntimeError, match=r"did not start within 0.5s \(importing 1 tool targets\)"):
-        ToolPool(ToolsConfig(), config)
+        ToolPool(ToolBackendsConfig(), config)
 
 
 def test_preload_targets_in_process():
@@ -78,7 +78,7 @@ def test_preload_targets_in_process():
     assert callable(resolve_target(ECHO))
     with pytest.raises(ModuleNotFoundError, match="no_such_module"):
         resolve_target(MISSING_MODULE)
-    status, _, _, error = run_job(MISSING_MODULE, {}, [], ToolsConfig())
+    status, _, _, error = run_job(MISSING_MODULE, {}, [], ToolBackendsConfig())
     assert status is ToolStatus.INFRA_ERROR and error == BROKEN[MISSING_MODULE]
 
 

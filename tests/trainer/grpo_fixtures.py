@@ -17,7 +17,7 @@ from pathlib import Path
 from osvl.rl.trajectory import Prompt
 from osvl.rollout import GenerationRequest, GenerationResult, LocalEngine, ReplayEngine, StopKind
 from osvl.synth.records import write_prompts
-from osvl.tools import PoolConfig, ToolEnvironment, ToolPool, ToolRegistry, ToolsConfig
+from osvl.tools import PoolConfig, ToolBackendsConfig, ToolEnvironment, ToolPool, ToolRegistry
 from osvl.trainer.tool_env import with_faults
 from tests.tools.fault_tools import fault_specs
 
@@ -120,5 +120,7 @@ def gated_script_for(tok):
 
 @contextmanager
 def echo_environment(recipe, rank):
-    with ToolPool(ToolsConfig(), PoolConfig(num_workers=1, max_queue=16, watch_interval_s=0.02)) as pool:
-        yield with_faults(ToolEnvironment(ToolRegistry(fault_specs()), pool), recipe, rank)
+    registry = ToolRegistry(fault_specs())
+    config = PoolConfig(num_workers=1, max_queue=16, watch_interval_s=0.02, preload=registry.targets())
+    with ToolPool(ToolBackendsConfig(), config) as pool:
+        yield with_faults(ToolEnvironment(registry, pool), recipe, rank)

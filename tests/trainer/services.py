@@ -38,7 +38,7 @@ def serve_sglang(model_dir: str, ready: str, script: str = "plain") -> None:
 def serve_tools(ready: str, port: str = "0", workers: str = "1", gate: str = "") -> None:
     import os
 
-    from osvl.tools import PoolConfig, ToolPool, ToolRegistry, ToolsConfig
+    from osvl.tools import PoolConfig, ToolBackendsConfig, ToolPool, ToolRegistry
     from osvl.tools.server import ToolServer
     from tests.tools.fault_tools import fault_specs
     from tests.trainer.gate_tool import GATE_ENV, gate_spec
@@ -48,7 +48,7 @@ def serve_tools(ready: str, port: str = "0", workers: str = "1", gate: str = "")
         os.environ[GATE_ENV] = gate  # the pool's workers inherit it
         specs.append(gate_spec())
     registry = ToolRegistry(specs)
-    with ToolPool(ToolsConfig(), PoolConfig(num_workers=int(workers), preload=registry.targets())) as pool:
+    with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=int(workers), preload=registry.targets())) as pool:
         server = ToolServer(registry, pool, port=int(port)).start()
         _ready(ready, server.url)
         threading.Event().wait()

@@ -17,7 +17,7 @@ from osvl.trainer.export import PolicyDefaults, export_model_dir, model_files, p
 from tests.model.tiny import tiny_config
 
 
-def test_policy_defaults_follow_the_stage_prompt_and_sampling(tmp_path):
+def test_policy_defaults_follow_the_policy_prompt_and_sampling(tmp_path):
     (tmp_path / "prompt.txt").write_text("Answer briefly.\n")
     recipe = load_recipe("tiny_grpo", [f"data.system_prompt={tmp_path / 'prompt.txt'}", "tools.profile=release",
                                        "grpo.temperature=0.9", "grpo.top_p=0.8"])

@@ -28,7 +28,7 @@ from osvl.config import load_recipe
 from osvl.model import read_hf_tensors
 from osvl.rl.trajectory import FinishReason, ToolStatus
 from osvl.rollout import RolloutRecorder
-from osvl.tools import PoolConfig, ToolEnvironment, ToolPool, ToolRegistry, ToolsConfig
+from osvl.tools import PoolConfig, ToolBackendsConfig, ToolEnvironment, ToolPool, ToolRegistry
 from osvl.trainer import read_metrics, run_grpo
 from osvl.trainer.tool_env import with_faults
 from tests.trainer.grpo_fixtures import scripted
@@ -46,7 +46,7 @@ def deterministic_environment(recipe, rank):
     """Echo tools whose output depends only on the call, imported before the worker takes a call."""
     registry = ToolRegistry(deterministic_specs())
     config = PoolConfig(num_workers=1, max_queue=16, watch_interval_s=0.02, preload=registry.targets())
-    with ToolPool(ToolsConfig(), config) as pool:
+    with ToolPool(ToolBackendsConfig(), config) as pool:
         yield with_faults(ToolEnvironment(registry, pool), recipe, rank)
 
 

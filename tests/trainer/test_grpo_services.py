@@ -29,7 +29,7 @@ from osvl.rollout import RolloutRecorder
 from osvl.tools import ToolEnvironment, ToolRegistry
 from osvl.tools.fleet import ToolServerFleet
 from osvl.trainer import read_metrics
-from osvl.trainer.policy import image_config, policy_arch
+from osvl.trainer.policy import policy_arch, policy_image_config
 from osvl.trainer.tool_env import with_faults
 from tests.tools.fault_tools import fault_specs
 from tests.trainer.ranks import run_ranks
@@ -78,7 +78,7 @@ def _served_checkpoint(root: Path, overrides: list[str]) -> Path:
     directory = root / "served"
     save_pretrained(build_model(arch), directory, dtype=torch.float32)
     tokenizer.save(directory / "tokenizer.json")
-    (directory / PREPROCESSOR_FILE).write_text(json.dumps(image_config(arch, recipe).to_preprocessor_config()))
+    (directory / PREPROCESSOR_FILE).write_text(json.dumps(policy_image_config(recipe, arch).to_preprocessor_config()))
     return directory
 
 

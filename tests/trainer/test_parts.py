@@ -19,8 +19,8 @@ from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import load_tokenizer
 from osvl.train import dry_run, main
 from osvl.trainer import MetricsWriter, lr_factor, progress_line, read_metrics, sft_loss
+from osvl.trainer.index_stream import IndexStream
 from osvl.trainer.sft_data import (
-    SFTStream,
     load_sft_sequences,
     rank_microbatches,
     with_vision_filler,
@@ -85,18 +85,18 @@ def test_lr_schedule_warmup_then_cosine():
 
 
 def test_stream_is_seeded_and_resumable():
-    a = SFTStream(10, 4, seed=3)
+    a = IndexStream(10, 4, seed=3)
     batches = [a.next_batch() for _ in range(5)]
     assert all(len(b) == 4 for b in batches) and a.steps_per_epoch == 2
     assert sorted(batches[0] + batches[1]) == sorted(set(batches[0] + batches[1]))  # no repeats in an epoch
     assert batches[0] != batches[2]  # a new permutation each epoch
-    b = SFTStream(10, 4, seed=3)
+    b = IndexStream(10, 4, seed=3)
     b.next_batch(), b.next_batch(), b.next_batch()
-    c = SFTStream(10, 4, seed=3)
+    c = IndexStream(10, 4, seed=3)
     c.load_state_dict(json.loads(json.dumps(b.state_dict())))
     assert [c.next_batch() for _ in range(2)] == batches[3:5]
-    with pytest.raises(ValueError, match="exceeds the 3 training trajectories"):
-        SFTStream(3, 4, seed=0)
+    with pytest.raises(ValueError, match="exceeds the 3 items"):
+        IndexStream(3, 4, seed=0)
 
 
 def test_tokenize_steps_and_microbatches(tmp_path):

@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from osvl.config import Recipe, load_recipe
-from osvl.config.recipe import JudgesConfig, RolloutConfig, ToolsConfig
+from osvl.config.recipe import JudgesConfig, RolloutConfig
 from osvl.data.chat import ChatRenderer
 from osvl.data.formats.processor import PREPROCESSOR_FILE
-from osvl.data.image import ImageConfig
 from osvl.model import save_pretrained
 from osvl.rl.loopback_judge import LoopbackJudgeServer
 from osvl.rollout import LocalEngine, SGLangConfig, SGLangEngine
@@ -26,7 +25,7 @@ from osvl.rollout.weight_sync import InProcessSync
 from osvl.tools import ToolEnvironment, ToolRegistry
 from osvl.train import dry_run
 from osvl.trainer.grpo_data import stage_scorer
-from osvl.trainer.preflight import PreflightError, check_grpo_recipe, preflight
+from osvl.trainer.preflight import PreflightError, preflight
 from osvl.trainer.serving import Serving
 from tests.rollout.helpers import IMAGE_CONFIG, prompts, tiny_model, tokenizer
 from tests.tools.fault_tools import fault_specs
@@ -109,7 +108,7 @@ def test_an_unreachable_engine_is_named(tmp_path):
 def test_the_dry_run_refuses_what_the_stage_refuses():
     recipe = load_recipe("grpo_8b", ["tools.servers=[]", "tools.config_file="])
     with pytest.raises(ValueError) as stage:
-        check_grpo_recipe(recipe, 64)
+        recipe.check_stage(64)
     with pytest.raises(ValueError) as dry:
         dry_run(recipe)
     assert str(stage.value) == str(dry.value) and "tools.config_file" in str(dry.value)
@@ -117,17 +116,3 @@ def test_the_dry_run_refuses_what_the_stage_refuses():
     assert "serving: 1 SGLang server(s) x TP 4" in lines and "weight sync:" in lines and "fits:" in lines
 
 
-def test_recipe_level_service_checks():
-    with pytest.raises(ValueError, match="tools.world_dir"):
-        check_grpo_recipe(Recipe(tools=ToolsConfig(backend="offline")), 1)
-    check_grpo_recipe(Recipe(tools=ToolsConfig(servers=("http://127.0.0.1:8100",))), 1)
-    with pytest.raises(ValueError, match="rollout.engine = 'local' keeps an unsharded generation copy"):
-        check_grpo_recipe(load_recipe("grpo_8b", ["rollout.engine=local"]), 64)
-    with pytest.raises(ValueError, match="rollout.deterministic: osvl cannot check"):
-        check_grpo_recipe(Recipe(rollout=RolloutConfig(engine="vllm", vllm_urls=("http://v:8000",), deterministic=True),
-                                 tools=ToolsConfig(servers=("http://t:8100",))), 1)
-    with pytest.raises(ValueError, match="sglang_urls must be http"):
-        RolloutConfig(engine="sglang", sglang_urls=("localhost:30000",))
-    with pytest.raises(ValueError, match="servers must be http"):
-        ToolsConfig(servers=("tools:8100",))
-    assert ImageConfig  # the image settings type the server side must agree with

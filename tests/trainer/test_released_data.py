@@ -28,14 +28,9 @@ from osvl.tools import ToolEnvironment
 from osvl.tools.profiles import ProfiledEnvironment, tool_profile
 from osvl.trainer import read_metrics, run_grpo, run_sft
 from osvl.trainer.grpo_data import load_prompts
-from osvl.trainer.policy import build_policy, policy_arch
+from osvl.trainer.policy import build_policy, policy_arch, policy_image_config, policy_renderer
 from osvl.trainer.sft_data import load_sft_sequences, read_system_prompt
-from osvl.trainer.tool_env import (
-    profile_environment,
-    stage_image_config,
-    stage_renderer,
-    with_faults,
-)
+from osvl.trainer.tool_env import profile_environment, with_faults
 from osvl.world.__main__ import main as world_main
 from tests.interop.fixtures import (
     SYSTEM,
@@ -231,11 +226,11 @@ def test_released_dir_supplies_tokenizer_and_image_processor(released, tmp_path)
     assert recipe.data.tokenizer == "" and (recipe.data.min_pixels, recipe.data.max_pixels) == (1024, 16384)
     tokenizer = load_tokenizer(recipe.data.tokenizer or recipe.model.pretrained)
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
-    shipped = stage_image_config(recipe, arch)
+    shipped = policy_image_config(recipe, arch)
     assert (shipped.patch_size, shipped.min_pixels, shipped.max_pixels) == (8, 2048, 12288)
-    assert stage_renderer(recipe, tokenizer, arch).image_config == shipped
+    assert policy_renderer(recipe, tokenizer, arch).image_config == shipped
     with_own_tokenizer = load_recipe("tiny_sft", [f"model.pretrained={checkpoint}", f"data.tokenizer={tok}"])
-    assert stage_image_config(with_own_tokenizer, arch).min_pixels == 1024  # the recipe's budget
+    assert policy_image_config(with_own_tokenizer, arch).min_pixels == 1024  # the recipe's budget
 
     result = run_sft(recipe)
     assert result.steps == 1 and math.isfinite(result.final_loss)
@@ -251,13 +246,13 @@ def test_released_dir_with_a_foreign_image_processor_is_refused(released, tmp_pa
     tokenizer = load_tokenizer(checkpoint)
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
     with pytest.raises(ValueError, match=r"patches images as .* = \(16, 2, 2\) .* expects \(8, 2, 2\)"):
-        stage_image_config(recipe, arch)
+        policy_image_config(recipe, arch)
     (checkpoint / "preprocessor_config.json").write_text("{not json")
     with pytest.raises(ValueError, match="preprocessor_config.json is not valid JSON"):
         checkpoint_image_config(checkpoint)
     (checkpoint / "preprocessor_config.json").unlink()
     assert checkpoint_image_config(checkpoint) is None
-    assert stage_image_config(recipe, arch).min_pixels == recipe.data.min_pixels
+    assert policy_image_config(recipe, arch).min_pixels == recipe.data.min_pixels
 
 
 # --- GRPO on verl parquet with the release tool profile ------------------------------------------
@@ -357,7 +352,7 @@ def test_release_renderer_shows_the_release_schema(released):
     recipe = load_recipe("tiny_grpo", [f"data.tokenizer={tok}", "model.pretrained=", "tools.profile=release",
                                        f"data.system_prompt={prompt_file}"])
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
-    system = stage_renderer(recipe, tokenizer, arch).system
+    system = policy_renderer(recipe, tokenizer, arch).system
     assert system.startswith(f"<|im_start|>system\n{OWN_PROMPT}\n\n")
     names = re.findall(r'"name": "(\w+)"', system)
     assert names == [t["function"]["name"] for t in tool_profile("release").tool_schemas()]
@@ -365,10 +360,10 @@ def test_release_renderer_shows_the_release_schema(released):
     assert "python_interpreter" not in names  # off unless tools.python_interpreter = true
     with_python = load_recipe("tiny_grpo", [f"data.tokenizer={tok}", "model.pretrained=", "tools.profile=release",
                                             "tools.python_interpreter=true"])
-    assert '"name": "python_interpreter"' in stage_renderer(with_python, tokenizer, arch).system
+    assert '"name": "python_interpreter"' in policy_renderer(with_python, tokenizer, arch).system
     paper = load_recipe("tiny_grpo", [f"data.tokenizer={tok}", "model.pretrained=",
                                       f"data.system_prompt={prompt_file}"])
-    assert stage_renderer(paper, tokenizer, arch).system == f"<|im_start|>system\n{OWN_PROMPT}<|im_end|>\n"
+    assert policy_renderer(paper, tokenizer, arch).system == f"<|im_start|>system\n{OWN_PROMPT}<|im_end|>\n"
 
 
 def test_faults_keep_the_profile():

@@ -6,7 +6,7 @@ import pytest
 
 from osvl.report import main as report_main
 from osvl.report import render
-from osvl.trainer.demo import summary_lines
+from osvl.demo import summary_lines
 from osvl.trainer.metrics import MetricsWriter
 
 PNG = b"\x89PNG\r\n\x1a\n"

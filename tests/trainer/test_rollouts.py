@@ -10,21 +10,21 @@ import torch
 from osvl.config.recipe import MoEConfig
 from osvl.data.packing import pack_microbatch, text_sequence
 from osvl.rollout.replay import Ticket
+from osvl.trainer.index_stream import IndexStream
 from osvl.trainer.rollouts import ticket_source
 from osvl.trainer.router_losses import RouterLosses
-from osvl.trainer.sft_data import SFTStream
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 
 
 def test_tickets_follow_the_stream_batch_by_batch_and_rank_by_rank():
-    stream = SFTStream(6, 4, seed=3)
+    stream = IndexStream(6, 4, seed=3)
     order = [stream.next_batch() for _ in range(3)]  # 6 prompts, batches of 4: one per epoch
-    stream = SFTStream(6, 4, seed=3)
-    rank0, rank1 = ticket_source(stream, 2, 0), ticket_source(SFTStream(6, 4, seed=3), 2, 1)
+    stream = IndexStream(6, 4, seed=3)
+    rank0, rank1 = ticket_source(stream, 2, 0), ticket_source(IndexStream(6, 4, seed=3), 2, 1)
     assert rank0() == [Ticket(0, 0, order[0][0]), Ticket(0, 2, order[0][2])]
     assert rank1() == [Ticket(0, 1, order[0][1]), Ticket(0, 3, order[0][3])]
     assert [t.batch for t in rank0()] == [1, 1]
-    resumed = SFTStream(6, 4, seed=3)
+    resumed = IndexStream(6, 4, seed=3)
     resumed.load_state_dict(stream.state_dict())  # a checkpoint after two draws
     assert ticket_source(resumed, 2, 0)() == [Ticket(2, 0, order[2][0]), Ticket(2, 2, order[2][2])]
 

@@ -13,9 +13,9 @@ from osvl.config.recipe import SchedulerConfig
 from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.trainer.checkpoint import resume_state, save_checkpoint, stage_state
 from osvl.trainer.grpo_data import reward_scoring, rollout_configs
+from osvl.trainer.index_stream import IndexStream
 from osvl.trainer.metrics import read_metrics, stage_metrics
 from osvl.trainer.optim import build_scheduler
-from osvl.trainer.sft_data import SFTStream
 
 
 def _parts(seed: int):
@@ -24,7 +24,7 @@ def _parts(seed: int):
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = build_scheduler(optimizer, 10, SchedulerConfig(warmup_ratio=0.2))
-    return model, optimizer, scheduler, SFTStream(12, 4, seed=3)
+    return model, optimizer, scheduler, IndexStream(12, 4, seed=3)
 
 
 def _train_step(model, optimizer, scheduler, stream) -> None:

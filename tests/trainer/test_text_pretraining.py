@@ -14,11 +14,10 @@ from osvl.config.recipe import DataConfig
 from osvl.data.formats import FileStats, detect_format, iter_text, text_windows
 from osvl.data.packing import text_sequence
 from osvl.data.tokenizer import load_tokenizer, train_bpe_tokenizer
-from osvl.trainer import read_metrics, run_sft
-from osvl.trainer.policy import build_policy, policy_arch
-from osvl.trainer.sft_data import load_sft_sequences
-from osvl.trainer.tool_env import stage_renderer
 from osvl.model import read_hf_tensors, save_pretrained
+from osvl.trainer import read_metrics, run_sft
+from osvl.trainer.policy import build_policy, policy_arch, policy_renderer
+from osvl.trainer.sft_data import load_sft_sequences
 
 DOCS = [f"[Passage 1] Bridge {i}\nSummary: Its length in metres is {100 + 7 * i}.\n\nQ: What is the length in metres "
         f"of Bridge {i}?\nA: {100 + 7 * i}" for i in range(12)]
@@ -70,7 +69,7 @@ def test_format_is_detected_and_only_sft_reads_it(corpus, tmp_path):
         load_recipe("tiny_grpo", ["data.format=text"])
     recipe = load_recipe("tiny_sft", [f"data.tokenizer={tok_path}", f"data.train_path={path}"])
     tokenizer = load_tokenizer(tok_path)
-    renderer = stage_renderer(recipe, tokenizer, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special))
+    renderer = policy_renderer(recipe, tokenizer, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special))
     sequences = load_sft_sequences(DataConfig(train_path=str(path), max_tokens=4096), renderer)
     assert [s.input_ids.tolist() for s in sequences] == [text_windows(d, tokenizer, 4096)[0].tolist() for d in DOCS]
     empty = tmp_path / "empty.jsonl"

@@ -11,11 +11,12 @@ from itertools import product
 
 import pytest
 
-from osvl.rl.trajectory import ToolResult, ToolStatus
-from osvl.rollout.agent import CallIdentity, current_call
-from osvl.tools import Job, ToolEnvironment
 from osvl.config import load_recipe
-from osvl.trainer.tool_env import INJECTED, FaultInjectingRunner, OutageModel, fault_draw, recipe_outages, step_faults
+from osvl.rl.trajectory import ToolResult, ToolStatus
+from osvl.tools import Job, ToolEnvironment
+from osvl.tools.environment import CallIdentity, current_call
+from osvl.tools.faults import INJECTED, FaultInjectingRunner, OutageModel, fault_draw
+from osvl.trainer.tool_env import recipe_outages, step_faults
 
 CALLS = [CallIdentity(g, s, t) for g, s, t in product(range(4), range(4), range(3))]
 

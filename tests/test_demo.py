@@ -1,4 +1,4 @@
-"""``osvl.trainer.demo evaluate``: greedy Pass@1 under the GRPO stage's prompt and world tools."""
+"""``osvl.demo evaluate``: greedy Pass@1 under the GRPO stage's prompt and world tools."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from osvl.config import load_recipe
 from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory
 from osvl.rollout import ReplayEngine
 from osvl.synth.records import write_prompts
-from osvl.trainer.demo import evaluate_policy, main, summary_lines
+from osvl.demo import evaluate_policy, main, summary_lines
 from osvl.trainer.validation import answer_is_grounded
 from osvl.world.__main__ import main as world_main
 from tests.trainer.fixtures import write_sft_data
@@ -120,7 +120,7 @@ def test_tokenizer_learns_the_data_and_the_first_text_documents(tmp_path):
     import shutil
 
     from osvl.data.tokenizer import load_tokenizer
-    from osvl.trainer.demo import demo_tokenizer
+    from osvl.demo import demo_tokenizer
 
     data = tmp_path / "data"
     shutil.copytree(write_sft_data(tmp_path / "fixture")[1].parent, data / "sft")  # trajectories and their images
@@ -148,7 +148,7 @@ def test_tokenizer_learns_the_data_and_the_first_text_documents(tmp_path):
 
 def test_answer_prior_guesses_the_most_frequent_answer_to_the_asked_attribute(tmp_path):
     from osvl.rl.trajectory import FinishReason, Trajectory, append_jsonl
-    from osvl.trainer.demo import answer_prior
+    from osvl.demo import answer_prior
 
     def traj(question, answer):
         return Trajectory(prompt=Prompt(id=question + answer, question=question, answer=answer), steps=[],

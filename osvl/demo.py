@@ -1,12 +1,12 @@
 """``make demo`` helpers: the demo tokenizer, the greedy evaluation and the before/after summary.
 
-``python -m osvl.trainer.demo tokenizer --data DIR``   byte-level BPE over the curated set
-``python -m osvl.trainer.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE``
+``python -m osvl.demo tokenizer --data DIR``   byte-level BPE over the curated set
+``python -m osvl.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE``
     greedy Pass@1 on a prompt file (the recipe's data.train_path), rendered and tool-served exactly as in
     GRPO, no faults; `grounded`: answers stated word for word by one of the rollout's observations
-``python -m osvl.trainer.demo prior --recipe tiny_grpo --sft FILE --out FILE``
+``python -m osvl.demo prior --recipe tiny_grpo --sft FILE --out FILE``
     the no-tool floor: the SFT data's most frequent answer to each prompt's asked attribute
-``python -m osvl.trainer.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE``
+``python -m osvl.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE``
 
 The fatal-mode ablation (paper Table 3b) that starts from the demo's checkpoint is
 ``osvl.trainer.ablation`` (``make ablation``).
@@ -80,8 +80,8 @@ def evaluation_rollouts(recipe: Recipe, checkpoint: str, limit: int = 0,
     from osvl.rl.rewards import score_batch
     from osvl.rollout import LocalEngine
     from osvl.trainer.grpo_data import load_prompts, reward_scoring, rollout_configs
-    from osvl.trainer.policy import build_policy, policy_arch
-    from osvl.trainer.tool_env import stage_environment, stage_renderer
+    from osvl.trainer.policy import build_policy, policy_arch, policy_renderer
+    from osvl.trainer.tool_env import stage_environment
     from osvl.trainer.validation import collect_rollouts
 
     pretrained = "" if checkpoint == "init" else checkpoint
@@ -89,7 +89,7 @@ def evaluation_rollouts(recipe: Recipe, checkpoint: str, limit: int = 0,
                                  tools=dataclasses.replace(recipe.tools, fault_rate=0.0, outage_rate=0.0))
     tokenizer = load_tokenizer(recipe.data.tokenizer or pretrained)
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
-    renderer = stage_renderer(recipe, tokenizer, arch)
+    renderer = policy_renderer(recipe, tokenizer, arch)
     prompts = load_prompts(recipe.data)
     prompts = prompts[:limit] if limit else prompts
     engine_model = build_model(arch, init=False)
@@ -228,7 +228,7 @@ def _labelled(specs: Sequence[str], flag: str) -> list[tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m osvl.trainer.demo")
+    parser = argparse.ArgumentParser(prog="python -m osvl.demo")
     sub = parser.add_subparsers(dest="command", required=True)
     tok = sub.add_parser("tokenizer")
     tok.add_argument("--data", required=True)
