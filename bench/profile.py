@@ -51,8 +51,17 @@ def markdown(rows: list[dict]) -> str:
 def run(recipe_name: str, overrides: list[str], steps: int, out: Path) -> dict:
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
-    recipe = load_recipe(recipe_name, [*overrides, f"job.run_dir={out / 'run'}", "checkpoint.resume=false",
-                                       "checkpoint.export_hf=false", "metrics.log_every=1", "metrics.console=false"])
+    recipe = load_recipe(
+        recipe_name,
+        [
+            *overrides,
+            f"job.run_dir={out / 'run'}",
+            "checkpoint.resume=false",
+            "checkpoint.export_hf=false",
+            "metrics.log_every=1",
+            "metrics.console=false",
+        ],
+    )
     from osvl.trainer import run_grpo, run_sft
 
     train = run_grpo if recipe.job.stage == "grpo" else run_sft
@@ -64,12 +73,22 @@ def run(recipe_name: str, overrides: list[str], steps: int, out: Path) -> dict:
     wall = time.perf_counter() - started
     prof.export_chrome_trace(str(out / "trace.json"))
     rows = breakdown(recipe.job.stage, read_metrics(out / "run"))
-    result = {"recipe": recipe.job.name, "stage": recipe.job.stage, "overrides": overrides, "steps": steps,
-              "wall_s": wall, "git": git_info(REPO), "device": device_name() or "cpu", "torch": torch.__version__,
-              "rows": rows}
+    result = {
+        "recipe": recipe.job.name,
+        "stage": recipe.job.stage,
+        "overrides": overrides,
+        "steps": steps,
+        "wall_s": wall,
+        "git": git_info(REPO),
+        "device": device_name() or "cpu",
+        "torch": torch.__version__,
+        "rows": rows,
+    }
     (out / "breakdown.json").write_text(json.dumps(result, indent=2))
-    (out / "breakdown.md").write_text(f"# {recipe.job.name} ({recipe.job.stage}) on {result['device']}, "
-                                      f"commit {result['git']['short']}\n\n" + markdown(rows))
+    (out / "breakdown.md").write_text(
+        f"# {recipe.job.name} ({recipe.job.stage}) on {result['device']}, "
+        f"commit {result['git']['short']}\n\n" + markdown(rows)
+    )
     return result
 
 

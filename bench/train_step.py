@@ -36,9 +36,21 @@ from bench.kernels.report import device_tag, git_info, result_path, versions, wr
 SCHEMA = "osvl.bench.train_step/1"
 TINY_VOCAB = 4096
 # Qwen3-VL's added-token ids (tokenizer_config.json of the released checkpoints).
-QWEN3_VL_SPECIAL = dict(endoftext=151643, im_start=151644, im_end=151645, vision_start=151652, vision_end=151653,
-                        image_pad=151655, video_pad=151656, tool_call_start=151657, tool_call_end=151658,
-                        tool_response_start=151665, tool_response_end=151666, think_start=151667, think_end=151668)
+QWEN3_VL_SPECIAL = dict(
+    endoftext=151643,
+    im_start=151644,
+    im_end=151645,
+    vision_start=151652,
+    vision_end=151653,
+    image_pad=151655,
+    video_pad=151656,
+    tool_call_start=151657,
+    tool_call_end=151658,
+    tool_response_start=151665,
+    tool_response_end=151666,
+    think_start=151667,
+    think_end=151668,
+)
 
 
 @dataclass(frozen=True)
@@ -120,27 +132,37 @@ def synthetic_batch(config: StepConfig, arch, special, seed: int = 0):
     v = arch.vision
     factor = v.patch_size * v.spatial_merge_size
     side = max(config.image_side // factor, 1) * factor
-    images_cfg = ImageConfig(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
-                             merge_size=v.spatial_merge_size, min_pixels=factor**2, max_pixels=side**2)
+    images_cfg = ImageConfig(
+        patch_size=v.patch_size,
+        temporal_patch_size=v.temporal_patch_size,
+        merge_size=v.spatial_merge_size,
+        min_pixels=factor**2,
+        max_pixels=side**2,
+    )
     grid = (1, side // v.patch_size, side // v.patch_size)
     image_tokens = grid[1] * grid[2] // v.spatial_merge_size**2
     base, extra = divmod(config.tokens, config.seqs)
     sequences = []
     for s in range(config.seqs):
         length = base + (s < extra)
-        images = [ProcessedImage(rng.integers(0, 256, (side, side, 3), dtype=np.uint8), grid, image_tokens)
-                  for _ in range(config.images_per_seq)]
+        images = [
+            ProcessedImage(rng.integers(0, 256, (side, side, 3), dtype=np.uint8), grid, image_tokens)
+            for _ in range(config.images_per_seq)
+        ]
         vision = [special.vision_start, *[special.image_pad] * image_tokens, special.vision_end] * len(images)
         if len(vision) + 8 > length:
-            raise ValueError(f"{config.tokens // config.seqs} tokens per sequence cannot hold "
-                             f"{config.images_per_seq} images of {image_tokens} tokens")
+            raise ValueError(
+                f"{config.tokens // config.seqs} tokens per sequence cannot hold "
+                f"{config.images_per_seq} images of {image_tokens} tokens"
+            )
         text = rng.integers(0, special.endoftext, length - len(vision) - 1)
         ids = np.concatenate([[special.im_start], vision, text]).astype(np.int64)
         turn = np.arange(length) * 8 // length  # eight turns: odd ones are the policy's
         loss_mask = (turn % 2 == 1) & (np.arange(length) > len(vision))
         logprobs = np.where(loss_mask, -rng.random(length), 0).astype(np.float32)
-        sequences.append(TrainSequence(ids, loss_mask, turn // 2, logprobs, images, group_id=s // 4,
-                                       reward=float(rng.random())))
+        sequences.append(
+            TrainSequence(ids, loss_mask, turn // 2, logprobs, images, group_id=s // 4, reward=float(rng.random()))
+        )
     return pack_microbatch(sequences, images_cfg, special)
 
 
@@ -158,8 +180,9 @@ def build(config: StepConfig, arch, device: torch.device):
 
     from osvl.parallel import ParallelConfig, parallelize, sharded_model_config
 
-    parallel = ParallelConfig(dp_shard=1, activation_checkpoint=config.activation_checkpoint,
-                              param_dtype=config.param_dtype)
+    parallel = ParallelConfig(
+        dp_shard=1, activation_checkpoint=config.activation_checkpoint, param_dtype=config.param_dtype
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = sharded_model_config(arch, parallel, attn_backend=config.attn_backend).build()
@@ -196,10 +219,9 @@ class Clock:
 
 
 def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tuple[dict, Path]:
-    from osvl_kernels import linear_grpo_loss
-
     from osvl.trainer.flops import mfu, packed_batch_flops, resolve_peak_tflops
     from osvl.trainer.policy import lm_head_weight
+    from osvl_kernels import linear_grpo_loss
 
     device = torch.device("cuda" if config.param_dtype == "bfloat16" else "cpu")
     one_rank_group(device)
@@ -218,13 +240,30 @@ def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tup
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         t0 = clock.mark()
-        hidden = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, position_ids=batch.position_ids,
-                       pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw, return_hidden=True)
+        hidden = model(
+            batch.input_ids,
+            cu_seqlens=batch.cu_seqlens,
+            position_ids=batch.position_ids,
+            pixel_values=batch.pixel_values,
+            image_grid_thw=batch.image_grid_thw,
+            return_hidden=True,
+        )
         t1 = clock.mark()
-        out = linear_grpo_loss(hidden, lm_head_weight(model), batch.target_ids, batch.cu_seqlens, batch.loss_mask,
-                               old_logprobs=batch.old_logprobs, rewards=batch.rewards, group_ids=batch.group_ids,
-                               fatal_step=batch.fatal_step, token_step=batch.token_step, chunk_size=config.loss_chunk,
-                               backend="auto" if device.type == "cuda" else "torch", validate=False)
+        out = linear_grpo_loss(
+            hidden,
+            lm_head_weight(model),
+            batch.target_ids,
+            batch.cu_seqlens,
+            batch.loss_mask,
+            old_logprobs=batch.old_logprobs,
+            rewards=batch.rewards,
+            group_ids=batch.group_ids,
+            fatal_step=batch.fatal_step,
+            token_step=batch.token_step,
+            chunk_size=config.loss_chunk,
+            backend="auto" if device.type == "cuda" else "torch",
+            validate=False,
+        )
         t2 = clock.mark()
         out.loss.backward()
         t3 = clock.mark()
@@ -232,12 +271,18 @@ def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tup
         optimizer.zero_grad(set_to_none=True)
         t4 = clock.mark()
         total = clock.seconds(t0, t4)
-        steps.append({
-            "step": step, "step_s": total, "forward_s": clock.seconds(t0, t1), "loss_s": clock.seconds(t1, t2),
-            "backward_s": clock.seconds(t2, t3), "optimizer_s": clock.seconds(t3, t4),
-            "loss": float(out.loss.detach()),
-            "peak_memory_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else None,
-        })
+        steps.append(
+            {
+                "step": step,
+                "step_s": total,
+                "forward_s": clock.seconds(t0, t1),
+                "loss_s": clock.seconds(t1, t2),
+                "backward_s": clock.seconds(t2, t3),
+                "optimizer_s": clock.seconds(t3, t4),
+                "loss": float(out.loss.detach()),
+                "peak_memory_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else None,
+            }
+        )
         print(json.dumps(steps[-1]), flush=True)
     timed = steps[1:]
     step_s = float(np.median([s["step_s"] for s in timed]))
@@ -251,10 +296,20 @@ def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tup
         "device": {"type": device.type, "name": gpu_name or "cpu", "peak_tflops": peak},
         "versions": versions(),
         "config": asdict(config),
-        "model": {"params": num_params, "hidden": arch.text.hidden_size, "vocab": arch.text.vocab_size,
-                  "decoder_layers": arch.text.num_hidden_layers, "vision_depth": arch.vision.depth},
-        "batch": {"tokens": batch.num_tokens, "seqs": batch.num_seqs, "valid_tokens": batch.num_valid_tokens,
-                  "images": int(batch.image_grid_thw.shape[0]), "patches": int(batch.pixel_values.shape[0])},
+        "model": {
+            "params": num_params,
+            "hidden": arch.text.hidden_size,
+            "vocab": arch.text.vocab_size,
+            "decoder_layers": arch.text.num_hidden_layers,
+            "vision_depth": arch.vision.depth,
+        },
+        "batch": {
+            "tokens": batch.num_tokens,
+            "seqs": batch.num_seqs,
+            "valid_tokens": batch.num_valid_tokens,
+            "images": int(batch.image_grid_thw.shape[0]),
+            "patches": int(batch.pixel_values.shape[0]),
+        },
         "flops_per_step": flops,
         "steps": steps,
         "summary": {

@@ -55,12 +55,20 @@ def chunked_loss_step(batch: dict, num_chunks: int = 4) -> dict:
     loss_fn.set_lm_head(batch["lm_head"])
     hidden = batch["hidden"].clone().requires_grad_()
     loss, metrics = loss_fn(
-        hidden, batch["labels"], batch["global_valid_tokens"], generator_logprobs=batch["generator_logprobs"],
-        advantages=batch["advantages"], loss_mask=batch["loss_mask"],
+        hidden,
+        batch["labels"],
+        batch["global_valid_tokens"],
+        generator_logprobs=batch["generator_logprobs"],
+        advantages=batch["advantages"],
+        loss_mask=batch["loss_mask"],
     )
     loss.backward()
-    return {"loss": loss.detach(), "metrics": metrics, "grad_hidden": hidden.grad,
-            "grad_lm_head": batch["lm_head"].weight.grad.clone()}
+    return {
+        "loss": loss.detach(),
+        "metrics": metrics,
+        "grad_hidden": hidden.grad,
+        "grad_lm_head": batch["lm_head"].weight.grad.clone(),
+    }
 
 
 def whole_batch_reference(batch: dict) -> dict:
@@ -71,11 +79,17 @@ def whole_batch_reference(batch: dict) -> dict:
     hidden = batch["hidden"].clone().requires_grad_()
     weight = batch["lm_head"].weight.detach().clone().requires_grad_()
     out = grpo_loss(
-        (hidden @ weight.T).reshape(B * L, -1), batch["labels"].reshape(-1),
-        torch.arange(0, B * L + 1, L, dtype=torch.int32), batch["loss_mask"].reshape(-1),
-        old_logprobs=batch["generator_logprobs"].reshape(-1), advantages=batch["advantages"].reshape(-1),
-        eps_low=LOSS_CONFIG["eps_low"], eps_high=LOSS_CONFIG["eps_high"], dual_clip=LOSS_CONFIG["dual_clip"],
-        loss_agg="token-mean", num_tokens=batch["global_valid_tokens"],
+        (hidden @ weight.T).reshape(B * L, -1),
+        batch["labels"].reshape(-1),
+        torch.arange(0, B * L + 1, L, dtype=torch.int32),
+        batch["loss_mask"].reshape(-1),
+        old_logprobs=batch["generator_logprobs"].reshape(-1),
+        advantages=batch["advantages"].reshape(-1),
+        eps_low=LOSS_CONFIG["eps_low"],
+        eps_high=LOSS_CONFIG["eps_high"],
+        dual_clip=LOSS_CONFIG["dual_clip"],
+        loss_agg="token-mean",
+        num_tokens=batch["global_valid_tokens"],
     )
     out.loss.backward()
     return {"loss": out.loss.detach(), "grad_hidden": hidden.grad, "grad_lm_head": weight.grad}
@@ -88,7 +102,9 @@ def main(argv: list[str] | None = None) -> dict:
     batch = packed_micro_batch()
     got = chunked_loss_step(batch, args.chunks)
     expected = whole_batch_reference(batch)
-    print(f"ChunkedLossWrapper(OsvlGRPOLoss) loss {got['loss']:.6f}; grpo_loss on the whole batch {expected['loss']:.6f}")
+    print(
+        f"ChunkedLossWrapper(OsvlGRPOLoss) loss {got['loss']:.6f}; grpo_loss on the whole batch {expected['loss']:.6f}"
+    )
     return {"chunked": got, "whole": expected}
 
 

@@ -20,7 +20,9 @@ import torch
 from osvl_kernels.integrations.trl import OsvlFusedLinearGRPOLoss
 
 WORDS = [f"w{i}" for i in range(40)]
-CPU_MODEL_PATCHES_OFF = dict(rope=False, swiglu=False, rms_norm=False, cross_entropy=False, fused_linear_cross_entropy=False)
+CPU_MODEL_PATCHES_OFF = dict(
+    rope=False, swiglu=False, rms_norm=False, cross_entropy=False, fused_linear_cross_entropy=False
+)
 
 
 def tiny_tokenizer():
@@ -40,8 +42,14 @@ def tiny_policy(directory: Path, seed: int = 0) -> str:
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=len(WORDS) + 2, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=len(WORDS) + 2,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
     )
     Qwen2ForCausalLM(config).save_pretrained(directory)
     return str(directory)
@@ -88,7 +96,10 @@ def build_trainer(model: str, out_dir: str, tokenizer=None, prompts: list[str] |
     settings.update(config)
     dataset = Dataset.from_dict({"prompt": prompts or ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9", "w10 w11"]})
     trainer = GRPOTrainer(
-        model=model, reward_funcs=count_reward, args=GRPOConfig(**settings), train_dataset=dataset,
+        model=model,
+        reward_funcs=count_reward,
+        args=GRPOConfig(**settings),
+        train_dataset=dataset,
         processing_class=tokenizer,
     )
     OsvlFusedLinearGRPOLoss.install(trainer)

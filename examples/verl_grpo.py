@@ -84,7 +84,9 @@ def advantages(scores: list[dict], response_mask: torch.Tensor) -> torch.Tensor:
     token_rewards[torch.arange(len(scores)), last] = torch.tensor([s["score"] for s in scores])
     with fatal_flags(flags):
         adv, _ = core_algos.get_adv_estimator_fn(ADV_ESTIMATOR_NAME)(
-            token_level_rewards=token_rewards, response_mask=response_mask, config=None,
+            token_level_rewards=token_rewards,
+            response_mask=response_mask,
+            config=None,
             index=np.array(["q0"] * len(scores), dtype=object),
         )
     return adv
@@ -128,9 +130,17 @@ def actor_loss_both_ways(data, hidden: torch.Tensor, lm_head: torch.Tensor) -> d
 
     def config():
         return ActorConfig(
-            strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, rollout_n=4,
-            clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode="seq-mean-token-mean",
-            use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=0.001,
+            strategy="fsdp",
+            ppo_mini_batch_size=4,
+            ppo_micro_batch_size_per_gpu=4,
+            rollout_n=4,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            clip_ratio_c=3.0,
+            loss_agg_mode="seq-mean-token-mean",
+            use_kl_loss=True,
+            kl_loss_type="low_var_kl",
+            kl_loss_coef=0.001,
             policy_loss=PolicyLossConfig(loss_mode=POLICY_LOSS_NAME),
         )
 
@@ -143,8 +153,13 @@ def actor_loss_both_ways(data, hidden: torch.Tensor, lm_head: torch.Tensor) -> d
     w_fused = lm_head.clone().requires_grad_()
     fused_loss, metrics = verl_fused_ppo_loss(config(), hidden, w_fused, data)
     fused_loss.backward()
-    return {"verl_loss": verl_loss.detach(), "fused_loss": fused_loss.detach(), "verl_grad": w_verl.grad,
-            "fused_grad": w_fused.grad, "metrics": metrics}
+    return {
+        "verl_loss": verl_loss.detach(),
+        "fused_loss": fused_loss.detach(),
+        "verl_grad": w_verl.grad,
+        "fused_grad": w_fused.grad,
+        "metrics": metrics,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:

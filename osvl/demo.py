@@ -34,8 +34,14 @@ from osvl.trainer.metrics import read_metrics
 SUMMARY_KEYS = ("reward", "accuracy", "fatal_rate", "clamped_frac")
 
 
-def demo_tokenizer(data_dir: str | Path, vocab_size: int = 2048, text: str | Path | None = None,
-                   text_docs: int = 0, out: str | Path | None = None, max_digits: int = 1) -> Path:
+def demo_tokenizer(
+    data_dir: str | Path,
+    vocab_size: int = 2048,
+    text: str | Path | None = None,
+    text_docs: int = 0,
+    out: str | Path | None = None,
+    max_digits: int = 1,
+) -> Path:
     """Trains a tokenizer (default ``data_dir/tokenizer.json``) on the SFT trajectories and RL
     questions it will encode, plus the first ``text_docs`` (0 = all) documents of a plain-text file;
     ``max_digits``: see :func:`osvl.data.tokenizer.train_bpe_tokenizer`."""
@@ -65,8 +71,9 @@ def demo_tokenizer(data_dir: str | Path, vocab_size: int = 2048, text: str | Pat
     return target
 
 
-def evaluation_rollouts(recipe: Recipe, checkpoint: str, limit: int = 0,
-                        engine_wrapper: Callable | None = None) -> list[Trajectory]:
+def evaluation_rollouts(
+    recipe: Recipe, checkpoint: str, limit: int = 0, engine_wrapper: Callable | None = None
+) -> list[Trajectory]:
     """Greedy rollouts of a policy on ``data.train_path``'s prompts under the GRPO stage's prompt,
     tools and turn budget (faults and outages off), scored as in training.
 
@@ -85,8 +92,11 @@ def evaluation_rollouts(recipe: Recipe, checkpoint: str, limit: int = 0,
     from osvl.trainer.validation import collect_rollouts
 
     pretrained = "" if checkpoint == "init" else checkpoint
-    recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, pretrained=pretrained),
-                                 tools=dataclasses.replace(recipe.tools, fault_rate=0.0, outage_rate=0.0))
+    recipe = dataclasses.replace(
+        recipe,
+        model=dataclasses.replace(recipe.model, pretrained=pretrained),
+        tools=dataclasses.replace(recipe.tools, fault_rate=0.0, outage_rate=0.0),
+    )
     tokenizer = load_tokenizer(recipe.data.tokenizer or pretrained)
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
     renderer = policy_renderer(recipe, tokenizer, arch)
@@ -104,8 +114,9 @@ def evaluation_rollouts(recipe: Recipe, checkpoint: str, limit: int = 0,
     return sorted(score_batch(trajectories, *reward_scoring(recipe)), key=lambda t: order[t.prompt.id])
 
 
-def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
-                    engine_wrapper: Callable | None = None) -> dict[str, float | int | str]:
+def evaluate_policy(
+    recipe: Recipe, checkpoint: str, limit: int = 0, engine_wrapper: Callable | None = None
+) -> dict[str, float | int | str]:
     """Greedy Pass@1 summary of :func:`evaluation_rollouts`, so before/after numbers differ only by the weights."""
     from osvl.trainer.validation import summary_means, summary_sums
 
@@ -113,8 +124,14 @@ def evaluate_policy(recipe: Recipe, checkpoint: str, limit: int = 0,
     scored = evaluation_rollouts(recipe, checkpoint, limit, engine_wrapper)
     statuses = Counter(s.tool_result.status.value for t in scored for s in t.steps if s.tool_result is not None)
     sums = summary_sums(scored)
-    return {"checkpoint": checkpoint, "prompts": len(scored), "scored": int(sums["scored"]),
-            **summary_means(sums), "tool_statuses": dict(statuses), "wall_s": time.perf_counter() - started}
+    return {
+        "checkpoint": checkpoint,
+        "prompts": len(scored),
+        "scored": int(sums["scored"]),
+        **summary_means(sums),
+        "tool_statuses": dict(statuses),
+        "wall_s": time.perf_counter() - started,
+    }
 
 
 _ASKED = re.compile(r"(?:What is|In what year is) the (.+?) of ")
@@ -167,15 +184,22 @@ def accuracy_interval(result: dict) -> tuple[float, float]:
 
 def _eval_row(label: str, result: dict) -> str:
     low, high = accuracy_interval(result)
-    return (f"  {label:<5} accuracy {result['accuracy']:.3f} [{low:.3f}, {high:.3f}]  reward {result['reward']:.3f}  "
-            f"format {result['reward_fmt']:.3f}  answered {result['answered']:.3f}  "
-            f"grounded {result['grounded']:.3f}  "
-            f"fatal {result['fatal_rate']:.3f}  turns {result['turns_mean']:.1f}  (n={result['scored']})")
+    return (
+        f"  {label:<5} accuracy {result['accuracy']:.3f} [{low:.3f}, {high:.3f}]  reward {result['reward']:.3f}  "
+        f"format {result['reward_fmt']:.3f}  answered {result['answered']:.3f}  "
+        f"grounded {result['grounded']:.3f}  "
+        f"fatal {result['fatal_rate']:.3f}  turns {result['turns_mean']:.1f}  (n={result['scored']})"
+    )
 
 
-def summary_lines(sft_dir: str | Path, grpo_dir: str | Path, width: int = 1,
-                  evals: Sequence[tuple[str, str | Path]] = (),
-                  other_evals: Sequence[tuple[str, str | Path]] = (), prior: str | Path | None = None) -> list[str]:
+def summary_lines(
+    sft_dir: str | Path,
+    grpo_dir: str | Path,
+    width: int = 1,
+    evals: Sequence[tuple[str, str | Path]] = (),
+    other_evals: Sequence[tuple[str, str | Path]] = (),
+    prior: str | Path | None = None,
+) -> list[str]:
     """Held-out greedy evaluations (``evals``: label, JSON from ``evaluate``) at each stage, first
     vs last compared, and against the no-tool answer ``prior`` (JSON from ``prior``) when given;
     each accuracy with its 95% Wilson interval (a 64-prompt set tells 0.05 from 0.08 apart only
@@ -191,17 +215,21 @@ def summary_lines(sft_dir: str | Path, grpo_dir: str | Path, width: int = 1,
         first, last = results[0], results[-1]
         verdict = "higher" if last[1]["accuracy"] > first[1]["accuracy"] else "NOT higher"
         overlap = _overlap(accuracy_interval(first[1]), accuracy_interval(last[1]))
-        lines.append(f"  accuracy after ({last[0]}) is {verdict} than before ({first[0]}): "
-                     f"{first[1]['accuracy']:.3f} -> {last[1]['accuracy']:.3f}"
-                     + ("  (95% intervals overlap)" if overlap else "  (95% intervals apart)"))
+        lines.append(
+            f"  accuracy after ({last[0]}) is {verdict} than before ({first[0]}): "
+            f"{first[1]['accuracy']:.3f} -> {last[1]['accuracy']:.3f}"
+            + ("  (95% intervals overlap)" if overlap else "  (95% intervals apart)")
+        )
         if prior is not None:
             floor = json.loads(Path(prior).read_text())["accuracy"]
             verdict = "above" if last[1]["accuracy"] > floor else "NOT above"
             low, high = accuracy_interval(last[1])
             where = "inside" if low <= floor <= high else "outside"
-            lines.append(f"  no-tool answer prior (the SFT data's most frequent answer to the asked attribute): "
-                         f"accuracy {floor:.3f}; {last[0]} is {verdict} it (the prior is {where} {last[0]}'s 95% "
-                         f"interval)")
+            lines.append(
+                f"  no-tool answer prior (the SFT data's most frequent answer to the asked attribute): "
+                f"accuracy {floor:.3f}; {last[0]} is {verdict} it (the prior is {where} {last[0]}'s 95% "
+                f"interval)"
+            )
     if other_evals:
         lines.append("the same greedy evaluation on other prompt sets (reported, not compared):")
         lines += [_eval_row(label, json.loads(Path(path).read_text())) for label, path in other_evals]
@@ -236,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     tok.add_argument("--text", help='plain-text JSONL ({"text": ...}) whose documents join the corpus')
     tok.add_argument("--text-docs", type=int, default=0, help="use only the first N documents of --text (0 = all)")
     tok.add_argument("--out", help="where to write tokenizer.json (default: DATA/tokenizer.json)")
-    tok.add_argument("--max-digits", type=int, default=1, choices=(1, 2, 3),
-                     help="digits per number piece (1: Qwen's single digits)")
+    tok.add_argument(
+        "--max-digits", type=int, default=1, choices=(1, 2, 3), help="digits per number piece (1: Qwen's single digits)"
+    )
     ev = sub.add_parser("evaluate")
     ev.add_argument("--recipe", required=True)
     ev.add_argument("--checkpoint", required=True, help="HF directory, or 'init' for the seeded initialization")
@@ -249,8 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     summ.add_argument("--grpo", required=True)
     summ.add_argument("--window", type=int, default=1)
     summ.add_argument("--evals", nargs="*", default=[], metavar="LABEL=FILE")
-    summ.add_argument("--other-evals", nargs="*", default=[], metavar="LABEL=FILE",
-                      help="evaluations on other prompt sets, listed after the verdict")
+    summ.add_argument(
+        "--other-evals",
+        nargs="*",
+        default=[],
+        metavar="LABEL=FILE",
+        help="evaluations on other prompt sets, listed after the verdict",
+    )
     summ.add_argument("--prior", help="JSON from the prior command: the no-tool accuracy floor")
     pri = sub.add_parser("prior", help="accuracy of the SFT data's most frequent answer per asked attribute, no tools")
     pri.add_argument("--recipe", required=True)
@@ -277,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             from osvl.trainer.grpo_data import load_prompts
 
             prompts = load_prompts(load_recipe(args.recipe, args.set).data)
-            result = answer_prior(args.sft, prompts[:args.limit] if args.limit else prompts)
+            result = answer_prior(args.sft, prompts[: args.limit] if args.limit else prompts)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps(result))

@@ -57,8 +57,10 @@ class Owner:
 
     def describe(self, now: float | None = None) -> str:
         age = (time.time() if now is None else now) - self.heartbeat
-        return (f"pid {self.pid} on host {self.host} (job {self.job or '?'}, started {_when(self.started)}, "
-                f"last heartbeat {max(age, 0):.0f} s ago)")
+        return (
+            f"pid {self.pid} on host {self.host} (job {self.job or '?'}, started {_when(self.started)}, "
+            f"last heartbeat {max(age, 0):.0f} s ago)"
+        )
 
 
 def _read_owner(fd: int) -> Owner | None:
@@ -67,8 +69,9 @@ def _read_owner(fd: int) -> Owner | None:
     raw = os.read(fd, 1 << 16)
     try:
         data = json.loads(raw)
-        return Owner(str(data["host"]), int(data["pid"]), str(data.get("job", "")), float(data["started"]),
-                     os.fstat(fd).st_mtime)
+        return Owner(
+            str(data["host"]), int(data["pid"]), str(data.get("job", "")), float(data["started"]), os.fstat(fd).st_mtime
+        )
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -76,8 +79,14 @@ def _read_owner(fd: int) -> Owner | None:
 class RunDirLock:
     """``with RunDirLock(run_dir, job):`` owns ``run_dir``; ``stale`` is the dead owner it replaced."""
 
-    def __init__(self, run_dir: str | os.PathLike[str], job: str = "", *, heartbeat_s: float = HEARTBEAT_S,
-                 stale_after_s: float = STALE_AFTER_S) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        job: str = "",
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        stale_after_s: float = STALE_AFTER_S,
+    ) -> None:
         if not 0 < heartbeat_s < stale_after_s:
             raise ValueError(f"need 0 < heartbeat_s < stale_after_s, got {heartbeat_s} and {stale_after_s}")
         self.run_dir = Path(run_dir)
@@ -98,8 +107,10 @@ class RunDirLock:
                 owner = _read_owner(fd)
                 os.close(fd)
                 holder = owner.describe() if owner else "a process that has not yet written its name"
-                raise RunDirInUse(f"job.run_dir {self.run_dir} is owned by {holder}; stop that job, wait for it "
-                                  "to finish, or choose another job.run_dir") from None
+                raise RunDirInUse(
+                    f"job.run_dir {self.run_dir} is owned by {holder}; stop that job, wait for it "
+                    "to finish, or choose another job.run_dir"
+                ) from None
             try:
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
@@ -123,7 +134,8 @@ class RunDirLock:
                 f"job.run_dir {self.run_dir} is owned by {previous.describe(now)}: its heartbeat is fresh, so that "
                 f"job looks alive even though this filesystem let host {host} take the flock (locks that do not "
                 f"reach across hosts). Stop that job, or if it is gone wait {self.stale_after_s:.0f} s after its "
-                "last heartbeat")
+                "last heartbeat"
+            )
         self.stale = previous
         record = json.dumps({"host": host, "pid": os.getpid(), "job": self.job, "started": now}).encode()
         os.ftruncate(fd, 0)
@@ -148,8 +160,10 @@ class RunDirLock:
         """What taking this lock replaced, for the relaunch's report; None when the lock was free."""
         if self.stale is None:
             return None
-        return (f"took over the stale lock of {self.stale.describe()}: it ended without releasing "
-                f"{self.path.name} (killed or crashed)")
+        return (
+            f"took over the stale lock of {self.stale.describe()}: it ended without releasing "
+            f"{self.path.name} (killed or crashed)"
+        )
 
     def release(self) -> None:
         if self._fd is None:

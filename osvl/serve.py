@@ -82,16 +82,36 @@ def server_image_config(recipe: Recipe) -> ImageConfig | None:
 def vllm_server_argv(recipe: Recipe, model: str, port: int, host: str = "0.0.0.0") -> list[str]:
     """``vllm serve`` with every flag osvl's vLLM client and the trainer's contract need."""
     r, g = recipe.rollout, recipe.grpo
-    argv = ["vllm", "serve", model, "--host", host, "--port", str(port), "--tensor-parallel-size", str(r.server_tp),
-            "--gpu-memory-utilization", str(r.server_mem_fraction),
-            "--max-model-len", str(g.max_prompt_tokens + g.max_response_tokens), "--dtype", recipe.parallel.param_dtype,
-            "--logprobs-mode", "processed_logprobs", "--enable-scale-out", "--generation-config", "vllm"]
+    argv = [
+        "vllm",
+        "serve",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        str(r.server_tp),
+        "--gpu-memory-utilization",
+        str(r.server_mem_fraction),
+        "--max-model-len",
+        str(g.max_prompt_tokens + g.max_response_tokens),
+        "--dtype",
+        recipe.parallel.param_dtype,
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--enable-scale-out",
+        "--generation-config",
+        "vllm",
+    ]
     if r.weight_sync == "distributed":
         argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     image = server_image_config(recipe)
     if image is not None:
-        argv += ["--mm-processor-kwargs",
-                 json.dumps({"size": {"shortest_edge": image.min_pixels, "longest_edge": image.max_pixels}})]
+        argv += [
+            "--mm-processor-kwargs",
+            json.dumps({"size": {"shortest_edge": image.min_pixels, "longest_edge": image.max_pixels}}),
+        ]
     return argv
 
 
@@ -99,8 +119,9 @@ def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str, engine: str =
     """Every command of the layout, in start order (servers, router, tool servers, trainer)."""
     r, g = recipe.rollout, recipe.grpo
     if layout.serve_gpus % r.server_tp:
-        raise ValueError(f"{layout.serve_gpus} serving GPUs per node are not a multiple of rollout.server_tp "
-                         f"{r.server_tp}")
+        raise ValueError(
+            f"{layout.serve_gpus} serving GPUs per node are not a multiple of rollout.server_tp {r.server_tp}"
+        )
     if layout.train_gpus < 1 or layout.serve_gpus < r.server_tp:
         raise ValueError("each node needs at least one trainer GPU and rollout.server_tp serving GPUs")
     model = recipe.model.pretrained or "<HF checkpoint directory>"
@@ -108,30 +129,64 @@ def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str, engine: str =
     image = server_image_config(recipe)
     if engine == "vllm" and layout.router:
         raise ValueError("--router fronts SGLang servers; the trainer spreads requests over vLLM servers itself")
-    for node, host in enumerate(layout.hosts):
+    for host in layout.hosts:
         for k in range(layout.serve_gpus // r.server_tp):
             first = layout.train_gpus + k * r.server_tp
             visible = ",".join(str(i) for i in range(first, first + r.server_tp))
             if engine == "vllm":
                 port = VLLM_PORT + k
-                commands.append(Command(host, f"vLLM server {k} (GPUs {visible})",
-                                        tuple(vllm_server_argv(recipe, model, port)),
-                                        (("VLLM_SERVER_DEV_MODE", "1"), ("CUDA_VISIBLE_DEVICES", visible))))
+                commands.append(
+                    Command(
+                        host,
+                        f"vLLM server {k} (GPUs {visible})",
+                        tuple(vllm_server_argv(recipe, model, port)),
+                        (("VLLM_SERVER_DEV_MODE", "1"), ("CUDA_VISIBLE_DEVICES", visible)),
+                    )
+                )
                 workers.append(f"http://{host}:{port}")
                 continue
             port = SGLANG_PORT + k
-            argv = ["python", "-m", "sglang.launch_server", "--model-path", model, "--host", "0.0.0.0",
-                    "--port", str(port), "--tp-size", str(r.server_tp), "--mem-fraction-static",
-                    str(r.server_mem_fraction), "--context-length", str(g.max_prompt_tokens + g.max_response_tokens),
-                    "--dtype", recipe.parallel.param_dtype]
+            argv = [
+                "python",
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                model,
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(port),
+                "--tp-size",
+                str(r.server_tp),
+                "--mem-fraction-static",
+                str(r.server_mem_fraction),
+                "--context-length",
+                str(g.max_prompt_tokens + g.max_response_tokens),
+                "--dtype",
+                recipe.parallel.param_dtype,
+            ]
             if image is not None:
-                argv += ["--mm-process-config",
-                         json.dumps({"image": {"min_pixels": image.min_pixels, "max_pixels": image.max_pixels}})]
-            commands.append(Command(host, f"SGLang server {k} (GPUs {visible})", tuple(argv),
-                                    (("CUDA_VISIBLE_DEVICES", visible),)))
+                argv += [
+                    "--mm-process-config",
+                    json.dumps({"image": {"min_pixels": image.min_pixels, "max_pixels": image.max_pixels}}),
+                ]
+            commands.append(
+                Command(host, f"SGLang server {k} (GPUs {visible})", tuple(argv), (("CUDA_VISIBLE_DEVICES", visible),))
+            )
             workers.append(f"http://{host}:{port}")
-        tool_argv = ["python", "-m", "osvl.tools.server", "--tools", "recipes/tools/online.toml", "--host", "0.0.0.0",
-                     "--port", str(TOOL_PORT), "--workers", "16"]
+        tool_argv = [
+            "python",
+            "-m",
+            "osvl.tools.server",
+            "--tools",
+            "recipes/tools/online.toml",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(TOOL_PORT),
+            "--workers",
+            "16",
+        ]
         if recipe.tools.python_interpreter:
             tool_argv += ["--python-interpreter", "--python-sandbox", recipe.tools.python_sandbox]
             if recipe.tools.sandbox_fusion_url:
@@ -140,16 +195,33 @@ def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str, engine: str =
         tools.append(f"http://{host}:{TOOL_PORT}")
     generate = workers
     if layout.router:
-        commands.append(Command(layout.hosts[0], "sglang-router over every server",
-                                ("python", "-m", "sglang_router.launch_router", "--host", "0.0.0.0", "--port",
-                                 str(ROUTER_PORT), "--worker-urls", *workers)))
+        commands.append(
+            Command(
+                layout.hosts[0],
+                "sglang-router over every server",
+                (
+                    "python",
+                    "-m",
+                    "sglang_router.launch_router",
+                    "--host",
+                    "0.0.0.0",
+                    "--port",
+                    str(ROUTER_PORT),
+                    "--worker-urls",
+                    *workers,
+                ),
+            )
+        )
         generate = [f"http://{layout.hosts[0]}:{ROUTER_PORT}"]
     world = layout.nodes * layout.train_gpus
     if engine == "vllm":
         served = ["rollout.engine=vllm", f"rollout.vllm_urls={json.dumps(workers)}"]
     else:
-        served = ["rollout.engine=sglang", f"rollout.sglang_urls={json.dumps(generate)}",
-                  f"rollout.sglang_update_urls={json.dumps(workers)}"]
+        served = [
+            "rollout.engine=sglang",
+            f"rollout.sglang_urls={json.dumps(generate)}",
+            f"rollout.sglang_update_urls={json.dumps(workers)}",
+        ]
     overrides = [f"job.world_size={world}", *served, f"tools.servers={json.dumps(tools)}"]
     dp_shard = world // (recipe.parallel.tp * recipe.parallel.dp_replicate)
     if recipe.parallel.dp_shard != -1 and recipe.parallel.dp_shard != dp_shard:
@@ -157,14 +229,34 @@ def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str, engine: str =
     if r.weight_sync == "distributed" and engine == "sglang":
         overrides.append(f"rollout.weight_sync_master_addr={layout.hosts[0]}")
     for node, host in enumerate(layout.hosts):
-        argv = ["torchrun", "--nnodes", str(layout.nodes), "--nproc_per_node", str(layout.train_gpus),
-                "--node_rank", str(node), "--rdzv_backend", "c10d", "--rdzv_endpoint",
-                f"{layout.hosts[0]}:{TRAIN_PORT}", "-m", "osvl.train", "--recipe", recipe_arg]
+        argv = [
+            "torchrun",
+            "--nnodes",
+            str(layout.nodes),
+            "--nproc_per_node",
+            str(layout.train_gpus),
+            "--node_rank",
+            str(node),
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            f"{layout.hosts[0]}:{TRAIN_PORT}",
+            "-m",
+            "osvl.train",
+            "--recipe",
+            recipe_arg,
+        ]
         for item in overrides:
             argv += ["--set", item]
         visible = ",".join(str(i) for i in range(layout.train_gpus))
-        commands.append(Command(host, f"trainer ranks {node * layout.train_gpus}..{(node + 1) * layout.train_gpus - 1}",
-                                tuple(argv), (("CUDA_VISIBLE_DEVICES", visible),)))
+        commands.append(
+            Command(
+                host,
+                f"trainer ranks {node * layout.train_gpus}..{(node + 1) * layout.train_gpus - 1}",
+                tuple(argv),
+                (("CUDA_VISIBLE_DEVICES", visible),),
+            )
+        )
     return commands
 
 
@@ -186,7 +278,9 @@ def _port(url: str, what: str) -> str:
     return str(port)
 
 
-def launch_loopback(recipe: Recipe, directory: Path, any_ports: bool = False) -> tuple[list[subprocess.Popen], list[str]]:
+def launch_loopback(
+    recipe: Recipe, directory: Path, any_ports: bool = False
+) -> tuple[list[subprocess.Popen], list[str]]:
     """The CPU form on this machine, listening where the recipe's URLs point (``any_ports``: free
     ports instead); returns the processes and the trainer's ``--set`` overrides for their URLs."""
     r, t = recipe.rollout, recipe.tools
@@ -195,14 +289,45 @@ def launch_loopback(recipe: Recipe, directory: Path, any_ports: bool = False) ->
     if not t.world_dir:
         raise ValueError("tools.world_dir must name the offline world the loopback tool server serves")
     llm = "llm" in (recipe.judges.accuracy, recipe.judges.query)
-    ports = ["0"] * 3 if any_ports else [
-        _port(r.sglang_urls[0], "rollout.sglang_urls[0]") if r.sglang_urls else "30000",
-        _port(t.servers[0], "tools.servers[0]") if t.servers else str(TOOL_PORT),
-        _port(recipe.judges.url, "judges.url") if llm and recipe.judges.url else str(JUDGE_PORT)]
-    specs = [("SGLang loopback", [sys.executable, "-m", "osvl.rollout.loopback", "--model-path", recipe.model.pretrained,
-                                  "--port", ports[0], "--max-batch", str(r.max_in_flight)]),
-             ("tool server", [sys.executable, "-m", "osvl.tools.server", "--world", t.world_dir,
-                              "--port", ports[1], "--workers", str(t.workers)])]
+    ports = (
+        ["0"] * 3
+        if any_ports
+        else [
+            _port(r.sglang_urls[0], "rollout.sglang_urls[0]") if r.sglang_urls else "30000",
+            _port(t.servers[0], "tools.servers[0]") if t.servers else str(TOOL_PORT),
+            _port(recipe.judges.url, "judges.url") if llm and recipe.judges.url else str(JUDGE_PORT),
+        ]
+    )
+    specs = [
+        (
+            "SGLang loopback",
+            [
+                sys.executable,
+                "-m",
+                "osvl.rollout.loopback",
+                "--model-path",
+                recipe.model.pretrained,
+                "--port",
+                ports[0],
+                "--max-batch",
+                str(r.max_in_flight),
+            ],
+        ),
+        (
+            "tool server",
+            [
+                sys.executable,
+                "-m",
+                "osvl.tools.server",
+                "--world",
+                t.world_dir,
+                "--port",
+                ports[1],
+                "--workers",
+                str(t.workers),
+            ],
+        ),
+    ]
     if llm:
         specs.append(("loopback judge", [sys.executable, "-m", "osvl.rl.loopback_judge", "--port", ports[2]]))
     processes, urls = [], []
@@ -230,11 +355,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-gpus", type=int, default=4, help="trainer GPUs per node; the rest serve")
     parser.add_argument("--hosts", default="", help="comma-separated node host names (default node0,node1,...)")
     parser.add_argument("--router", action="store_true", help="put an sglang-router in front of the servers")
-    parser.add_argument("--engine", choices=("sglang", "vllm", "loopback"), default=None,
-                        help="the inference servers to plan (default: the recipe's rollout.engine, else sglang)")
+    parser.add_argument(
+        "--engine",
+        choices=("sglang", "vllm", "loopback"),
+        default=None,
+        help="the inference servers to plan (default: the recipe's rollout.engine, else sglang)",
+    )
     parser.add_argument("--launch", action="store_true", help="start the services here (loopback engine only)")
-    parser.add_argument("--any-ports", action="store_true",
-                        help="with --launch: free ports instead of the recipe's (the printed --set overrides point there)")
+    parser.add_argument(
+        "--any-ports",
+        action="store_true",
+        help="with --launch: free ports instead of the recipe's (the printed --set overrides point there)",
+    )
     args = parser.parse_args(argv)
     try:
         recipe = load_recipe(args.recipe, args.overrides)
@@ -252,8 +384,11 @@ def main(argv: list[str] | None = None) -> int:
             except (ValueError, RuntimeError) as error:
                 parser.error(str(error))
             sets = " ".join(f"--set {shlex.quote(o)}" for o in [*args.overrides, *overrides])
-            print(f"services up; train with:\n  torchrun --standalone --nproc_per_node 2 -m osvl.train "
-                  f"--recipe {args.recipe} {sets}", flush=True)
+            print(
+                f"services up; train with:\n  torchrun --standalone --nproc_per_node 2 -m osvl.train "
+                f"--recipe {args.recipe} {sets}",
+                flush=True,
+            )
             stop = [False]
             signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
             try:

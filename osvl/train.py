@@ -29,8 +29,9 @@ def dry_run(recipe: Recipe, preflight: bool = False) -> list[str]:
     the serving side (memory, weight-sync bytes), and with ``preflight`` the service probes."""
     from osvl.config.recipe import PAPER_PRESETS
 
-    lines = [f"recipe {recipe.job.name}: stage {recipe.job.stage}, model {recipe.model.preset}, "
-             f"parallel {recipe.parallel}"]
+    lines = [
+        f"recipe {recipe.job.name}: stage {recipe.job.stage}, model {recipe.model.preset}, parallel {recipe.parallel}"
+    ]
     recipe.check_stage(recipe.data_parallel_size(recipe.job.world_size or 1))
     if recipe.job.stage == "grpo":
         from osvl.trainer.preflight import dry_run_lines
@@ -63,20 +64,32 @@ def _memory_plan(recipe: Recipe) -> list[str]:
     images = recipe.rollout.max_turns + 1
     patches = d.max_patches or images * per_image
     chunk = recipe.grpo.loss_chunk if recipe.job.stage == "grpo" else recipe.sft.loss_chunk
-    report = plan(recipe.model.preset, world_size=recipe.job.world_size, parallel=recipe.parallel,
-                  tokens_per_rank=d.max_tokens, patches_per_rank=patches, loss_chunk=chunk, stage=recipe.job.stage,
-                  gpu_memory_gib=recipe.job.gpu_memory_gib)
+    report = plan(
+        recipe.model.preset,
+        world_size=recipe.job.world_size,
+        parallel=recipe.parallel,
+        tokens_per_rank=d.max_tokens,
+        patches_per_rank=patches,
+        loss_chunk=chunk,
+        stage=recipe.job.stage,
+        gpu_memory_gib=recipe.job.gpu_memory_gib,
+    )
     lines = report.lines()
-    source = ("data.max_patches" if d.max_patches else
-              f"assumed: {images} images (the prompt's and one per tool turn, rollout.max_turns) of "
-              f"data.max_pixels {d.max_pixels} = {per_image} patches each")
+    source = (
+        "data.max_patches"
+        if d.max_patches
+        else f"assumed: {images} images (the prompt's and one per tool turn, rollout.max_turns) of "
+        f"data.max_pixels {d.max_pixels} = {per_image} patches each"
+    )
     lines.append(f"vision patches per micro-batch: {patches} ({source})")
     if recipe.job.stage == "grpo":
         g = recipe.grpo
         longest = g.max_prompt_tokens + g.max_response_tokens
         verdict = "fits" if longest <= d.max_tokens else "DOES NOT fit; the packer will refuse it"
-        lines.append(f"longest trajectory: grpo.max_prompt_tokens + grpo.max_response_tokens = {longest} tokens "
-                     f"{verdict} in one micro-batch (data.max_tokens {d.max_tokens})")
+        lines.append(
+            f"longest trajectory: grpo.max_prompt_tokens + grpo.max_response_tokens = {longest} tokens "
+            f"{verdict} in one micro-batch (data.max_tokens {d.max_tokens})"
+        )
     return lines
 
 
@@ -86,11 +99,20 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m osvl.train", description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", required=True, help="a name in recipes/ or a path to a .toml file")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe value, e.g. --set grpo.eps_high=0.3 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe value, e.g. --set grpo.eps_high=0.3 (repeatable)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="validate and plan memory; start nothing")
-    parser.add_argument("--preflight", action="store_true",
-                        help="with --dry-run: also probe the servers, judges and tool servers the recipe names")
+    parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="with --dry-run: also probe the servers, judges and tool servers the recipe names",
+    )
     args = parser.parse_args(argv)
     try:
         recipe = load_recipe(args.recipe, args.overrides)
@@ -105,8 +127,10 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(str(error))
         return 0
     if recipe.job.world_size and recipe.job.world_size != world:
-        parser.error(f"recipe {recipe.job.name} targets job.world_size={recipe.job.world_size} but "
-                     f"{world} processes were started (use --set job.world_size={world} to run it smaller)")
+        parser.error(
+            f"recipe {recipe.job.name} targets job.world_size={recipe.job.world_size} but "
+            f"{world} processes were started (use --set job.world_size={world} to run it smaller)"
+        )
     try:
         recipe.check_stage(recipe.data_parallel_size(world))
     except ValueError as error:
@@ -136,8 +160,10 @@ def _train(recipe: Recipe, rank: int, world: int) -> int:
         teardown()
     if rank == 0:
         trained = "" if result.steps > result.resumed_from else " (already finished: nothing trained)"
-        print(f"{recipe.job.name}: {result.steps} steps{trained}, final loss {result.final_loss:.4f}, "
-              f"run dir {result.run_dir}")
+        print(
+            f"{recipe.job.name}: {result.steps} steps{trained}, final loss {result.final_loss:.4f}, "
+            f"run dir {result.run_dir}"
+        )
     return 0
 
 

@@ -34,8 +34,9 @@ from osvl.trainer.policy import build_policy, policy_arch
 Document = tuple[list[int], int]  # token ids, index of the first token that repeats earlier content
 
 
-def random_document(rng: random.Random, vocab: int, length: int, zipf: bool, separator_every: int,
-                    separator: int) -> Document:
+def random_document(
+    rng: random.Random, vocab: int, length: int, zipf: bool, separator_every: int, separator: int
+) -> Document:
     weights = [1.0 / (rank + 1) for rank in range(vocab)] if zipf else None
     segment = rng.choices(range(vocab), weights=weights, k=length)
     if separator_every:
@@ -58,7 +59,7 @@ def text_documents(path: str, tokenizer, limit: int) -> list[Document]:
 def repeat_accuracy(logits: torch.Tensor, ids: torch.Tensor, bounds: list[int], docs: list[Document]) -> float:
     rows = torch.zeros(len(ids), dtype=torch.bool)
     for (tokens, first), start in zip(docs, bounds, strict=False):
-        rows[start + first - 1:start + len(tokens) - 1] = True  # row r predicts token r + 1
+        rows[start + first - 1 : start + len(tokens) - 1] = True  # row r predicts token r + 1
     if not rows.any():
         return float("nan")
     return (logits[rows].argmax(-1) == torch.roll(ids, -1)[rows]).float().mean().item()
@@ -118,8 +119,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for name, want in (("repeat_acc_random", True), ("repeat_acc_text", False)):
                     chosen = [(d, b) for (d, is_random), b in zip(drawn, bounds, strict=False) if is_random == want]
                     if chosen:
-                        record[name] = round(repeat_accuracy(logits.detach(), ids, [b for _, b in chosen],
-                                                             [d for d, _ in chosen]), 4)
+                        record[name] = round(
+                            repeat_accuracy(logits.detach(), ids, [b for _, b in chosen], [d for d, _ in chosen]), 4
+                        )
             records.append(record)
             print(json.dumps(record), flush=True)
     return records

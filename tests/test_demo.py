@@ -7,10 +7,10 @@ import json
 import pytest
 
 from osvl.config import load_recipe
+from osvl.demo import evaluate_policy, main, summary_lines
 from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory
 from osvl.rollout import ReplayEngine
 from osvl.synth.records import write_prompts
-from osvl.demo import evaluate_policy, main, summary_lines
 from osvl.trainer.validation import answer_is_grounded
 from osvl.world.__main__ import main as world_main
 from tests.trainer.fixtures import write_sft_data
@@ -22,18 +22,28 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo_eval")
     assert world_main(["build", "--out", str(root / "world"), "--seed", "0"]) == 0
     tok, _ = write_sft_data(root / "data")
-    prompts = [Prompt(id=f"q{i}", question=f"Which city is number {i}?", answer=answer)
-               for i, answer in enumerate(["Wenmilun", "Fenulhal", "Ulpelsal", "Danarfen"])]
+    prompts = [
+        Prompt(id=f"q{i}", question=f"Which city is number {i}?", answer=answer)
+        for i, answer in enumerate(["Wenmilun", "Fenulhal", "Ulpelsal", "Danarfen"])
+    ]
     write_prompts(root / "prompts.jsonl", prompts)
-    overrides = [f"data.tokenizer={tok}", f"data.train_path={root / 'prompts.jsonl'}", "model.pretrained=",
-                 f"tools.world_dir={root / 'world'}", "tools.workers=1", "tools.fault_rate=0.5",
-                 "grpo.max_response_tokens=64", "rollout.max_turns=2"]
+    overrides = [
+        f"data.tokenizer={tok}",
+        f"data.train_path={root / 'prompts.jsonl'}",
+        "model.pretrained=",
+        f"tools.world_dir={root / 'world'}",
+        "tools.workers=1",
+        "tools.fault_rate=0.5",
+        "grpo.max_response_tokens=64",
+        "rollout.max_turns=2",
+    ]
     return load_recipe("tiny_grpo", overrides), prompts
 
 
 def answering(correct: set[str]):
     """Answers the questions whose number is in ``correct`` right, the others wrong, after one
     search for the right answer's page (so the right answers are stated by the observation)."""
+
     def wrap(local):
         tok = local.tokenizer
 
@@ -42,12 +52,15 @@ def answering(correct: set[str]):
             number = text.split("number ")[1].split("?")[0]
             name = ["Wenmilun", "Fenulhal", "Ulpelsal", "Danarfen"][int(number)]
             if "</tool_call>" not in text:
-                out = f'<think>look</think>\n<tool_call>{{"name": "text_search", "arguments": {{"query": "{name}"}}}}</tool_call>'
+                call = json.dumps({"name": "text_search", "arguments": {"query": name}})
+                out = f"<think>look</think>\n<tool_call>{call}</tool_call>"
             else:
                 answer = name if number in correct else "nowhere"
                 out = f"<think>done</think>\n<response>{answer}</response>"
             return tok.encode(out) + [tok.special.im_end]
+
         return ReplayEngine(local, script)
+
     return wrap
 
 
@@ -81,10 +94,18 @@ def test_random_init_policy_is_measured_not_assumed(setup, tmp_path):
     recipe, _ = setup
     out = tmp_path / "init.json"
     args = ["evaluate", "--recipe", "tiny_grpo", "--checkpoint", "init", "--out", str(out), "--limit", "2"]
-    overrides = [f"{k}={v}" for k, v in (("data.tokenizer", recipe.data.tokenizer),
-                                          ("data.train_path", recipe.data.train_path), ("model.pretrained", ""),
-                                          ("tools.world_dir", recipe.tools.world_dir), ("tools.workers", 1),
-                                          ("grpo.max_response_tokens", 8), ("rollout.max_turns", 1))]
+    overrides = [
+        f"{k}={v}"
+        for k, v in (
+            ("data.tokenizer", recipe.data.tokenizer),
+            ("data.train_path", recipe.data.train_path),
+            ("model.pretrained", ""),
+            ("tools.world_dir", recipe.tools.world_dir),
+            ("tools.workers", 1),
+            ("grpo.max_response_tokens", 8),
+            ("rollout.max_turns", 1),
+        )
+    ]
     assert main(args + [x for o in overrides for x in ("--set", o)]) == 0
     result = json.loads(out.read_text())
     assert result["checkpoint"] == "init" and result["scored"] == 2 and result["accuracy"] == 0.0
@@ -96,8 +117,20 @@ def test_summary_puts_the_stage_evaluations_first(tmp_path):
     evals = []
     for label, acc in (("init", 0.0), ("sft", 0.05), ("grpo", 0.1)):
         path = tmp_path / f"{label}.json"
-        path.write_text(json.dumps({"accuracy": acc, "reward": acc, "reward_fmt": 1.0, "answered": 1.0, "grounded": 0.5,
-                                    "fatal_rate": 0.0, "turns_mean": 3.0, "scored": 20}))
+        path.write_text(
+            json.dumps(
+                {
+                    "accuracy": acc,
+                    "reward": acc,
+                    "reward_fmt": 1.0,
+                    "answered": 1.0,
+                    "grounded": 0.5,
+                    "fatal_rate": 0.0,
+                    "turns_mean": 3.0,
+                    "scored": 20,
+                }
+            )
+        )
         evals.append((label, path))
     lines = summary_lines(sft, grpo, 1, evals)
     assert lines[1].startswith("  init  accuracy 0.000 [0.000, 0.161]")  # Wilson 95%, 0 of 20
@@ -137,8 +170,22 @@ def test_tokenizer_learns_the_data_and_the_first_text_documents(tmp_path):
     assert len(first.encode("Mervantolyq")) > 2  # document 2 was left out: its word stays in pieces
     with pytest.raises(ValueError, match="text_docs must be >= 0"):
         demo_tokenizer(data, 320, text, text_docs=-1)
-    assert main(["tokenizer", "--data", str(data), "--vocab-size", "320", "--max-digits", "2",
-                 "--out", str(tmp_path / "paired.json")]) == 0
+    assert (
+        main(
+            [
+                "tokenizer",
+                "--data",
+                str(data),
+                "--vocab-size",
+                "320",
+                "--max-digits",
+                "2",
+                "--out",
+                str(tmp_path / "paired.json"),
+            ]
+        )
+        == 0
+    )
     paired = load_tokenizer(tmp_path / "paired.json")
     assert [paired.decode([i]) for i in paired.encode("1937")] == ["19", "37"]
     assert len(plain.encode("1937")) == 4
@@ -147,26 +194,39 @@ def test_tokenizer_learns_the_data_and_the_first_text_documents(tmp_path):
 
 
 def test_answer_prior_guesses_the_most_frequent_answer_to_the_asked_attribute(tmp_path):
-    from osvl.rl.trajectory import FinishReason, Trajectory, append_jsonl
     from osvl.demo import answer_prior
+    from osvl.rl.trajectory import FinishReason, Trajectory, append_jsonl
 
     def traj(question, answer):
-        return Trajectory(prompt=Prompt(id=question + answer, question=question, answer=answer), steps=[],
-                          finish_reason=FinishReason.RESPONSE, group_id=0, sample_index=0)
+        return Trajectory(
+            prompt=Prompt(id=question + answer, question=question, answer=answer),
+            steps=[],
+            finish_reason=FinishReason.RESPONSE,
+            group_id=0,
+            sample_index=0,
+        )
 
     sft = tmp_path / "sft.jsonl"
-    append_jsonl(sft, [traj("What is the area in km2 of the country of Ul?", "386000"),
-                       traj("What is the area in km2 of the country of Ka?", "386000"),
-                       traj("What is the area in km2 of Dracorland?", "543000"),
-                       traj("In what year is the birth date of the mayor of Lo?", "1901"),
-                       traj("Which bridge is older?", "Tal Bridge"),
-                       traj("Which bridge is taller?", "Tal Bridge"),
-                       traj("Which bridge is longer?", "Tal Bridge")])
-    prompts = [Prompt(id="a", question="What is the area in km2 of the country of the city shown in the image?",
-                      answer="386000"),
-               Prompt(id="b", question="What is the area in km2 of Issalland?", answer="793000"),
-               Prompt(id="c", question="In what year is the birth date of the parent of Mi?", answer="1901"),
-               Prompt(id="d", question="What is the style of the tower shown in the image?", answer="Tal bridge")]
+    append_jsonl(
+        sft,
+        [
+            traj("What is the area in km2 of the country of Ul?", "386000"),
+            traj("What is the area in km2 of the country of Ka?", "386000"),
+            traj("What is the area in km2 of Dracorland?", "543000"),
+            traj("In what year is the birth date of the mayor of Lo?", "1901"),
+            traj("Which bridge is older?", "Tal Bridge"),
+            traj("Which bridge is taller?", "Tal Bridge"),
+            traj("Which bridge is longer?", "Tal Bridge"),
+        ],
+    )
+    prompts = [
+        Prompt(
+            id="a", question="What is the area in km2 of the country of the city shown in the image?", answer="386000"
+        ),
+        Prompt(id="b", question="What is the area in km2 of Issalland?", answer="793000"),
+        Prompt(id="c", question="In what year is the birth date of the parent of Mi?", answer="1901"),
+        Prompt(id="d", question="What is the style of the tower shown in the image?", answer="Tal bridge"),
+    ]
     assert answer_prior(sft, prompts) == {"accuracy": 0.75, "prompts": 4}  # d: no such attribute -> overall mode
     assert answer_prior(sft, prompts[1:2])["accuracy"] == 0.0
     (tmp_path / "empty.jsonl").write_text("")
@@ -177,8 +237,24 @@ def test_answer_prior_guesses_the_most_frequent_answer_to_the_asked_attribute(tm
         answer_prior(tmp_path / "bad.jsonl", prompts)
     write_prompts(tmp_path / "rl" / "prompts.jsonl", prompts)
     out = tmp_path / "prior_cli.json"
-    assert main(["prior", "--recipe", "tiny_grpo", "--sft", str(sft), "--out", str(out), "--limit", "3",
-                 "--set", f"data.train_path={tmp_path / 'rl' / 'prompts.jsonl'}"]) == 0
+    assert (
+        main(
+            [
+                "prior",
+                "--recipe",
+                "tiny_grpo",
+                "--sft",
+                str(sft),
+                "--out",
+                str(out),
+                "--limit",
+                "3",
+                "--set",
+                f"data.train_path={tmp_path / 'rl' / 'prompts.jsonl'}",
+            ]
+        )
+        == 0
+    )
     assert json.loads(out.read_text()) == {"accuracy": 2 / 3, "prompts": 3}
     prior = tmp_path / "prior.json"
     prior.write_text(json.dumps({"accuracy": 0.2, "prompts": 4}))
@@ -187,8 +263,20 @@ def test_answer_prior_guesses_the_most_frequent_answer_to_the_asked_attribute(tm
     evals = []
     for label, acc in (("init", 0.0), ("grpo", 0.125)):
         path = tmp_path / f"{label}.json"
-        path.write_text(json.dumps({"accuracy": acc, "reward": acc, "reward_fmt": 1.0, "answered": 1.0, "grounded": 0.5,
-                                    "fatal_rate": 0.0, "turns_mean": 3.0, "scored": 32}))
+        path.write_text(
+            json.dumps(
+                {
+                    "accuracy": acc,
+                    "reward": acc,
+                    "reward_fmt": 1.0,
+                    "answered": 1.0,
+                    "grounded": 0.5,
+                    "fatal_rate": 0.0,
+                    "turns_mean": 3.0,
+                    "scored": 32,
+                }
+            )
+        )
         evals.append((label, path))
     lines = summary_lines(sft_run, grpo_run, 1, evals, prior=prior)
     assert "accuracy 0.200; grpo is NOT above it (the prior is inside grpo's 95% interval)" in lines[4]

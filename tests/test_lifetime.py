@@ -14,19 +14,23 @@ import pytest
 from osvl.lifetime import TORCHRUN_ENV
 
 REPO = Path(__file__).resolve().parents[1]
-CHILD = ("import sys, time\n"
-         "from osvl.lifetime import die_with_parent\n"
-         "if sys.argv[1] == 'arm':\n"
-         "    die_with_parent()\n"
-         "print('ready', flush=True)\n"
-         "time.sleep(120)\n")
+CHILD = (
+    "import sys, time\n"
+    "from osvl.lifetime import die_with_parent\n"
+    "if sys.argv[1] == 'arm':\n"
+    "    die_with_parent()\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(120)\n"
+)
 # The parent starts the child from its main thread (as torchrun's agent does), reports its pid, then waits.
-PARENT = ("import subprocess, sys, time\n"
-          "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE,\n"
-          "                         text=True)\n"
-          "child.stdout.readline()\n"
-          "print(child.pid, flush=True)\n"
-          "time.sleep(120)\n")
+PARENT = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE,\n"
+    "                         text=True)\n"
+    "child.stdout.readline()\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(120)\n"
+)
 
 
 def alive(pid: int) -> bool:
@@ -60,16 +64,19 @@ def test_armed_child_dies_with_its_parent_and_unarmed_one_is_orphaned():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_armed_only_under_torchrun():
-    probe = ("import ctypes, signal\n"
-             "from osvl.lifetime import die_with_torchrun_agent\n"
-             "armed = die_with_torchrun_agent()\n"
-             "sig = ctypes.c_int(0)\n"
-             "ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)\n"  # PR_GET_PDEATHSIG
-             "print(armed, sig.value == signal.SIGKILL)\n")
+    probe = (
+        "import ctypes, signal\n"
+        "from osvl.lifetime import die_with_torchrun_agent\n"
+        "armed = die_with_torchrun_agent()\n"
+        "sig = ctypes.c_int(0)\n"
+        "ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)\n"  # PR_GET_PDEATHSIG
+        "print(armed, sig.value == signal.SIGKILL)\n"
+    )
     base = {k: v for k, v in os.environ.items() if k != TORCHRUN_ENV}
     base["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     outside = subprocess.run([sys.executable, "-c", probe], env=base, capture_output=True, text=True, check=True)
-    inside = subprocess.run([sys.executable, "-c", probe], env={**base, TORCHRUN_ENV: "job"}, capture_output=True,
-                            text=True, check=True)
+    inside = subprocess.run(
+        [sys.executable, "-c", probe], env={**base, TORCHRUN_ENV: "job"}, capture_output=True, text=True, check=True
+    )
     assert outside.stdout.split() == ["False", "False"]  # a trainer started from a shell outlives the shell
     assert inside.stdout.split() == ["True", "True"]

@@ -17,11 +17,13 @@ from osvl.run_lock import LOCK_FILE, RunDirError, RunDirInUse, RunDirLock, held_
 from tests.parallel.harness import run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
-HOLDER = ("import sys, time\n"
-          "from osvl.run_lock import RunDirLock\n"
-          "RunDirLock(sys.argv[1], 'holder-job').acquire()\n"
-          "print('held', flush=True)\n"
-          "time.sleep(120)\n")
+HOLDER = (
+    "import sys, time\n"
+    "from osvl.run_lock import RunDirLock\n"
+    "RunDirLock(sys.argv[1], 'holder-job').acquire()\n"
+    "print('held', flush=True)\n"
+    "time.sleep(120)\n"
+)
 
 
 def _holder(run_dir: Path) -> subprocess.Popen:
@@ -45,8 +47,11 @@ def test_lock_names_its_owner_and_is_removed_on_release(tmp_path):
 def test_live_owner_refuses_and_dead_owner_is_taken_over_with_an_explanation(tmp_path):
     holder = _holder(tmp_path)
     try:
-        with pytest.raises(RunDirInUse, match=rf"owned by pid {holder.pid} on host {socket.gethostname()} "
-                                              r"\(job holder-job, started .*\); stop that job"):
+        with pytest.raises(
+            RunDirInUse,
+            match=rf"owned by pid {holder.pid} on host {socket.gethostname()} "
+            r"\(job holder-job, started .*\); stop that job",
+        ):
             RunDirLock(tmp_path).acquire()
     finally:
         holder.kill()  # SIGKILL: no release, the file stays behind

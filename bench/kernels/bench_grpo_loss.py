@@ -30,10 +30,23 @@ import torch  # noqa: E402
 
 from bench.kernels.cases import CASES, Case, CaseOptions, Unavailable, build_case  # noqa: E402
 from bench.kernels.measure import (  # noqa: E402
-    MALLOC_ENV, Timing, cuda_peak_extra_bytes, matmul_tflops, time_step, time_steps_interleaved,
+    MALLOC_ENV,
+    Timing,
+    cuda_peak_extra_bytes,
+    matmul_tflops,
+    time_step,
+    time_steps_interleaved,
 )
 from bench.kernels.report import (  # noqa: E402
-    SCHEMA, add_ratios, device_name, device_tag, git_info, result_path, summarize, versions, write_record,
+    SCHEMA,
+    add_ratios,
+    device_name,
+    device_tag,
+    git_info,
+    result_path,
+    summarize,
+    versions,
+    write_record,
 )
 from bench.kernels.roofline import Peak, linear_floors, logits_floors, lookup_peak, percent_of_floor  # noqa: E402
 from bench.kernels.workload import Shape, Workload, make_workload, reference_loss  # noqa: E402
@@ -87,10 +100,16 @@ def parse_args(argv: list[str]) -> BenchConfig:
     p.add_argument("--name", default="grpo_loss")
     p.add_argument("--out-dir", type=Path, default=Path(os.environ.get("OUT") or REPO / "bench" / "results"))
     p.add_argument("--no-cpu-memory", action="store_true", help="skip the per-case RSS subprocesses on CPU")
-    p.add_argument("--matmul-rate", action="store_true",
-                   help="measure the [T, H] x [H, V] matmul rate first; linear cases get their floor at that rate")
-    p.add_argument("--interleave", action="store_true",
-                   help="build every case first, then time one step of each in turn per rep (shared machines)")
+    p.add_argument(
+        "--matmul-rate",
+        action="store_true",
+        help="measure the [T, H] x [H, V] matmul rate first; linear cases get their floor at that rate",
+    )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="build every case first, then time one step of each in turn per rep (shared machines)",
+    )
     a = p.parse_args(argv)
 
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -122,9 +141,19 @@ def parse_args(argv: list[str]) -> BenchConfig:
         compile_backend=a.compile_backend,
     )
     return BenchConfig(
-        device=a.device, shape=shape, cases=cases, warmup=warmup, reps=reps, seed=a.seed,
-        options=options, peak_tflops=a.peak_tflops, peak_tbps=a.peak_tbps, name=a.name,
-        out_dir=a.out_dir, cpu_memory=not a.no_cpu_memory, interleave=a.interleave,
+        device=a.device,
+        shape=shape,
+        cases=cases,
+        warmup=warmup,
+        reps=reps,
+        seed=a.seed,
+        options=options,
+        peak_tflops=a.peak_tflops,
+        peak_tbps=a.peak_tbps,
+        name=a.name,
+        out_dir=a.out_dir,
+        cpu_memory=not a.no_cpu_memory,
+        interleave=a.interleave,
         matmul_rate=a.matmul_rate,
     )
 
@@ -132,11 +161,19 @@ def parse_args(argv: list[str]) -> BenchConfig:
 def probe_cpu_memory(config: BenchConfig, case_name: str) -> dict:
     """Peak extra RSS of one case, measured in a fresh interpreter (rss_probe.py)."""
     spec = {"case": case_name, "shape": asdict(config.shape), "options": asdict(config.options), "seed": config.seed}
-    env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        **MALLOC_ENV,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "bench.kernels.rss_probe", json.dumps(spec)],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
         return {"status": "error", "reason": f"memory probe timed out after {PROBE_TIMEOUT_S}s"}
@@ -157,8 +194,15 @@ def build(name: str, workload: Workload, options: CaseOptions) -> tuple[Case | N
         return None, {**record, "status": "error", "reason": f"build failed: {type(error).__name__}: {error}"}
 
 
-def run_case(name: str, config: BenchConfig, workload: Workload, reference: float, peak: Peak,
-             timing: Timing | None = None, case: Case | None = None) -> dict:
+def run_case(
+    name: str,
+    config: BenchConfig,
+    workload: Workload,
+    reference: float,
+    peak: Peak,
+    timing: Timing | None = None,
+    case: Case | None = None,
+) -> dict:
     """Times (unless `timing` is given) and measures one case, and derives its record."""
     device = torch.device(config.device)
     if case is None:
@@ -281,8 +325,13 @@ def run(config: BenchConfig, argv: list[str] | None = None) -> tuple[dict, Path]
             "padded_len": padded_len,
             "padding_frac": 1.0 - s.num_tokens / (s.num_seqs * padded_len),
         },
-        "settings": {"warmup": config.warmup, "reps": config.reps, "seed": config.seed, "interleave": config.interleave,
-                     **asdict(config.options)},
+        "settings": {
+            "warmup": config.warmup,
+            "reps": config.reps,
+            "seed": config.seed,
+            "interleave": config.interleave,
+            **asdict(config.options),
+        },
         "floors": {
             "logits": asdict(logits_floors(s.num_tokens, s.vocab, itemsize, peak)),
             "linear": asdict(linear_floors(s.num_tokens, s.vocab, s.hidden, itemsize, peak)),
@@ -294,8 +343,12 @@ def run(config: BenchConfig, argv: list[str] | None = None) -> tuple[dict, Path]
     if config.matmul_rate:
         rate = matmul_tflops(s.num_tokens, s.hidden, s.vocab, s.torch_dtype, device)
         config = replace(config, measured_tflops=rate)
-        record["matmul"] = {"shape_mkn": [s.num_tokens, s.hidden, s.vocab], "dtype": s.dtype, "tflops": rate,
-                            "linear_floor_ms": record["floors"]["linear"]["flops"] / (rate * 1e9)}
+        record["matmul"] = {
+            "shape_mkn": [s.num_tokens, s.hidden, s.vocab],
+            "dtype": s.dtype,
+            "tflops": rate,
+            "linear_floor_ms": record["floors"]["linear"]["flops"] / (rate * 1e9),
+        }
         print(f"matmul [T, H] x [H, V]: {rate:.1f} TFLOP/s", flush=True)
     path = result_path(config.out_dir, config.name, device_tag(device), git["short"])
     if config.interleave:

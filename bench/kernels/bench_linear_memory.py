@@ -35,7 +35,13 @@ import osvl_kernels.token_pass as token_pass_module  # noqa: E402
 from bench.kernels.cases import CaseOptions, Unavailable, build_case  # noqa: E402
 from bench.kernels.measure import cpu_allocated_peak_bytes, cuda_peak_extra_bytes  # noqa: E402
 from bench.kernels.memory_model import (  # noqa: E402
-    Problem, liger_peak, osvl_fp32_accum_peak, osvl_peak, returned_gradients_floor, table, total,
+    Problem,
+    liger_peak,
+    osvl_fp32_accum_peak,
+    osvl_peak,
+    returned_gradients_floor,
+    table,
+    total,
 )
 from bench.kernels.report import device_name, device_tag, git_info, result_path, versions, write_record  # noqa: E402
 from bench.kernels.workload import DTYPES, Shape, make_workload, ppo_clip_token_loss, split_lengths  # noqa: E402
@@ -56,7 +62,9 @@ VARIANTS = {
 def scaled(shape: Shape, factor: int) -> Shape:
     if factor < 1:
         raise ValueError(f"--scale must be >= 1, got {factor}")
-    return replace(shape, num_tokens=shape.num_tokens // factor, vocab=shape.vocab // factor, hidden=shape.hidden // factor)
+    return replace(
+        shape, num_tokens=shape.num_tokens // factor, vocab=shape.vocab // factor, hidden=shape.hidden // factor
+    )
 
 
 def problem_of(shape: Shape, padded_len: int) -> Problem:
@@ -123,8 +131,11 @@ def weight_grad_accumulation_error(
     shape = Shape(num_tokens=num_tokens, vocab=512, hidden=64, num_seqs=16, dtype="bf16")
     w = make_workload(shape, device, seed=seed)
     inputs = {
-        "target_ids": w.target_ids, "cu_seqlens": w.cu_seqlens, "loss_mask": w.loss_mask,
-        "old_logprobs": w.old_logprobs, "advantages": w.advantages,
+        "target_ids": w.target_ids,
+        "cu_seqlens": w.cu_seqlens,
+        "loss_mask": w.loss_mask,
+        "old_logprobs": w.old_logprobs,
+        "advantages": w.advantages,
     }
     weight64 = w.weight.double().requires_grad_()
     logp = torch.log_softmax(w.hidden.double() @ weight64.T, dim=-1).gather(1, w.target_ids[:, None]).squeeze(1)
@@ -141,7 +152,11 @@ def weight_grad_accumulation_error(
         for label, accum in (("weight_dtype_accum_rel_err", None), ("fp32_accum_rel_err", torch.float32)):
             weight = w.weight.clone().requires_grad_()
             loss = linear_grpo_loss(
-                w.hidden, weight, **inputs, chunk_size=chunk, grad_weight_accum_dtype=accum,
+                w.hidden,
+                weight,
+                **inputs,
+                chunk_size=chunk,
+                grad_weight_accum_dtype=accum,
                 backend="auto" if device.type == "cuda" else "torch",
             ).loss
             loss.backward()
@@ -156,7 +171,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scale", type=int, help="divide T, H and V of the real shape by this (default: 1 CUDA, 16 CPU)")
     p.add_argument("--seqs", type=int, default=REAL.num_seqs)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--numerics-tokens", type=int, default=REAL.num_tokens, help="T of the dW error measurement (0: skip)")
+    p.add_argument(
+        "--numerics-tokens", type=int, default=REAL.num_tokens, help="T of the dW error measurement (0: skip)"
+    )
     p.add_argument("--name", default="linear_memory")
     p.add_argument("--out-dir", type=Path, default=Path(os.environ.get("OUT") or REPO / "bench" / "results"))
     a = p.parse_args(argv)
@@ -178,7 +195,9 @@ def run(a: argparse.Namespace, argv: list[str]) -> tuple[dict, Path]:
         token_pass_module.TORCH_CHUNK_BYTES = max(torch_budget // a.scale**2, 3 * 4 * 4 * shape.vocab)
     workload = make_workload(shape, device, seed=a.seed)
     padded_len = max(workload.lengths)
-    options = CaseOptions(osvl_backend="auto" if device.type == "cuda" else "torch", liger_compiled=device.type == "cuda")
+    options = CaseOptions(
+        osvl_backend="auto" if device.type == "cuda" else "torch", liger_compiled=device.type == "cuda"
+    )
     git = git_info(REPO)
     record = {
         "schema": SCHEMA,
@@ -193,7 +212,8 @@ def run(a: argparse.Namespace, argv: list[str]) -> tuple[dict, Path]:
         "method": (
             "torch.cuda.max_memory_allocated - memory_allocated before one warmed-up step"
             if device.type == "cuda"
-            else "torch CPU allocator events under torch.profiler(profile_memory=True): peak running sum over one warmed-up step"
+            else "torch CPU allocator events under torch.profiler(profile_memory=True): "
+            "peak running sum over one warmed-up step"
         ),
         "cases": {},
     }
@@ -224,7 +244,9 @@ def run(a: argparse.Namespace, argv: list[str]) -> tuple[dict, Path]:
     if a.numerics_tokens:
         rows = lm_head_chunk_rows(REAL.vocab, REAL.hidden, DTYPES[REAL.dtype])
         chunks = sorted({rows // 2, rows, rows * 2})
-        record["weight_grad_accumulation_error"] = weight_grad_accumulation_error(a.numerics_tokens, chunks, device, a.seed)
+        record["weight_grad_accumulation_error"] = weight_grad_accumulation_error(
+            a.numerics_tokens, chunks, device, a.seed
+        )
     path = result_path(a.out_dir, a.name, device_tag(device), git["short"])
     write_record(record, path)
     return record, path

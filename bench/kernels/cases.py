@@ -48,7 +48,9 @@ class Case:
 
 
 def token_advantages(workload: Workload) -> torch.Tensor:
-    return torch.repeat_interleave(workload.advantages, torch.tensor(workload.lengths, device=workload.advantages.device))
+    return torch.repeat_interleave(
+        workload.advantages, torch.tensor(workload.lengths, device=workload.advantages.device)
+    )
 
 
 def materialized_loss(logits: torch.Tensor, target_ids, old_logprobs, advantage, weight) -> torch.Tensor:
@@ -80,10 +82,18 @@ def osvl_grpo_loss(workload: Workload, options: CaseOptions) -> Case:
 
     def step() -> torch.Tensor:
         out = grpo_loss(
-            logits, workload.target_ids, workload.cu_seqlens, workload.loss_mask,
-            old_logprobs=workload.old_logprobs, advantages=workload.advantages,
-            eps_low=EPS_LOW, eps_high=EPS_HIGH, loss_agg="seq-mean-token-mean",
-            inplace_grad=options.inplace_grad, backend=options.osvl_backend, validate=False,
+            logits,
+            workload.target_ids,
+            workload.cu_seqlens,
+            workload.loss_mask,
+            old_logprobs=workload.old_logprobs,
+            advantages=workload.advantages,
+            eps_low=EPS_LOW,
+            eps_high=EPS_HIGH,
+            loss_agg="seq-mean-token-mean",
+            inplace_grad=options.inplace_grad,
+            backend=options.osvl_backend,
+            validate=False,
         )
         out.loss.backward()
         return out.loss.detach()
@@ -105,9 +115,17 @@ def osvl_linear_grpo_loss(workload: Workload, options: CaseOptions) -> Case:
 
     def step() -> torch.Tensor:
         out = linear_grpo_loss(
-            hidden, weight, workload.target_ids, workload.cu_seqlens, workload.loss_mask,
-            old_logprobs=workload.old_logprobs, advantages=workload.advantages,
-            eps_low=EPS_LOW, eps_high=EPS_HIGH, loss_agg="seq-mean-token-mean", **extra,
+            hidden,
+            weight,
+            workload.target_ids,
+            workload.cu_seqlens,
+            workload.loss_mask,
+            old_logprobs=workload.old_logprobs,
+            advantages=workload.advantages,
+            eps_low=EPS_LOW,
+            eps_high=EPS_HIGH,
+            loss_agg="seq-mean-token-mean",
+            **extra,
         )
         out.loss.backward()
         return out.loss.detach()
@@ -136,8 +154,19 @@ def liger_grpo_loss_padded(workload: Workload, options: CaseOptions) -> Case:
 
     def step() -> torch.Tensor:
         loss, _ = triton_grpo_loss(
-            logits, old, None, ids, workload.advantages, mask, temperature=1.0, beta=0.0,
-            eps_low=EPS_LOW, eps_high=EPS_HIGH, inplace=options.inplace_grad, loss_type="grpo", reduce=True,
+            logits,
+            old,
+            None,
+            ids,
+            workload.advantages,
+            mask,
+            temperature=1.0,
+            beta=0.0,
+            eps_low=EPS_LOW,
+            eps_high=EPS_HIGH,
+            inplace=options.inplace_grad,
+            loss_type="grpo",
+            reduce=True,
         )
         loss.backward()
         return loss.detach()
@@ -163,8 +192,19 @@ def liger_grpo_loss_same_rows(workload: Workload, options: CaseOptions) -> Case:
 
     def step() -> torch.Tensor:
         per_token, _, _ = triton_grpo_loss(
-            logits, old, None, ids, advantage, mask, temperature=1.0, beta=0.0,
-            eps_low=EPS_LOW, eps_high=EPS_HIGH, inplace=options.inplace_grad, loss_type="grpo", reduce=False,
+            logits,
+            old,
+            None,
+            ids,
+            advantage,
+            mask,
+            temperature=1.0,
+            beta=0.0,
+            eps_low=EPS_LOW,
+            eps_high=EPS_HIGH,
+            inplace=options.inplace_grad,
+            loss_type="grpo",
+            reduce=False,
         )
         loss = (per_token[:, 0] * workload.token_weight).sum()
         loss.backward()
@@ -185,8 +225,14 @@ def liger_fused_linear_grpo(workload: Workload, options: CaseOptions) -> Case:
     mask = to_padded(workload, workload.loss_mask.int())
     old = to_padded(workload, workload.old_logprobs)
     loss_fn = LigerFusedLinearGRPOLoss(
-        beta=0.0, compiled=options.liger_compiled, use_ref_model=False, chunk_size=options.liger_chunk_size,
-        epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, loss_type="grpo", temperature=1.0,
+        beta=0.0,
+        compiled=options.liger_compiled,
+        use_ref_model=False,
+        chunk_size=options.liger_chunk_size,
+        epsilon_low=EPS_LOW,
+        epsilon_high=EPS_HIGH,
+        loss_type="grpo",
+        temperature=1.0,
     )
 
     def step() -> torch.Tensor:

@@ -68,9 +68,7 @@ def time_steps_interleaved(cases: dict[str, Case], device: torch.device, warmup:
         for name, case in cases.items():
             case.reset()
             times[name].append(_timed_ms(case, device))
-    return {
-        name: Timing(statistics.median(t), min(t), max(t), reps, first[name]) for name, t in times.items()
-    }
+    return {name: Timing(statistics.median(t), min(t), max(t), reps, first[name]) for name, t in times.items()}
 
 
 def _timed_ms(case: Case, device: torch.device) -> float:

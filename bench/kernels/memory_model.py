@@ -41,7 +41,9 @@ class Problem:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.padded_len * self.num_seqs < self.num_tokens:
-            raise ValueError(f"padded_len * num_seqs ({self.padded_len * self.num_seqs}) must cover T={self.num_tokens}")
+            raise ValueError(
+                f"padded_len * num_seqs ({self.padded_len * self.num_seqs}) must cover T={self.num_tokens}"
+            )
 
 
 def osvl_peak(p: Problem, chunk_rows: int, on_cpu: bool = False) -> list[Buffer]:
@@ -54,7 +56,12 @@ def osvl_peak(p: Problem, chunk_rows: int, on_cpu: bool = False) -> list[Buffer]
     if on_cpu:  # the torch backend's block buffers: the probabilities, plus a fp32 copy of half-precision logits
         rows = min(chunk_rows, p.num_tokens, torch_backend_rows(p.vocab))
         count = 1 if p.itemsize == FP32 else 2
-        buffers.append(Buffer(f"torch-backend token pass fp32 block buffers, {count} x [rows,V] (CPU only)", count * rows * p.vocab * FP32))
+        buffers.append(
+            Buffer(
+                f"torch-backend token pass fp32 block buffers, {count} x [rows,V] (CPU only)",
+                count * rows * p.vocab * FP32,
+            )
+        )
     return buffers
 
 

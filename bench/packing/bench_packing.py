@@ -61,8 +61,13 @@ class Block(nn.Module):
         if cu_seqlens is None:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:  # packed [1, T, D]: per-document SDPA, the CPU path of the real model
-            out = torch.cat([F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True)
-                             for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])], dim=2)
+            out = torch.cat(
+                [
+                    F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True)
+                    for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])
+                ],
+                dim=2,
+            )
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
     def forward(self, x: torch.Tensor, cu_seqlens: list[int] | None, mask: torch.Tensor | None) -> torch.Tensor:
@@ -77,8 +82,9 @@ class TinyLM(nn.Module):
         self.blocks = nn.ModuleList(Block(w.dim, w.heads) for _ in range(w.layers))
         self.head = nn.Linear(w.dim, w.vocab)
 
-    def forward(self, ids: torch.Tensor, cu_seqlens: list[int] | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, ids: torch.Tensor, cu_seqlens: list[int] | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         x = self.embed(ids)
         for block in self.blocks:
             x = block(x, cu_seqlens, mask)
@@ -91,9 +97,18 @@ def make_sequences(w: Workload) -> list[TrainSequence]:
     seqs = []
     for n in lengths:
         mask = np.zeros(n, bool)
-        mask[n // 4:] = True
-        seqs.append(TrainSequence(rng.integers(0, w.vocab - 1, n).astype(np.int64), mask, np.zeros(n, np.int64),
-                                  np.zeros(n, np.float32), [], group_id=0, reward=0.0))
+        mask[n // 4 :] = True
+        seqs.append(
+            TrainSequence(
+                rng.integers(0, w.vocab - 1, n).astype(np.int64),
+                mask,
+                np.zeros(n, np.int64),
+                np.zeros(n, np.float32),
+                [],
+                group_id=0,
+                reward=0.0,
+            )
+        )
     return seqs
 
 
@@ -102,13 +117,13 @@ def padded_step(model: TinyLM, seqs: list[TrainSequence], w: Workload) -> tuple[
     processed = 0
     start = time.perf_counter()
     for i in range(0, len(seqs), w.padded_batch):
-        chunk = seqs[i:i + w.padded_batch]
+        chunk = seqs[i : i + w.padded_batch]
         longest = max(s.num_tokens for s in chunk)
         ids = torch.zeros(len(chunk), longest, dtype=torch.long)
         valid = torch.zeros(len(chunk), longest, dtype=torch.bool)
         for row, s in enumerate(chunk):
-            ids[row, :s.num_tokens] = torch.from_numpy(s.input_ids)
-            valid[row, :s.num_tokens] = True
+            ids[row, : s.num_tokens] = torch.from_numpy(s.input_ids)
+            valid[row, : s.num_tokens] = True
         causal = torch.ones(longest, longest, dtype=torch.bool).tril()
         mask = (causal[None] & valid[:, None, :]) | torch.eye(longest, dtype=torch.bool)[None]
         logits = model(ids, mask=mask[:, None])
@@ -118,8 +133,12 @@ def padded_step(model: TinyLM, seqs: list[TrainSequence], w: Workload) -> tuple[
     return time.perf_counter() - start, processed, sum(s.num_tokens for s in seqs)
 
 
-def packed_step(model: TinyLM, seqs: list[TrainSequence], w: Workload, special: SpecialTokens,
-                ) -> tuple[float, int, int, float]:
+def packed_step(
+    model: TinyLM,
+    seqs: list[TrainSequence],
+    w: Workload,
+    special: SpecialTokens,
+) -> tuple[float, int, int, float]:
     """Returns (seconds, processed tokens, real tokens, plan fill fraction); planning is timed too."""
     start = time.perf_counter()
     plan = plan_packing([s.num_tokens for s in seqs], PackingConfig(max_tokens=w.max_tokens))
@@ -127,8 +146,11 @@ def packed_step(model: TinyLM, seqs: list[TrainSequence], w: Workload, special: 
     processed = 0
     for batch in batches:
         logits = model(batch.input_ids[None], cu_seqlens=batch.cu_seqlens.tolist())[0]
-        targets = torch.where(batch.loss_mask | _not_last(batch.cu_seqlens, batch.num_tokens), batch.target_ids,
-                              torch.full_like(batch.target_ids, -100))
+        targets = torch.where(
+            batch.loss_mask | _not_last(batch.cu_seqlens, batch.num_tokens),
+            batch.target_ids,
+            torch.full_like(batch.target_ids, -100),
+        )
         F.cross_entropy(logits, targets, ignore_index=-100).backward()
         processed += batch.num_tokens
     return time.perf_counter() - start, processed, sum(s.num_tokens for s in seqs), plan.fill_frac
@@ -162,10 +184,19 @@ def run(w: Workload, repeats: int) -> dict:
         "threads": torch.get_num_threads(),
         "workload": vars(w) | {"repeats": repeats},
         "real_tokens": real,
-        "padded": {"processed_tokens": p_processed, "wasted_token_frac": 1 - real / p_processed,
-                   "step_s": padded_s, "tokens_per_s": real / padded_s},
-        "packed": {"processed_tokens": k_processed, "wasted_token_frac": 1 - real / k_processed,
-                   "budget_fill_frac": fill, "step_s": packed_s, "tokens_per_s": real / packed_s},
+        "padded": {
+            "processed_tokens": p_processed,
+            "wasted_token_frac": 1 - real / p_processed,
+            "step_s": padded_s,
+            "tokens_per_s": real / padded_s,
+        },
+        "packed": {
+            "processed_tokens": k_processed,
+            "wasted_token_frac": 1 - real / k_processed,
+            "budget_fill_frac": fill,
+            "step_s": packed_s,
+            "tokens_per_s": real / packed_s,
+        },
         "throughput_ratio_packed_over_padded": padded_s / packed_s,
     }
 

@@ -74,9 +74,12 @@ class InstantTools:
 
 @contextmanager
 def instant_environment(recipe, rank):
-    spec = ToolSpec(name="lookup", description="look a word up",
-                    parameters={"type": "object", "properties": {"q": {"type": "string"}}},
-                    target="bench.rollout.bench_async:InstantTools")
+    spec = ToolSpec(
+        name="lookup",
+        description="look a word up",
+        parameters={"type": "object", "properties": {"q": {"type": "string"}}},
+        target="bench.rollout.bench_async:InstantTools",
+    )
     yield ToolEnvironment(ToolRegistry([spec]), InstantTools())
 
 
@@ -115,25 +118,47 @@ def write_inputs(root: Path, prompts: int) -> tuple[Path, Path]:
     corpus = [_call(w, long=True) + _answer(w) + f" The code word is {w}. What is it? found: {w}" for w in WORDS] * 8
     tok = train_bpe_tokenizer(corpus, vocab_size=384)
     tok.save(root / "tokenizer.json")
-    write_prompts(root / "prompts.jsonl", [Prompt(id=f"p{i}", question=f"The code word is {WORDS[i % 8]}. What is it?",
-                                                  answer=WORDS[i % 8]) for i in range(prompts)])
+    write_prompts(
+        root / "prompts.jsonl",
+        [
+            Prompt(id=f"p{i}", question=f"The code word is {WORDS[i % 8]}. What is it?", answer=WORDS[i % 8])
+            for i in range(prompts)
+        ],
+    )
     return root / "tokenizer.json", root / "prompts.jsonl"
 
 
 def run_setting(args: argparse.Namespace, staleness: int, root: Path, tokenizer: Path, prompts: Path) -> dict:
     run_dir = root / f"n{staleness}"
-    overrides = [f"data.tokenizer={tokenizer}", f"data.train_path={prompts}", f"job.run_dir={run_dir}",
-                 "model.pretrained=", f"grpo.max_steps={args.steps}", f"grpo.batch_prompts={args.batch_prompts}",
-                 f"grpo.mini_batch_prompts={args.batch_prompts // 2}", f"grpo.group_size={args.group_size}",
-                 "grpo.max_response_tokens=64", "grpo.max_prompt_tokens=512", "rollout.max_turns=4",
-                 f"rollout.max_in_flight={args.max_in_flight}", "rollout.trajectory_deadline_s=3600",
-                 "rollout.max_retries=0", f"rollout.max_staleness={staleness}", "tools.fault_rate=0.0",
-                 f"rollout.stale_groups={args.stale_groups}",
-                 "checkpoint.every_steps=0", "checkpoint.export_hf=false", "metrics.console=false",
-                 "metrics.tensorboard=false"]
+    overrides = [
+        f"data.tokenizer={tokenizer}",
+        f"data.train_path={prompts}",
+        f"job.run_dir={run_dir}",
+        "model.pretrained=",
+        f"grpo.max_steps={args.steps}",
+        f"grpo.batch_prompts={args.batch_prompts}",
+        f"grpo.mini_batch_prompts={args.batch_prompts // 2}",
+        f"grpo.group_size={args.group_size}",
+        "grpo.max_response_tokens=64",
+        "grpo.max_prompt_tokens=512",
+        "rollout.max_turns=4",
+        f"rollout.max_in_flight={args.max_in_flight}",
+        "rollout.trajectory_deadline_s=3600",
+        "rollout.max_retries=0",
+        f"rollout.max_staleness={staleness}",
+        "tools.fault_rate=0.0",
+        f"rollout.stale_groups={args.stale_groups}",
+        "checkpoint.every_steps=0",
+        "checkpoint.export_hf=false",
+        "metrics.console=false",
+        "metrics.tensorboard=false",
+    ]
     start = time.perf_counter()
-    run_grpo(load_recipe("tiny_grpo", overrides), environment=instant_environment,
-             engine_wrapper=lambda local: PacedPolicy(local, args.turn_s, args.long_factor, args.long_frac))
+    run_grpo(
+        load_recipe("tiny_grpo", overrides),
+        environment=instant_environment,
+        engine_wrapper=lambda local: PacedPolicy(local, args.turn_s, args.long_factor, args.long_frac),
+    )
     wall = time.perf_counter() - start
     steady = read_metrics(run_dir)[1:]  # the first step waits for the first rollouts in every setting
 
@@ -144,14 +169,24 @@ def run_setting(args: argparse.Namespace, staleness: int, root: Path, tokenizer:
     recorder = RolloutRecorder(run_dir / "rollouts")
     trained = [t for m in steady for t in recorder.read(m["step"]) if t.steps and t.steps[0].tool_call]
     long_share = sum(t.steps[0].tool_call.arguments.get("q", "").endswith(LONG_MARK) for t in trained) / len(trained)
-    return {"max_staleness": staleness, "steps": args.steps, "steady_steps": len(steady), "wall_s": wall,
-            "steady_s": seconds, "steps_per_hour": 3600 * len(steady) / seconds,
-            "trainer_idle_frac": mean("trainer_idle_frac"), "generator_idle_frac": mean("generator_idle_frac"),
-            "time_train_s": mean("time_train_s"), "time_wait_s": mean("time_wait_s"),
-            "group_lag_mean": mean("group_lag_mean"), "offpolicy_token_frac": mean("offpolicy_token_frac"),
-            "stale_groups": sum(m["stale_groups"] for m in read_metrics(run_dir)),
-            "regenerated": sum(m["regenerated"] for m in read_metrics(run_dir)),
-            "long_share_trained": long_share, "reward": mean("reward")}
+    return {
+        "max_staleness": staleness,
+        "steps": args.steps,
+        "steady_steps": len(steady),
+        "wall_s": wall,
+        "steady_s": seconds,
+        "steps_per_hour": 3600 * len(steady) / seconds,
+        "trainer_idle_frac": mean("trainer_idle_frac"),
+        "generator_idle_frac": mean("generator_idle_frac"),
+        "time_train_s": mean("time_train_s"),
+        "time_wait_s": mean("time_wait_s"),
+        "group_lag_mean": mean("group_lag_mean"),
+        "offpolicy_token_frac": mean("offpolicy_token_frac"),
+        "stale_groups": sum(m["stale_groups"] for m in read_metrics(run_dir)),
+        "regenerated": sum(m["regenerated"] for m in read_metrics(run_dir)),
+        "long_share_trained": long_share,
+        "reward": mean("reward"),
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -166,8 +201,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--long-frac", type=float, default=0.1, help="share of trajectories that are long")
     parser.add_argument("--stale-groups", choices=("drop", "regenerate"), default="drop")
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
-    parser.add_argument("--out", default="",
-                        help="JSON path; default bench/rollout/results/async_grpo-cpu-<commit>.json")
+    parser.add_argument(
+        "--out", default="", help="JSON path; default bench/rollout/results/async_grpo-cpu-<commit>.json"
+    )
     return parser.parse_args(argv)
 
 
@@ -178,13 +214,25 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     git = git_info(REPO)
-    record = {"schema": SCHEMA, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "git": git,
-              "argv": vars(args), "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                                           "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()},
-              "workload": {"trajectories_per_step": args.batch_prompts * args.group_size,
-                           "short_trajectory_s": 2 * args.turn_s,
-                           "long_trajectory_s": 2 * args.turn_s * args.long_factor, "long_frac": args.long_frac},
-              "settings": []}
+    record = {
+        "schema": SCHEMA,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git": git,
+        "argv": vars(args),
+        "host": {
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "load_avg": os.getloadavg(),
+        },
+        "workload": {
+            "trajectories_per_step": args.batch_prompts * args.group_size,
+            "short_trajectory_s": 2 * args.turn_s,
+            "long_trajectory_s": 2 * args.turn_s * args.long_factor,
+            "long_frac": args.long_frac,
+        },
+        "settings": [],
+    }
     with tempfile.TemporaryDirectory(prefix="osvl-bench-async-") as tmp:
         root = Path(tmp)
         tokenizer, prompts = write_inputs(root, prompts=max(2 * args.batch_prompts, 8))

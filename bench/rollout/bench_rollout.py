@@ -46,8 +46,11 @@ from osvl.tools import ToolEnvironment, ToolRegistry
 SCHEMA = "osvl.bench.rollout/1"
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_CONFIG = ImageConfig(patch_size=2, temporal_patch_size=2, merge_size=2, min_pixels=16, max_pixels=64)
-CORPUS = ["<think>look</think>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"bridge\"}}\n</tool_call>",
-          "<think>Done.</think>\n<response>1982</response>", "Which bridge is shown in the image?"] * 10
+CORPUS = [
+    '<think>look</think>\n<tool_call>\n{"name": "search", "arguments": {"q": "bridge"}}\n</tool_call>',
+    "<think>Done.</think>\n<response>1982</response>",
+    "Which bridge is shown in the image?",
+] * 10
 
 
 class NoTools:
@@ -65,31 +68,69 @@ def build_setup(group_size: int, max_new_tokens: int, threads: int, prefix_cache
     torch.set_num_threads(threads)
     tok = train_bpe_tokenizer(CORPUS, vocab_size=400)
     s = tok.special
-    text = TextConfig(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, mrope_section=(4, 2, 2))
-    vision = VisionConfig(depth=1, hidden_size=16, intermediate_size=24, num_heads=2, patch_size=2,
-                          out_hidden_size=64, num_position_embeddings=16, deepstack_visual_indexes=(0,))
+    text = TextConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        mrope_section=(4, 2, 2),
+    )
+    vision = VisionConfig(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=24,
+        num_heads=2,
+        patch_size=2,
+        out_hidden_size=64,
+        num_position_embeddings=16,
+        deepstack_visual_indexes=(0,),
+    )
     torch.manual_seed(0)
-    model = build_model(Qwen3VLConfig(text=text, vision=vision, image_token_id=s.image_pad, video_token_id=s.video_pad,
-                                      vision_start_token_id=s.vision_start, vision_end_token_id=s.vision_end))
+    model = build_model(
+        Qwen3VLConfig(
+            text=text,
+            vision=vision,
+            image_token_id=s.image_pad,
+            video_token_id=s.video_pad,
+            vision_start_token_id=s.vision_start,
+            vision_end_token_id=s.vision_end,
+        )
+    )
     env = ToolEnvironment(ToolRegistry([]), NoTools())
     return RolloutSetup(
-        engine=LocalEngine(model, tok, IMAGE_CONFIG, max_batch=16, prefix_cache_tokens=prefix_cache_tokens), env=env,
+        engine=LocalEngine(model, tok, IMAGE_CONFIG, max_batch=16, prefix_cache_tokens=prefix_cache_tokens),
+        env=env,
         renderer=ChatRenderer(tok, IMAGE_CONFIG, []),
         agent=AgentConfig(max_turns=4, sampling=SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)),
-        rollout=RolloutWorkerConfig(group_size=group_size, max_in_flight=64, max_retries=0))
+        rollout=RolloutWorkerConfig(group_size=group_size, max_in_flight=64, max_retries=0),
+    )
 
 
 def make_prompts(n: int) -> list[Prompt]:
     rng = np.random.default_rng(0)
-    return [Prompt(id=f"b{i}", question=f"Which bridge is shown in the image? ({i})",
-                   images=[rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)], answer="1982") for i in range(n)]
+    return [
+        Prompt(
+            id=f"b{i}",
+            question=f"Which bridge is shown in the image? ({i})",
+            images=[rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)],
+            answer="1982",
+        )
+        for i in range(n)
+    ]
 
 
 def summarize(metrics: RolloutMetrics, seconds: float) -> dict:
-    return {"seconds": seconds, "trajectories": metrics.trajectories, "engine_tokens": metrics.engine_tokens,
-            "trajectories_per_s": metrics.trajectories / seconds, "engine_tokens_per_s": metrics.engine_tokens / seconds,
-            "turns_mean": metrics.turns / max(metrics.trajectories, 1)}
+    return {
+        "seconds": seconds,
+        "trajectories": metrics.trajectories,
+        "engine_tokens": metrics.engine_tokens,
+        "trajectories_per_s": metrics.trajectories / seconds,
+        "engine_tokens_per_s": metrics.engine_tokens / seconds,
+        "turns_mean": metrics.turns / max(metrics.trajectories, 1),
+    }
 
 
 def timed(stream) -> dict:
@@ -102,9 +143,15 @@ def timed(stream) -> dict:
 def in_process_stream(setup: RolloutSetup, prompts: list[Prompt]):
     def run(metrics: RolloutMetrics) -> None:
         async def collect():
-            return [g async for g in stream_groups(prompts, setup.engine, setup.env, setup.renderer, setup.agent,
-                                                   setup.rollout, metrics=metrics)]
+            return [
+                g
+                async for g in stream_groups(
+                    prompts, setup.engine, setup.env, setup.renderer, setup.agent, setup.rollout, metrics=metrics
+                )
+            ]
+
         asyncio.run(collect())
+
     return run
 
 
@@ -129,14 +176,17 @@ def main() -> None:
     prompts = make_prompts(args.prompts)
     setup = build_setup(args.group_size, args.max_new_tokens, cores)
     cached = build_setup(args.group_size, args.max_new_tokens, cores, prefix_cache_tokens=1 << 20)
-    streams = {"in_process": in_process_stream(setup, prompts),
-               "in_process_prefix_cache": in_process_stream(cached, prompts)}
+    streams = {
+        "in_process": in_process_stream(setup, prompts),
+        "in_process_prefix_cache": in_process_stream(cached, prompts),
+    }
     pools, startup = {}, {}
     for workers in (1, 2):  # each worker gets its share of the cores
         factory = functools.partial(build_setup, args.group_size, args.max_new_tokens, max(1, cores // workers))
         start = time.perf_counter()
-        pools[workers] = RolloutWorkerPool(factory, WorkerPoolConfig(num_workers=workers,
-                                                                     groups_per_worker=args.prompts))
+        pools[workers] = RolloutWorkerPool(
+            factory, WorkerPoolConfig(num_workers=workers, groups_per_worker=args.prompts)
+        )
         startup[workers] = time.perf_counter() - start
         streams[f"workers_{workers}"] = pool_stream(pools[workers], prompts)
     try:
@@ -151,16 +201,26 @@ def main() -> None:
             pool.close()
     runs = {name: median_run(r) for name, r in samples.items()}
     baseline = runs["in_process"]
-    for name, run in runs.items():
+    for run in runs.values():
         run["ratio_vs_in_process"] = run["trajectories_per_s"] / baseline["trajectories_per_s"]
     for workers, seconds in startup.items():
         runs[f"workers_{workers}"]["startup_s"] = seconds
     git = git_info(REPO)
-    result = {"schema": SCHEMA, "git": git, "device": platform.processor() or platform.machine(), "cpu_count": cores,
-              "torch": torch.__version__,
-              "workload": {"prompts": args.prompts, "group_size": args.group_size,
-                           "max_new_tokens": args.max_new_tokens, "max_turns": 4, "repeats": args.repeats},
-              "runs": runs}
+    result = {
+        "schema": SCHEMA,
+        "git": git,
+        "device": platform.processor() or platform.machine(),
+        "cpu_count": cores,
+        "torch": torch.__version__,
+        "workload": {
+            "prompts": args.prompts,
+            "group_size": args.group_size,
+            "max_new_tokens": args.max_new_tokens,
+            "max_turns": 4,
+            "repeats": args.repeats,
+        },
+        "runs": runs,
+    }
     out = args.out or REPO / f"bench/rollout/results/rollout-cpu-{git['short']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -55,13 +55,34 @@ WIDTHS = {"tiny": (64, 2), "small": (128, 2), "medium": (512, 4), "large": (1024
 
 def model_config(tok, hidden: int, layers: int) -> Qwen3VLConfig:
     s = tok.special
-    text = TextConfig(vocab_size=tok.vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
-                      mrope_section=(hidden // 16, hidden // 32, hidden // 32))
-    vision = VisionConfig(depth=1, hidden_size=16, intermediate_size=24, num_heads=2, patch_size=2,
-                          out_hidden_size=hidden, num_position_embeddings=16, deepstack_visual_indexes=(0,))
-    return Qwen3VLConfig(text=text, vision=vision, image_token_id=s.image_pad, video_token_id=s.video_pad,
-                         vision_start_token_id=s.vision_start, vision_end_token_id=s.vision_end)
+    text = TextConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        mrope_section=(hidden // 16, hidden // 32, hidden // 32),
+    )
+    vision = VisionConfig(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=24,
+        num_heads=2,
+        patch_size=2,
+        out_hidden_size=hidden,
+        num_position_embeddings=16,
+        deepstack_visual_indexes=(0,),
+    )
+    return Qwen3VLConfig(
+        text=text,
+        vision=vision,
+        image_token_id=s.image_pad,
+        video_token_id=s.video_pad,
+        vision_start_token_id=s.vision_start,
+        vision_end_token_id=s.vision_end,
+    )
 
 
 def write_checkpoint(model, tok, path: Path) -> Path:
@@ -74,9 +95,23 @@ def write_checkpoint(model, tok, path: Path) -> Path:
 def start_server(path: Path, directory: Path, max_batch: int) -> tuple[subprocess.Popen, str]:
     ready = directory / f"ready-{path.name}"
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'kernels'}"}
-    process = subprocess.Popen([sys.executable, "-m", "osvl.rollout.loopback", "--model-path", str(path), "--port", "0",
-                                "--max-batch", str(max_batch), "--ready-file", str(ready)], env=env,
-                               stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "osvl.rollout.loopback",
+            "--model-path",
+            str(path),
+            "--port",
+            "0",
+            "--max-batch",
+            str(max_batch),
+            "--ready-file",
+            str(ready),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while not ready.is_file():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -106,8 +141,9 @@ def throughput(args, tok, directory: Path) -> dict:
                 metrics = RolloutMetrics()
 
                 async def collect():
-                    return [g async for g in stream_groups(prompts, engine, env, renderer, agent, rollout,
-                                                           metrics=metrics)]
+                    return [
+                        g async for g in stream_groups(prompts, engine, env, renderer, agent, rollout, metrics=metrics)
+                    ]
 
                 start = time.perf_counter()
                 runner.run(collect())
@@ -141,8 +177,9 @@ def weight_sync(args, tok, directory: Path) -> dict:
             with asyncio.Runner() as runner:
                 client = SGLangEngine(SGLangConfig((url,)))
                 disk = DiskSync(client, directory / f"weights-{name}", torch.float32, runner.run)
-                broadcast = DistributedSync(client, torch.float32, runner.run, bucket_bytes=args.bucket_mb << 20,
-                                            master_address="127.0.0.1")
+                broadcast = DistributedSync(
+                    client, torch.float32, runner.run, bucket_bytes=args.bucket_mb << 20, master_address="127.0.0.1"
+                )
                 rows = {"disk": [], "distributed": []}
                 for version in range(1, args.repeats + 2):  # the first of each is a warm-up
                     rows["disk"].append(disk.sync(policy, 2 * version))
@@ -153,10 +190,17 @@ def weight_sync(args, tok, directory: Path) -> dict:
             process.kill()
             process.wait(30)
         params = sum(p.numel() for p in policy.parameters())
-        out[name] = {"params": params, **{path: {"bytes": stats[-1].bytes,
-                                                 "seconds_median": float(np.median([s.seconds for s in stats[1:]])),
-                                                 "seconds_all": [s.seconds for s in stats]}
-                                          for path, stats in rows.items()}}
+        out[name] = {
+            "params": params,
+            **{
+                path: {
+                    "bytes": stats[-1].bytes,
+                    "seconds_median": float(np.median([s.seconds for s in stats[1:]])),
+                    "seconds_all": [s.seconds for s in stats],
+                }
+                for path, stats in rows.items()
+            },
+        }
     return out
 
 
@@ -172,8 +216,11 @@ def extrapolate(sync: dict) -> dict:
         x = np.array([row[path]["bytes"] for row in sync.values()], dtype=np.float64)
         y = np.array([row[path]["seconds_median"] for row in sync.values()])
         slope, intercept = np.polyfit(x, y, 1) if len(x) > 1 else (y[0] / x[0], 0.0)
-        fits[path] = {"fixed_s": float(intercept), "bytes_per_s": float(1 / slope) if slope > 0 else None,
-                      **{name: float(intercept + slope * t["bf16_bytes"]) for name, t in targets.items()}}
+        fits[path] = {
+            "fixed_s": float(intercept),
+            "bytes_per_s": float(1 / slope) if slope > 0 else None,
+            **{name: float(intercept + slope * t["bf16_bytes"]) for name, t in targets.items()},
+        }
     return {"targets": targets, "fit_seconds": fits}
 
 
@@ -192,16 +239,37 @@ def main(argv: list[str] | None = None) -> dict:
         runs = throughput(args, tok, Path(directory))
         sync = weight_sync(args, tok, Path(directory))
     git = git_info(REPO)
-    result = {"schema": SCHEMA, "git": git, "device": platform.processor() or platform.machine(),
-              "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "torch": torch.__version__,
-              "workload": {"prompts": args.prompts, "group_size": args.group_size, "max_new_tokens": args.max_new_tokens,
-                           "max_turns": 4, "repeats": args.repeats, "bucket_mb": args.bucket_mb},
-              "throughput": runs, "weight_sync": sync, "extrapolation": extrapolate(sync)}
+    result = {
+        "schema": SCHEMA,
+        "git": git,
+        "device": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "torch": torch.__version__,
+        "workload": {
+            "prompts": args.prompts,
+            "group_size": args.group_size,
+            "max_new_tokens": args.max_new_tokens,
+            "max_turns": 4,
+            "repeats": args.repeats,
+            "bucket_mb": args.bucket_mb,
+        },
+        "throughput": runs,
+        "weight_sync": sync,
+        "extrapolation": extrapolate(sync),
+    }
     out = args.out or REPO / f"bench/rollout/results/serving-cpu-{git['short']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({"throughput": {k: v["ratio_vs_in_process"] for k, v in runs.items()},
-                      "extrapolation": result["extrapolation"]["fit_seconds"]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "throughput": {k: v["ratio_vs_in_process"] for k, v in runs.items()},
+                "extrapolation": result["extrapolation"]["fit_seconds"],
+            },
+            indent=2,
+        )
+    )
     return result
 
 

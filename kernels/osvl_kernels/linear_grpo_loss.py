@@ -43,9 +43,7 @@ MIN_CHUNK_ROWS = 128
 _CHUNK_ALIGN = 128
 
 
-def lm_head_chunk_rows(
-    vocab_local: int, hidden_size: int, dtype: torch.dtype, chunk_size: int | None = None
-) -> int:
+def lm_head_chunk_rows(vocab_local: int, hidden_size: int, dtype: torch.dtype, chunk_size: int | None = None) -> int:
     """Tokens per chunk: `chunk_size` if given, else H / LOGITS_PER_WEIGHT tokens raised to at least
     MIN_CHUNK_ROWS, within LINEAR_CHUNK_BYTES of [chunk, V_local] logits (rounded down to a multiple
     of 128 when that is >= 128, at least 1)."""
@@ -216,8 +214,17 @@ def linear_grpo_loss(
                 )
             else:
                 part = vocab_parallel_token_pass(
-                    logits, target_ids[rows], shard.start, token_weight, advantage, old_c, ref_c, hyper, grad,
-                    tp_group, backend=backend,
+                    logits,
+                    target_ids[rows],
+                    shard.start,
+                    token_weight,
+                    advantage,
+                    old_c,
+                    ref_c,
+                    hyper,
+                    grad,
+                    tp_group,
+                    backend=backend,
                 )
             parts.append(part)
             if want_hidden:

@@ -99,8 +99,13 @@ def reference_grpo_loss(
     else:
         adv = torch.tensor(
             reference_advantages(
-                rewards.tolist(), group_ids.tolist(), is_fatal,
-                estimator=estimator, std=std, eps=adv_eps, clamp_fatal=clamp_fatal,
+                rewards.tolist(),
+                group_ids.tolist(),
+                is_fatal,
+                estimator=estimator,
+                std=std,
+                eps=adv_eps,
+                clamp_fatal=clamp_fatal,
             ),
             dtype=torch.float64,
         )

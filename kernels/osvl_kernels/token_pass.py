@@ -87,9 +87,7 @@ def token_pass(
     """Whole-vocab rows. When `grad_out` is given ([T, V], may alias `logits`) it receives
     weight_t * d(loss_t)/d(logits_t), with zero rows where weight is 0 (the invalid rows)."""
     if resolve_backend(backend, logits.device) == "triton":
-        return token_pass_triton(
-            logits, target_ids, weight, advantage, old_logprobs, ref_logprobs, hyper, grad_out
-        )
+        return token_pass_triton(logits, target_ids, weight, advantage, old_logprobs, ref_logprobs, hyper, grad_out)
     return token_pass_torch(logits, target_ids, weight, advantage, old_logprobs, ref_logprobs, hyper, grad_out)
 
 
@@ -237,9 +235,19 @@ def token_pass_torch(
             coef_logp = torch.where(row_valid, row_weight * terms.dloss_dlogp, 0.0)
             coef_entropy = torch.where(row_valid, row_weight * hyper.entropy_coef, 0.0)
             write_grad_block(
-                probs, z, lse, entropy, coef_logp, coef_entropy, target[rows], in_vocab[rows],
-                (coef_logp == 0) & (coef_entropy == 0), hyper.temperature, has_entropy,
-                z if disposable else blocks.buffer("scratch", n), grad_out[rows],
+                probs,
+                z,
+                lse,
+                entropy,
+                coef_logp,
+                coef_entropy,
+                target[rows],
+                in_vocab[rows],
+                (coef_logp == 0) & (coef_entropy == 0),
+                hyper.temperature,
+                has_entropy,
+                z if disposable else blocks.buffer("scratch", n),
+                grad_out[rows],
             )
         logps.append(logp)
         entropies.append(entropy)
@@ -336,7 +344,17 @@ def grad_from_stats(
         probs.mul_(torch.exp(shard_lse - lse[rows])[:, None])  # this shard's softmax -> the global one
         inactive = (coef_logp[rows] == 0) & (coef_entropy[rows] == 0)
         write_grad_block(
-            probs, z, lse[rows], entropy[rows], coef_logp[rows], coef_entropy[rows], local_target[rows],
-            in_shard[rows], inactive | (m == float("-inf")), temperature, has_entropy,
-            z if private or aliased else blocks.buffer("scratch", n), grad_out[rows],
+            probs,
+            z,
+            lse[rows],
+            entropy[rows],
+            coef_logp[rows],
+            coef_entropy[rows],
+            local_target[rows],
+            in_shard[rows],
+            inactive | (m == float("-inf")),
+            temperature,
+            has_entropy,
+            z if private or aliased else blocks.buffer("scratch", n),
+            grad_out[rows],
         )

@@ -78,7 +78,15 @@ def _online_row_stats(row_ptr, n_cols, inv_temp, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _write_grad_row(
-    row_ptr, grad_row_ptr, n_cols, local_target, lse, entropy, coef_logp, coef_entropy, inv_temp,
+    row_ptr,
+    grad_row_ptr,
+    n_cols,
+    local_target,
+    lse,
+    entropy,
+    coef_logp,
+    coef_entropy,
+    inv_temp,
     BLOCK_V: tl.constexpr,
 ):
     """grad_j = (coef_logp * (onehot_j - p_j) + coef_entropy * p_j * (log p_j + H)) / temperature."""
@@ -112,15 +120,33 @@ def _zero_row(grad_row_ptr, n_cols, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _token_pass_kernel(
-    logits_ptr, logits_row_stride,
-    target_ptr, weight_ptr, adv_ptr, old_ptr, ref_ptr,
-    grad_ptr, grad_row_stride,
-    values_ptr, flags_ptr,  # [5, T] fp32 (logp, entropy, loss, ratio, kl), [2, T] u8 (clipped, dual)
-    num_rows, n_cols,
-    inv_temp, clip_low, clip_high, dual_clip, kl_coef, entropy_coef, kl_max,
-    ON_POLICY: tl.constexpr, HAS_DUAL_CLIP: tl.constexpr, HAS_KL: tl.constexpr,
-    HAS_KL_MAX: tl.constexpr, KL_IS_WEIGHTED: tl.constexpr,
-    WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr,
+    logits_ptr,
+    logits_row_stride,
+    target_ptr,
+    weight_ptr,
+    adv_ptr,
+    old_ptr,
+    ref_ptr,
+    grad_ptr,
+    grad_row_stride,
+    values_ptr,
+    flags_ptr,  # [5, T] fp32 (logp, entropy, loss, ratio, kl), [2, T] u8 (clipped, dual)
+    num_rows,
+    n_cols,
+    inv_temp,
+    clip_low,
+    clip_high,
+    dual_clip,
+    kl_coef,
+    entropy_coef,
+    kl_max,
+    ON_POLICY: tl.constexpr,
+    HAS_DUAL_CLIP: tl.constexpr,
+    HAS_KL: tl.constexpr,
+    HAS_KL_MAX: tl.constexpr,
+    KL_IS_WEIGHTED: tl.constexpr,
+    WRITE_GRAD: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * logits_row_stride
@@ -180,8 +206,16 @@ def _token_pass_kernel(
             coef_entropy = weight * entropy_coef
             if (coef_logp != 0.0) | (coef_entropy != 0.0):
                 _write_grad_row(
-                    row_ptr, grad_row_ptr, n_cols, target, lse, entropy, coef_logp, coef_entropy,
-                    inv_temp, BLOCK_V,
+                    row_ptr,
+                    grad_row_ptr,
+                    n_cols,
+                    target,
+                    lse,
+                    entropy,
+                    coef_logp,
+                    coef_entropy,
+                    inv_temp,
+                    BLOCK_V,
                 )
             else:
                 _zero_row(grad_row_ptr, n_cols, BLOCK_V)
@@ -196,9 +230,15 @@ def _token_pass_kernel(
 
 @triton.jit
 def _row_stats_kernel(
-    logits_ptr, logits_row_stride, target_ptr, valid_ptr,
+    logits_ptr,
+    logits_row_stride,
+    target_ptr,
+    valid_ptr,
     stats_ptr,  # [4, T] fp32: max, sumexp, zexp, target
-    num_rows, n_cols, vocab_start, inv_temp,
+    num_rows,
+    n_cols,
+    vocab_start,
+    inv_temp,
     BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -221,10 +261,18 @@ def _row_stats_kernel(
 
 @triton.jit
 def _grad_from_stats_kernel(
-    logits_ptr, logits_row_stride, target_ptr,
-    lse_ptr, entropy_ptr, coef_logp_ptr, coef_entropy_ptr,
-    grad_ptr, grad_row_stride,
-    n_cols, vocab_start, inv_temp,
+    logits_ptr,
+    logits_row_stride,
+    target_ptr,
+    lse_ptr,
+    entropy_ptr,
+    coef_logp_ptr,
+    coef_entropy_ptr,
+    grad_ptr,
+    grad_row_stride,
+    n_cols,
+    vocab_start,
+    inv_temp,
     BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -235,9 +283,16 @@ def _grad_from_stats_kernel(
         local_target = tl.load(target_ptr + row).to(tl.int64) - vocab_start
         local_target = tl.minimum(tl.maximum(local_target, -1), n_cols).to(tl.int32)  # -1, n_cols: not here
         _write_grad_row(
-            logits_ptr + row * logits_row_stride, grad_row_ptr, n_cols, local_target,
-            tl.load(lse_ptr + row).to(tl.float32), tl.load(entropy_ptr + row).to(tl.float32),
-            coef_logp, coef_entropy, inv_temp, BLOCK_V,
+            logits_ptr + row * logits_row_stride,
+            grad_row_ptr,
+            n_cols,
+            local_target,
+            tl.load(lse_ptr + row).to(tl.float32),
+            tl.load(entropy_ptr + row).to(tl.float32),
+            coef_logp,
+            coef_entropy,
+            inv_temp,
+            BLOCK_V,
         )
     else:
         _zero_row(grad_row_ptr, n_cols, BLOCK_V)
@@ -321,19 +376,34 @@ def token_pass_triton(
     if T > 0:
         grad = logits if grad_out is None else grad_out  # an unused pointer when no gradient is asked
         _token_pass_kernel[(T,)](
-            logits, logits.stride(0),
-            target_ids, weight, advantage,
+            logits,
+            logits.stride(0),
+            target_ids,
+            weight,
+            advantage,
             weight if old is None else old,
             weight if ref is None else ref,
-            grad, grad.stride(0),
-            values, flags.view(torch.uint8),
-            T, V,
-            1.0 / hyper.temperature, 1.0 - hyper.eps_low, 1.0 + hyper.eps_high,
-            0.0 if hyper.dual_clip is None else hyper.dual_clip, hyper.kl_coef, hyper.entropy_coef,
+            grad,
+            grad.stride(0),
+            values,
+            flags.view(torch.uint8),
+            T,
+            V,
+            1.0 / hyper.temperature,
+            1.0 - hyper.eps_low,
+            1.0 + hyper.eps_high,
+            0.0 if hyper.dual_clip is None else hyper.dual_clip,
+            hyper.kl_coef,
+            hyper.entropy_coef,
             0.0 if hyper.kl_max is None else hyper.kl_max,
-            ON_POLICY=old is None, HAS_DUAL_CLIP=hyper.dual_clip is not None, HAS_KL=has_kl,
-            HAS_KL_MAX=hyper.kl_max is not None, KL_IS_WEIGHTED=hyper.kl_is_weighted,
-            WRITE_GRAD=grad_out is not None, BLOCK_V=block, num_warps=num_warps,
+            ON_POLICY=old is None,
+            HAS_DUAL_CLIP=hyper.dual_clip is not None,
+            HAS_KL=has_kl,
+            HAS_KL_MAX=hyper.kl_max is not None,
+            KL_IS_WEIGHTED=hyper.kl_is_weighted,
+            WRITE_GRAD=grad_out is not None,
+            BLOCK_V=block,
+            num_warps=num_warps,
         )
     logp, entropy, loss, ratio, kl = values.unbind(0)
     clipped, dual_clipped = flags.unbind(0)
@@ -365,9 +435,17 @@ def row_stats_triton(
     stats = torch.empty(4, T, dtype=torch.float32, device=device)
     if T > 0:
         _row_stats_kernel[(T,)](
-            logits, logits.stride(0), target_ids, valid.view(torch.uint8), stats,
-            T, V, int(vocab_start), 1.0 / temperature,
-            BLOCK_V=block, num_warps=num_warps,
+            logits,
+            logits.stride(0),
+            target_ids,
+            valid.view(torch.uint8),
+            stats,
+            T,
+            V,
+            int(vocab_start),
+            1.0 / temperature,
+            BLOCK_V=block,
+            num_warps=num_warps,
         )
     return RowStats(*stats.unbind(0))
 
@@ -393,8 +471,11 @@ def grad_from_stats_triton(
     rows = {
         name: _check_rows(name, x, T, device)
         for name, x in (
-            ("target_ids", target_ids), ("lse", lse), ("entropy", entropy),
-            ("coef_logp", coef_logp), ("coef_entropy", coef_entropy),
+            ("target_ids", target_ids),
+            ("lse", lse),
+            ("entropy", entropy),
+            ("coef_logp", coef_logp),
+            ("coef_entropy", coef_entropy),
         )
     }
     if not temperature > 0.0:
@@ -402,11 +483,20 @@ def grad_from_stats_triton(
     block, num_warps = launch_config(V, block_v)
     if T > 0:
         _grad_from_stats_kernel[(T,)](
-            logits, logits.stride(0), rows["target_ids"],
-            rows["lse"], rows["entropy"], rows["coef_logp"], rows["coef_entropy"],
-            grad_out, grad_out.stride(0),
-            V, int(vocab_start), 1.0 / temperature,
-            BLOCK_V=block, num_warps=num_warps,
+            logits,
+            logits.stride(0),
+            rows["target_ids"],
+            rows["lse"],
+            rows["entropy"],
+            rows["coef_logp"],
+            rows["coef_entropy"],
+            grad_out,
+            grad_out.stride(0),
+            V,
+            int(vocab_start),
+            1.0 / temperature,
+            BLOCK_V=block,
+            num_warps=num_warps,
         )
 
 

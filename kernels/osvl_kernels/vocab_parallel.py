@@ -129,7 +129,15 @@ def vocab_parallel_token_pass(
     terms = token_terms(logp, advantage, old_logprobs, ref_logprobs, hyper)
     if grad_out is not None:
         grad_from_stats(
-            logits, target_ids, vocab_start, lse, entropy, weight * terms.dloss_dlogp,
-            weight * hyper.entropy_coef, hyper.temperature, grad_out, backend=backend,
+            logits,
+            target_ids,
+            vocab_start,
+            lse,
+            entropy,
+            weight * terms.dloss_dlogp,
+            weight * hyper.entropy_coef,
+            hyper.temperature,
+            grad_out,
+            backend=backend,
         )
     return result_from_terms(valid, logp, entropy, terms, hyper)

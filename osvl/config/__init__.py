@@ -20,8 +20,25 @@ from osvl.config.recipe import (
 )
 
 __all__ = [
-    "CheckpointConfig", "DataConfig", "GRPOConfig", "JobConfig", "JudgesConfig", "MetricsConfig", "ModelConfig",
-    "MoEConfig", "OptimizerConfig", "Recipe", "RolloutConfig", "SFTConfig", "SchedulerConfig", "ToolsConfig",
+    "CheckpointConfig",
+    "DataConfig",
+    "GRPOConfig",
+    "JobConfig",
+    "JudgesConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "MoEConfig",
+    "OptimizerConfig",
+    "Recipe",
+    "RolloutConfig",
+    "SFTConfig",
+    "SchedulerConfig",
+    "ToolsConfig",
     "ValidationConfig",
-    "apply_overrides", "build", "load_recipe", "parse_override", "recipe_to_dict", "resolve_recipe_path",
+    "apply_overrides",
+    "build",
+    "load_recipe",
+    "parse_override",
+    "recipe_to_dict",
+    "resolve_recipe_path",
 ]

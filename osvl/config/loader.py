@@ -8,12 +8,13 @@ override is checked exactly like the file; values parse as TOML literals (``3``,
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
+
+import tomllib
 
 from osvl.config.recipe import Recipe
 
@@ -69,8 +70,9 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             except ValueError:
                 continue
         unset = " (or leave the key out)" if len(options) < len(args) else ""
-        raise ValueError(f"{path}: value of the wrong type: expected {' or '.join(map(_type_name, options))}"
-                         f"{unset}, got {value!r}")
+        raise ValueError(
+            f"{path}: value of the wrong type: expected {' or '.join(map(_type_name, options))}{unset}, got {value!r}"
+        )
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{path}: expected an array, got {value!r}")
@@ -105,8 +107,10 @@ def build(cls: type, raw: Mapping[str, Any], path: str = "") -> Any:
     unknown = sorted(set(raw) - fields)
     if unknown:
         where = f"{path}." if path else ""
-        raise ValueError(f"unknown key(s) {', '.join(where + k for k in unknown)}; "
-                         f"{path or 'recipe'} accepts: {', '.join(sorted(fields))}")
+        raise ValueError(
+            f"unknown key(s) {', '.join(where + k for k in unknown)}; "
+            f"{path or 'recipe'} accepts: {', '.join(sorted(fields))}"
+        )
     kwargs = {k: _coerce(v, hints[k], f"{path}.{k}" if path else k) for k, v in raw.items()}
     try:
         return cls(**kwargs)
@@ -122,8 +126,9 @@ def _field_type(path: str) -> Any:
             raise ValueError(f"--set {path}: {'.'.join(parts[:i])} is not a table")
         hints = typing.get_type_hints(cls)
         if part not in hints:
-            raise ValueError(f"--set {path}: unknown key {'.'.join(parts[:i + 1])}; "
-                             f"accepts: {', '.join(sorted(hints))}")
+            raise ValueError(
+                f"--set {path}: unknown key {'.'.join(parts[: i + 1])}; accepts: {', '.join(sorted(hints))}"
+            )
         cls = hints[part]
     return cls
 
@@ -179,10 +184,12 @@ def load_recipe(name: str | Path, overrides: Sequence[str] = ()) -> Recipe:
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
     """Plain dict (tuples as lists) for run_dir/recipe.json and the metrics header."""
+
     def plain(value: Any) -> Any:
         if isinstance(value, tuple):
             return [plain(v) for v in value]
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}
         return value
+
     return plain(dataclasses.asdict(recipe))

@@ -83,7 +83,9 @@ class DataConfig:
     # "conversations" -> sharegpt, a record whose only key is "text" -> text, anything else -> osvl
     format: DataFormat = "auto"
     image_root: str = ""  # sharegpt: directory the image paths are relative to; "" = the data file's directory
-    system_prompt: str = ""  # a text file with the system prompt the policy sees; "" = none (a ShareGPT record's own wins)
+    system_prompt: str = (
+        ""  # a text file with the system prompt the policy sees; "" = none (a ShareGPT record's own wins)
+    )
     tokenizer: str = ""  # tokenizer.json (or a directory holding one); "" = the pretrained checkpoint's
     max_tokens: int = 32768  # packed tokens per micro-batch (image tokens included)
     max_patches: int = 0  # vision patches per micro-batch; 0 = unbounded
@@ -193,22 +195,39 @@ class GRPOConfig:
     rollout_correction_cap: float = 2.0  # C
 
     def __post_init__(self) -> None:
-        _positive(self, "group_size", "batch_prompts", "mini_batch_prompts", "epochs", "temperature",
-                  "fatal_k", "max_prompt_tokens", "max_response_tokens", "loss_chunk", "rollout_correction_cap")
+        _positive(
+            self,
+            "group_size",
+            "batch_prompts",
+            "mini_batch_prompts",
+            "epochs",
+            "temperature",
+            "fatal_k",
+            "max_prompt_tokens",
+            "max_response_tokens",
+            "loss_chunk",
+            "rollout_correction_cap",
+        )
         _non_negative(self, "max_steps", "eps_low", "eps_high", "kl_coef", "entropy_coef")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (a group-relative advantage needs peers), got {self.group_size}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         if self.batch_prompts % self.mini_batch_prompts:
-            raise ValueError(f"mini_batch_prompts {self.mini_batch_prompts} must divide batch_prompts {self.batch_prompts}")
+            raise ValueError(
+                f"mini_batch_prompts {self.mini_batch_prompts} must divide batch_prompts {self.batch_prompts}"
+            )
         if self.fatal_errors == "all" and self.infra_rollouts == "drop":
-            raise ValueError("fatal_errors 'all' counts infra errors toward the fatal rule, but infra_rollouts 'drop' "
-                             "removes every rollout that met one before the rule could mask it: set "
-                             "infra_rollouts = 'keep'")
+            raise ValueError(
+                "fatal_errors 'all' counts infra errors toward the fatal rule, but infra_rollouts 'drop' "
+                "removes every rollout that met one before the rule could mask it: set "
+                "infra_rollouts = 'keep'"
+            )
         if self.rollout_correction != "off" and self.old_logprobs != "trainer":
-            raise ValueError(f"rollout_correction {self.rollout_correction!r} weighs exp(old_trainer - engine): it "
-                             f"needs old_logprobs = \"trainer\", got {self.old_logprobs!r}")
+            raise ValueError(
+                f"rollout_correction {self.rollout_correction!r} weighs exp(old_trainer - engine): it "
+                f'needs old_logprobs = "trainer", got {self.old_logprobs!r}'
+            )
 
 
 @dataclass(frozen=True)
@@ -249,8 +268,17 @@ class RolloutConfig:
     partial_rollouts: PartialRollouts = "keep"
 
     def __post_init__(self) -> None:
-        _positive(self, "max_in_flight", "max_turns", "trajectory_deadline_s", "weight_sync_bucket_mb",
-                  "request_timeout_s", "max_logprob_diff", "server_tp", "server_gpu_gib")
+        _positive(
+            self,
+            "max_in_flight",
+            "max_turns",
+            "trajectory_deadline_s",
+            "weight_sync_bucket_mb",
+            "request_timeout_s",
+            "max_logprob_diff",
+            "server_tp",
+            "server_gpu_gib",
+        )
         if not 0.0 < self.server_mem_fraction <= 1.0:
             raise ValueError(f"server_mem_fraction must lie in (0, 1], got {self.server_mem_fraction}")
         _non_negative(self, "max_retries", "weight_sync_port", "max_staleness")
@@ -318,12 +346,15 @@ class ToolsConfig:
         if not 0.0 <= self.outage_rate <= 1.0:
             raise ValueError(f"outage_rate must lie in [0, 1], got {self.outage_rate}")
         if 0.0 < self.outage_mean_turns < 1.0:
-            raise ValueError(f"outage_mean_turns must be 0 (to the rollout's end) or >= 1, got {self.outage_mean_turns}")
+            raise ValueError(
+                f"outage_mean_turns must be 0 (to the rollout's end) or >= 1, got {self.outage_mean_turns}"
+            )
         if self.outage_rate > 0.0 and not self.outage_tools:
             raise ValueError("outage_rate > 0 needs outage_tools: the tools whose back-end goes down")
         if self.python_sandbox == "sandbox_fusion" and not self.sandbox_fusion_url.startswith(("http://", "https://")):
-            raise ValueError(f"python_sandbox 'sandbox_fusion' needs an http(s) sandbox_fusion_url, got "
-                             f"{self.sandbox_fusion_url!r}")
+            raise ValueError(
+                f"python_sandbox 'sandbox_fusion' needs an http(s) sandbox_fusion_url, got {self.sandbox_fusion_url!r}"
+            )
         bad = [u for u in self.servers if not u.startswith(("http://", "https://"))]
         if bad:
             raise ValueError(f"servers must be http(s) base URLs, got {bad}")
@@ -402,32 +433,43 @@ class Recipe:
             raise ValueError(f"parallel.dp_shard must be -1 or >= 1, got {self.parallel.dp_shard}")
         moe = self.model.preset in ("qwen3_vl_30b_a3b", "tiny_moe")
         if self.parallel.ep > 1 and not moe:
-            raise ValueError(f"parallel.ep: expert parallelism needs an MoE preset, got model.preset={self.model.preset!r}")
+            raise ValueError(
+                f"parallel.ep: expert parallelism needs an MoE preset, got model.preset={self.model.preset!r}"
+            )
         if self.parallel.ep > 1 and self.parallel.tp > 1:
-            raise ValueError(f"parallel.ep: ep={self.parallel.ep} with tp={self.parallel.tp} needs sequence "
-                             "parallelism, which osvl does not enable; use tp=1 with ep")
+            raise ValueError(
+                f"parallel.ep: ep={self.parallel.ep} with tp={self.parallel.tp} needs sequence "
+                "parallelism, which osvl does not enable; use tp=1 with ep"
+            )
         for name in ("aux_loss_coef", "z_loss_coef"):
             if getattr(self.moe, name) and not moe:
-                raise ValueError(f"moe.{name}: router losses need an MoE preset, "
-                                 f"got model.preset={self.model.preset!r}")
+                raise ValueError(
+                    f"moe.{name}: router losses need an MoE preset, got model.preset={self.model.preset!r}"
+                )
         if self.validation.path and self.job.stage != "grpo":
-            raise ValueError(f"validation.path: in-training validation is a grpo-stage hook, "
-                             f"got stage {self.job.stage!r}")
+            raise ValueError(
+                f"validation.path: in-training validation is a grpo-stage hook, got stage {self.job.stage!r}"
+            )
         w = self.job.world_size
         if w:
             dp_shard = self.parallel.resolved_dp_shard(w)
             if dp_shard * self.parallel.dp_replicate * self.parallel.tp != w:
                 raise ValueError(
                     f"parallel: dp_replicate({self.parallel.dp_replicate}) * dp_shard({dp_shard}) * "
-                    f"tp({self.parallel.tp}) != job.world_size({w})")
+                    f"tp({self.parallel.tp}) != job.world_size({w})"
+                )
             if w % self.parallel.ep:
                 raise ValueError(f"parallel.ep: {self.parallel.ep} must divide job.world_size {w}")
         if self.data.format not in STAGE_FORMATS[self.job.stage]:
-            raise ValueError(f"data.format: the {self.job.stage} stage reads {list(STAGE_FORMATS[self.job.stage])}, "
-                             f"got {self.data.format!r}")
+            raise ValueError(
+                f"data.format: the {self.job.stage} stage reads {list(STAGE_FORMATS[self.job.stage])}, "
+                f"got {self.data.format!r}"
+            )
         if self.job.stage == "sft" and w and self.sft.global_batch % self.data_parallel_size(w):
-            raise ValueError(f"sft.global_batch {self.sft.global_batch} must be a multiple of the "
-                             f"data-parallel size {self.data_parallel_size(w)}")
+            raise ValueError(
+                f"sft.global_batch {self.sft.global_batch} must be a multiple of the "
+                f"data-parallel size {self.data_parallel_size(w)}"
+            )
 
     def check_stage(self, dp_size: int) -> None:
         """What this recipe's stage refuses before it starts, given the data-parallel size it runs on:
@@ -440,24 +482,34 @@ class Recipe:
     def _check_grpo(self, dp_size: int) -> None:
         g, t, r = self.grpo, self.tools, self.rollout
         if g.kl_coef:
-            raise ValueError("grpo.kl_coef > 0 needs a reference policy, which the grpo stage does not keep (the "
-                             "paper uses no KL loss)")
+            raise ValueError(
+                "grpo.kl_coef > 0 needs a reference policy, which the grpo stage does not keep (the "
+                "paper uses no KL loss)"
+            )
         if g.mini_batch_prompts % dp_size:
-            raise ValueError(f"grpo.mini_batch_prompts {g.mini_batch_prompts} must be a multiple of the "
-                             f"data-parallel size {dp_size}")
+            raise ValueError(
+                f"grpo.mini_batch_prompts {g.mini_batch_prompts} must be a multiple of the data-parallel size {dp_size}"
+            )
         if not t.servers and t.backend == "online" and not t.config_file:
-            raise ValueError("tools.backend = 'online' needs tools.config_file (the online back-ends, keys named by "
-                             "*_key_env fields) or tools.servers (tool servers that hold them)")
+            raise ValueError(
+                "tools.backend = 'online' needs tools.config_file (the online back-ends, keys named by "
+                "*_key_env fields) or tools.servers (tool servers that hold them)"
+            )
         if r.engine == "local" and self.model.preset in PAPER_PRESETS:
-            raise ValueError(f"rollout.engine = 'local' keeps an unsharded generation copy of the policy in every "
-                             f"trainer rank, the CPU form only; serve {self.model.preset} with rollout.engine = "
-                             f"'sglang' (python -m osvl.serve --recipe ... prints the servers' commands)")
+            raise ValueError(
+                f"rollout.engine = 'local' keeps an unsharded generation copy of the policy in every "
+                f"trainer rank, the CPU form only; serve {self.model.preset} with rollout.engine = "
+                f"'sglang' (python -m osvl.serve --recipe ... prints the servers' commands)"
+            )
         if r.engine == "vllm" and r.deterministic:
-            raise ValueError("rollout.deterministic: osvl cannot check or switch on batch-invariant inference in a "
-                             "vLLM server; use rollout.engine = 'sglang' (--enable-deterministic-inference) or 'local'")
+            raise ValueError(
+                "rollout.deterministic: osvl cannot check or switch on batch-invariant inference in a "
+                "vLLM server; use rollout.engine = 'sglang' (--enable-deterministic-inference) or 'local'"
+            )
         if not t.servers and t.backend == "offline" and not t.world_dir:
-            raise ValueError("tools.world_dir must name a world directory for the offline backends (or set "
-                             "tools.servers)")
+            raise ValueError(
+                "tools.world_dir must name a world directory for the offline backends (or set tools.servers)"
+            )
 
     def data_parallel_size(self, world_size: int) -> int:
         return self.parallel.resolved_dp_shard(world_size) * self.parallel.dp_replicate

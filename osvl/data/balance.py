@@ -25,8 +25,10 @@ def first_fit_decreasing(
     limit = max_patches if max_patches is not None else float("inf")
     for index, (cost, patch) in enumerate(zip(costs, extra)):
         if cost > budget or patch > limit:
-            raise ValueError(f"item {index} ({cost} tokens, {patch} patches) exceeds the per-bin budget "
-                             f"({budget} tokens, {max_patches} patches)")
+            raise ValueError(
+                f"item {index} ({cost} tokens, {patch} patches) exceeds the per-bin budget "
+                f"({budget} tokens, {max_patches} patches)"
+            )
     bins: list[list[int]] = []
     loads: list[list[float]] = []  # [tokens, patches] per bin
     for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):

@@ -31,11 +31,15 @@ from osvl.data.image import ImageConfig, ProcessedImage, process_image
 from osvl.data.tokenizer import Tokenizer
 from osvl.rl.trajectory import Prompt, Step, Trajectory
 
-TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
-TOOLS_FOOTER = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-                "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
 
 
 def function_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -75,11 +79,11 @@ def parse_system_text(text: str) -> tuple[str, list[dict[str, Any]]]:
         return "", []
     if not (text.startswith(open_) and text.endswith(close)):
         raise ValueError(f"not a system turn: {text[:80]!r}")
-    body = text[len(open_): -len(close)]
+    body = text[len(open_) : -len(close)]
     prompt, tools = body, []
     at = body.rfind(TOOLS_HEADER)
     if at != -1 and body.endswith(TOOLS_FOOTER):
-        lines = body[at + len(TOOLS_HEADER): -len(TOOLS_FOOTER)]
+        lines = body[at + len(TOOLS_HEADER) : -len(TOOLS_FOOTER)]
         try:
             tools = [json.loads(line) for line in lines.split("\n")[1:]] if lines.startswith("\n") else None
         except json.JSONDecodeError:
@@ -115,8 +119,13 @@ class RenderedSequence:
 class ChatRenderer:
     """Renders prompts and observations; splices finished trajectories."""
 
-    def __init__(self, tokenizer: Tokenizer, image_config: ImageConfig,
-                 tools: Sequence[Mapping[str, Any]] = (), system_prompt: str = "") -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        image_config: ImageConfig,
+        tools: Sequence[Mapping[str, Any]] = (),
+        system_prompt: str = "",
+    ) -> None:
         self.tokenizer = tokenizer
         self.image_config = image_config
         self.system = system_text(tools, system_prompt)
@@ -138,7 +147,8 @@ class ChatRenderer:
         closed = bool(step.token_ids) and step.token_ids[-1] == self.tokenizer.special.im_end
         text = ("\n" if closed else "<|im_end|>\n") + (
             f"<|im_start|>user\n<tool_response>\n{images}{step.observation_text}\n</tool_response><|im_end|>\n"
-            "<|im_start|>assistant\n")
+            "<|im_start|>assistant\n"
+        )
         return Segment(self.tokenizer.encode(text), processed)
 
     def _recorded_observation(self, step: Step, index: int) -> Segment:
@@ -148,9 +158,11 @@ class ChatRenderer:
         processed = [process_image(image, self.image_config) for image in step.observation_images]
         pads = sum(1 for i in step.observation_token_ids if i == self.tokenizer.special.image_pad)
         if pads != sum(p.num_tokens for p in processed):
-            raise ValueError(f"step {index}: recorded observation has {pads} image tokens but its "
-                             f"{len(processed)} image(s) need {sum(p.num_tokens for p in processed)} "
-                             f"(image processor config differs from the rollout's?)")
+            raise ValueError(
+                f"step {index}: recorded observation has {pads} image tokens but its "
+                f"{len(processed)} image(s) need {sum(p.num_tokens for p in processed)} "
+                f"(image processor config differs from the rollout's?)"
+            )
         return Segment(list(step.observation_token_ids), processed)
 
     def render_trajectory(self, trajectory: Trajectory) -> RenderedSequence:
@@ -167,14 +179,19 @@ class ChatRenderer:
         input_ids = np.concatenate([np.asarray(ids, dtype=np.int64) for ids, *_ in pieces])
         loss_mask = np.concatenate([np.full(len(ids), policy, dtype=bool) for ids, policy, *_ in pieces])
         token_step = np.concatenate([np.full(len(ids), step, dtype=np.int64) for ids, _, step, _ in pieces])
-        logprobs = np.concatenate([np.asarray(lp if policy else np.zeros(len(ids)), dtype=np.float32)
-                                   for ids, policy, _, lp in pieces])
+        logprobs = np.concatenate(
+            [np.asarray(lp if policy else np.zeros(len(ids)), dtype=np.float32) for ids, policy, _, lp in pieces]
+        )
         if ((input_ids < 0) | (input_ids >= self.tokenizer.vocab_size)).any():
-            raise ValueError(f"trajectory {trajectory.prompt.id!r}: engine token ids outside the vocabulary "
-                             f"[0, {self.tokenizer.vocab_size})")
+            raise ValueError(
+                f"trajectory {trajectory.prompt.id!r}: engine token ids outside the vocabulary "
+                f"[0, {self.tokenizer.vocab_size})"
+            )
         pads = int((input_ids == self.tokenizer.special.image_pad).sum())
         if pads != sum(p.num_tokens for p in images):
-            raise ValueError(f"trajectory {trajectory.prompt.id!r}: {pads} image tokens in the ids but the "
-                             f"{len(images)} images need {sum(p.num_tokens for p in images)} "
-                             f"(the policy generated <|image_pad|>?)")
+            raise ValueError(
+                f"trajectory {trajectory.prompt.id!r}: {pads} image tokens in the ids but the "
+                f"{len(images)} images need {sum(p.num_tokens for p in images)} "
+                f"(the policy generated <|image_pad|>?)"
+            )
         return RenderedSequence(input_ids, loss_mask, token_step, logprobs, images)

@@ -138,12 +138,14 @@ def chat_template(system_prompt: str = "", tools: Sequence[Mapping[str, Any]] = 
     schemas = [function_schema(tool) for tool in tools]
     system_text(schemas, system_prompt)  # the same checks (duplicate names) as the renderer
     lines = "".join("\n" + json.dumps(schema, ensure_ascii=False) for schema in schemas)
-    head = (f"{MARKER}: ChatRenderer's rendering; the training stage's system prompt and tool schema are the "
-            "defaults -#}\n"
-            f"{{%- set default_system_prompt = {_literal(system_prompt)} %}}\n"
-            f"{{%- set default_tool_lines = {_literal(lines)} %}}\n"
-            f"{{%- set tools_header = {_literal(TOOLS_HEADER)} %}}\n"
-            f"{{%- set tools_footer = {_literal(TOOLS_FOOTER)} %}}")
+    head = (
+        f"{MARKER}: ChatRenderer's rendering; the training stage's system prompt and tool schema are the "
+        "defaults -#}\n"
+        f"{{%- set default_system_prompt = {_literal(system_prompt)} %}}\n"
+        f"{{%- set default_tool_lines = {_literal(lines)} %}}\n"
+        f"{{%- set tools_header = {_literal(TOOLS_HEADER)} %}}\n"
+        f"{{%- set tools_footer = {_literal(TOOLS_FOOTER)} %}}"
+    )
     return head + _BODY
 
 
@@ -152,8 +154,13 @@ def _compiled(template: str) -> jinja2.Template:
     def raise_exception(message: str) -> None:
         raise jinja2.TemplateError(message)
 
-    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    def tojson(
+        value: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        sort_keys: bool = False,
+    ) -> str:
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
@@ -165,13 +172,21 @@ def _compiled(template: str) -> jinja2.Template:
         raise ValueError(f"chat template does not parse: {error}") from None
 
 
-def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]], *,
-                         tools: Sequence[Mapping[str, Any]] | None = None, add_generation_prompt: bool = False) -> str:
+def render_chat_template(
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+) -> str:
     """The text ``template`` renders for ``messages``, as transformers' ``apply_chat_template(tokenize=False)``
     (same Jinja settings, ``tojson`` and ``raise_exception``; no ``{% generation %}`` tracking)."""
     try:
-        return _compiled(template).render(messages=list(messages), tools=None if tools is None else list(tools),
-                                          add_generation_prompt=add_generation_prompt)
+        return _compiled(template).render(
+            messages=list(messages),
+            tools=None if tools is None else list(tools),
+            add_generation_prompt=add_generation_prompt,
+        )
     except jinja2.TemplateError as error:
         raise ValueError(f"chat template failed to render: {error}") from None
 

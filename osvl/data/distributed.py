@@ -23,11 +23,13 @@ class GlobalNormalizers:
     num_valid_tokens: torch.Tensor  # 0-d int64: loss tokens (before fatal steps) over all ranks
 
 
-def global_normalizers(batches: Sequence[PackedBatch], group: dist.ProcessGroup | None = None,
-                       device: torch.device | str = "cpu") -> GlobalNormalizers:
+def global_normalizers(
+    batches: Sequence[PackedBatch], group: dist.ProcessGroup | None = None, device: torch.device | str = "cpu"
+) -> GlobalNormalizers:
     """Sums this rank's micro-batches, then one SUM all-reduce when a process group is up."""
-    local = torch.tensor([sum(b.num_seqs for b in batches), sum(b.num_valid_tokens for b in batches)],
-                         dtype=torch.int64, device=device)
+    local = torch.tensor(
+        [sum(b.num_seqs for b in batches), sum(b.num_valid_tokens for b in batches)], dtype=torch.int64, device=device
+    )
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
     return GlobalNormalizers(num_seqs=local[0], num_valid_tokens=local[1])

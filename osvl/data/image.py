@@ -49,8 +49,10 @@ class ImageConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.min_pixels < self.factor**2:
-            raise ValueError(f"min_pixels={self.min_pixels} must be >= factor^2 = {self.factor**2} "
-                             f"(one merged patch); smaller budgets can resize an image to nothing")
+            raise ValueError(
+                f"min_pixels={self.min_pixels} must be >= factor^2 = {self.factor**2} "
+                f"(one merged patch); smaller budgets can resize an image to nothing"
+            )
         if self.max_pixels < self.min_pixels:
             raise ValueError(f"max_pixels={self.max_pixels} must be >= min_pixels={self.min_pixels}")
         if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
@@ -86,9 +88,15 @@ class ImageConfig:
         return {
             "image_processor_type": "Qwen2VLImageProcessorFast",
             "processor_class": "Qwen3VLProcessor",
-            "do_convert_rgb": True, "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255,
-            "do_normalize": True, "image_mean": list(self.image_mean), "image_std": list(self.image_std),
-            "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+            "do_convert_rgb": True,
+            "do_resize": True,
+            "do_rescale": True,
+            "rescale_factor": 1 / 255,
+            "do_normalize": True,
+            "image_mean": list(self.image_mean),
+            "image_std": list(self.image_std),
+            "patch_size": self.patch_size,
+            "temporal_patch_size": self.temporal_patch_size,
             "merge_size": self.merge_size,
             "size": {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
         }
@@ -101,12 +109,21 @@ class ImageConfig:
         return {
             "video_processor_type": "Qwen3VLVideoProcessor",
             "processor_class": "Qwen3VLProcessor",
-            "do_convert_rgb": True, "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255,
-            "do_normalize": True, "image_mean": list(self.image_mean), "image_std": list(self.image_std),
-            "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+            "do_convert_rgb": True,
+            "do_resize": True,
+            "do_rescale": True,
+            "rescale_factor": 1 / 255,
+            "do_normalize": True,
+            "image_mean": list(self.image_mean),
+            "image_std": list(self.image_std),
+            "patch_size": self.patch_size,
+            "temporal_patch_size": self.temporal_patch_size,
             "merge_size": self.merge_size,
             "size": {"shortest_edge": 128 * self.factor**2, "longest_edge": 768 * self.factor**2},
-            "do_sample_frames": True, "fps": 2, "min_frames": 4, "max_frames": 768,
+            "do_sample_frames": True,
+            "fps": 2,
+            "min_frames": 4,
+            "max_frames": 768,
         }
 
 
@@ -130,8 +147,10 @@ def smart_resize(height: int, width: int, config: ImageConfig) -> tuple[int, int
         raise ValueError(f"image must have positive size, got {height}x{width}")
     ratio = max(height, width) / min(height, width)
     if ratio > MAX_ASPECT_RATIO:
-        raise ValueError(f"image aspect ratio {ratio:.1f} ({height}x{width}) exceeds {MAX_ASPECT_RATIO}; "
-                         f"crop or pad it before processing")
+        raise ValueError(
+            f"image aspect ratio {ratio:.1f} ({height}x{width}) exceeds {MAX_ASPECT_RATIO}; "
+            f"crop or pad it before processing"
+        )
     factor = config.factor
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
@@ -167,8 +186,7 @@ def process_image(image: np.ndarray, config: ImageConfig) -> ProcessedImage:
     height, width = smart_resize(image.shape[0], image.shape[1], config)
     pixels = resize_bicubic(image, height, width, config.resample)
     grid = (1, height // config.patch_size, width // config.patch_size)
-    return ProcessedImage(pixels=pixels, grid_thw=grid,
-                          num_tokens=grid[0] * grid[1] * grid[2] // config.merge_size**2)
+    return ProcessedImage(pixels=pixels, grid_thw=grid, num_tokens=grid[0] * grid[1] * grid[2] // config.merge_size**2)
 
 
 def pixel_values(images: list[ProcessedImage], config: ImageConfig) -> np.ndarray:

@@ -44,9 +44,9 @@ def mrope_position_ids(
         positions[:, cursor:start] = position + np.arange(text)
         position += text
         tt, hh, ww = np.meshgrid(np.arange(t), np.arange(gh), np.arange(gw), indexing="ij")
-        positions[0, start:start + count] = position + tt.reshape(-1)
-        positions[1, start:start + count] = position + hh.reshape(-1)
-        positions[2, start:start + count] = position + ww.reshape(-1)
+        positions[0, start : start + count] = position + tt.reshape(-1)
+        positions[1, start : start + count] = position + hh.reshape(-1)
+        positions[2, start : start + count] = position + ww.reshape(-1)
         position += max(t, gh, gw)
         cursor = start + count
         used += count

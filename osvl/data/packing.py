@@ -65,17 +65,29 @@ def valid_rows(loss_mask: np.ndarray, token_step: np.ndarray, fatal_step: int) -
     return rows
 
 
-def train_sequence(trajectory: Trajectory, renderer: ChatRenderer, reward: float | None = None,
-                   advantage: float | None = None) -> TrainSequence:
+def train_sequence(
+    trajectory: Trajectory, renderer: ChatRenderer, reward: float | None = None, advantage: float | None = None
+) -> TrainSequence:
     """Renders a trajectory; its reward comes from ``trajectory.reward`` unless given."""
     if reward is None:
         if trajectory.reward is None or trajectory.reward.total is None:
-            raise ValueError(f"trajectory {trajectory.prompt.id!r}/{trajectory.sample_index} has no reward; "
-                             f"unscored samples must be dropped before packing (or pass reward=)")
+            raise ValueError(
+                f"trajectory {trajectory.prompt.id!r}/{trajectory.sample_index} has no reward; "
+                f"unscored samples must be dropped before packing (or pass reward=)"
+            )
         reward = trajectory.reward.total
     rendered: RenderedSequence = renderer.render_trajectory(trajectory)
-    return TrainSequence(rendered.input_ids, rendered.loss_mask, rendered.token_step, rendered.logprobs,
-                         rendered.images, trajectory.group_id, float(reward), trajectory.fatal_step, advantage)
+    return TrainSequence(
+        rendered.input_ids,
+        rendered.loss_mask,
+        rendered.token_step,
+        rendered.logprobs,
+        rendered.images,
+        trajectory.group_id,
+        float(reward),
+        trajectory.fatal_step,
+        advantage,
+    )
 
 
 def text_sequence(input_ids: np.ndarray, group_id: int) -> TrainSequence:
@@ -83,8 +95,15 @@ def text_sequence(input_ids: np.ndarray, group_id: int) -> TrainSequence:
     n = len(input_ids)
     loss_mask = np.ones(n, dtype=bool)
     loss_mask[0] = False
-    return TrainSequence(np.asarray(input_ids, dtype=np.int64), loss_mask, np.zeros(n, dtype=np.int64),
-                         np.zeros(n, dtype=np.float32), [], group_id, 0.0)
+    return TrainSequence(
+        np.asarray(input_ids, dtype=np.int64),
+        loss_mask,
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.float32),
+        [],
+        group_id,
+        0.0,
+    )
 
 
 @dataclass
@@ -112,23 +131,35 @@ class PackedBatch:
         return int(self.input_ids.shape[0])
 
     def to(self, device: torch.device | str) -> PackedBatch:
-        moved = {name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-                 for name, value in vars(self).items()}
+        moved = {
+            name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+            for name, value in vars(self).items()
+        }
         return PackedBatch(**moved)
 
 
-def pack_microbatch(sequences: Sequence[TrainSequence], image_config: ImageConfig,
-                    special: SpecialTokens) -> PackedBatch:
+def pack_microbatch(
+    sequences: Sequence[TrainSequence], image_config: ImageConfig, special: SpecialTokens
+) -> PackedBatch:
     """Concatenates sequences; an empty list gives the filler batch (one pad token, no loss)."""
     if not sequences:
-        filler = TrainSequence(np.array([special.endoftext], np.int64), np.zeros(1, bool), np.zeros(1, np.int64),
-                               np.zeros(1, np.float32), [], group_id=-1, reward=0.0, advantage=0.0)
+        filler = TrainSequence(
+            np.array([special.endoftext], np.int64),
+            np.zeros(1, bool),
+            np.zeros(1, np.int64),
+            np.zeros(1, np.float32),
+            [],
+            group_id=-1,
+            reward=0.0,
+            advantage=0.0,
+        )
         return _pack([filler], image_config, special, num_seqs=0)
     return _pack(sequences, image_config, special, num_seqs=len(sequences))
 
 
-def _pack(sequences: Sequence[TrainSequence], image_config: ImageConfig, special: SpecialTokens,
-          num_seqs: int) -> PackedBatch:
+def _pack(
+    sequences: Sequence[TrainSequence], image_config: ImageConfig, special: SpecialTokens, num_seqs: int
+) -> PackedBatch:
     lengths = [seq.num_tokens for seq in sequences]
     if min(lengths) < 1:
         raise ValueError("sequences must have at least one token")
@@ -141,13 +172,16 @@ def _pack(sequences: Sequence[TrainSequence], image_config: ImageConfig, special
     start = 0
     for seq, length in zip(sequences, lengths):
         end = start + length
-        targets[start:end - 1] = seq.input_ids[1:]
-        shifted_steps[start:end - 1] = seq.token_step[1:]
+        targets[start : end - 1] = seq.input_ids[1:]
+        shifted_steps[start : end - 1] = seq.token_step[1:]
         shifted_steps[end - 1] = seq.token_step[-1]
-        old_logprobs[start:end - 1] = seq.logprobs[1:]
-        rows[start:end - 1] = seq.loss_mask[1:]
-        positions.append(mrope_position_ids(seq.input_ids, [image.grid_thw for image in seq.images],
-                                            special.image_pad, image_config.merge_size))
+        old_logprobs[start : end - 1] = seq.logprobs[1:]
+        rows[start : end - 1] = seq.loss_mask[1:]
+        positions.append(
+            mrope_position_ids(
+                seq.input_ids, [image.grid_thw for image in seq.images], special.image_pad, image_config.merge_size
+            )
+        )
         start = end
     images = [image for seq in sequences for image in seq.images]
     advantages = [seq.advantage for seq in sequences]
@@ -225,8 +259,9 @@ class PackPlan:
         return sum(self.num_tokens) / capacity if capacity else 0.0
 
 
-def plan_packing(num_tokens: Sequence[int], config: PackingConfig,
-                 num_patches: Sequence[int] | None = None) -> PackPlan:
+def plan_packing(
+    num_tokens: Sequence[int], config: PackingConfig, num_patches: Sequence[int] | None = None
+) -> PackPlan:
     """Assigns sequences to ranks and micro-batches; deterministic, so every rank can run it."""
     if len(num_tokens) < config.num_ranks:
         raise ValueError(f"{len(num_tokens)} sequences cannot feed {config.num_ranks} data-parallel ranks")
@@ -236,19 +271,23 @@ def plan_packing(num_tokens: Sequence[int], config: PackingConfig,
         if tokens < 1:
             raise ValueError(f"sequence {index} is empty")
         if tokens > config.max_tokens:
-            raise ValueError(f"sequence {index} has {tokens} tokens, over the micro-batch budget of "
-                             f"{config.max_tokens}; raise max_tokens or cap the rollout length (never cut)")
+            raise ValueError(
+                f"sequence {index} has {tokens} tokens, over the micro-batch budget of "
+                f"{config.max_tokens}; raise max_tokens or cap the rollout length (never cut)"
+            )
     patches = list(num_patches) if num_patches is not None else [0] * len(num_tokens)
     ranks = []
     for members in karmarkar_karp(num_tokens, config.num_ranks):
-        bins = first_fit_decreasing([num_tokens[i] for i in members], config.max_tokens,
-                                    [patches[i] for i in members], config.max_patches)
+        bins = first_fit_decreasing(
+            [num_tokens[i] for i in members], config.max_tokens, [patches[i] for i in members], config.max_patches
+        )
         ranks.append([[members[j] for j in bin_] for bin_ in bins])
     target = max(len(bins) for bins in ranks)
     for bins in ranks:
         _split_to(bins, target, num_tokens)
-    return PackPlan(ranks=[[sorted(b) for b in bins] for bins in ranks], num_tokens=list(num_tokens),
-                    max_tokens=config.max_tokens)
+    return PackPlan(
+        ranks=[[sorted(b) for b in bins] for bins in ranks], num_tokens=list(num_tokens), max_tokens=config.max_tokens
+    )
 
 
 def _split_to(bins: list[list[int]], target: int, num_tokens: Sequence[int]) -> None:
@@ -264,8 +303,9 @@ def _split_to(bins: list[list[int]], target: int, num_tokens: Sequence[int]) -> 
         bins.extend([[fullest[j] for j in half] for half in halves])
 
 
-def pack_rank(sequences: Sequence[TrainSequence], plan: PackPlan, rank: int, image_config: ImageConfig,
-              special: SpecialTokens) -> list[PackedBatch]:
+def pack_rank(
+    sequences: Sequence[TrainSequence], plan: PackPlan, rank: int, image_config: ImageConfig, special: SpecialTokens
+) -> list[PackedBatch]:
     """The micro-batches of one rank (``sequences`` indexed as in the plan)."""
     if not 0 <= rank < len(plan.ranks):
         raise ValueError(f"rank {rank} not in plan of {len(plan.ranks)} ranks")

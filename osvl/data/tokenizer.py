@@ -17,18 +17,38 @@ from tokenizers import Tokenizer as _Backend
 
 # Qwen3-VL's added tokens in id order (151643 onwards); ``True`` = special (skipped on decode).
 QWEN_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
-    ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True),
-    ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
-    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
-    ("<|repo_name|>", False), ("<|file_sep|>", False), ("<tool_response>", False),
-    ("</tool_response>", False), ("<think>", False), ("</think>", False),
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
 )
 # Qwen2's pre-tokenizer split (before byte-level mapping): words, single digits, punctuation runs.
-QWEN_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                      r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @dataclass(frozen=True)
@@ -50,11 +70,19 @@ class SpecialTokens:
     think_end: int
 
     NAMES = {
-        "endoftext": "<|endoftext|>", "im_start": "<|im_start|>", "im_end": "<|im_end|>",
-        "vision_start": "<|vision_start|>", "vision_end": "<|vision_end|>", "image_pad": "<|image_pad|>",
-        "video_pad": "<|video_pad|>", "tool_call_start": "<tool_call>", "tool_call_end": "</tool_call>",
-        "tool_response_start": "<tool_response>", "tool_response_end": "</tool_response>",
-        "think_start": "<think>", "think_end": "</think>",
+        "endoftext": "<|endoftext|>",
+        "im_start": "<|im_start|>",
+        "im_end": "<|im_end|>",
+        "vision_start": "<|vision_start|>",
+        "vision_end": "<|vision_end|>",
+        "image_pad": "<|image_pad|>",
+        "video_pad": "<|video_pad|>",
+        "tool_call_start": "<tool_call>",
+        "tool_call_end": "</tool_call>",
+        "tool_response_start": "<tool_response>",
+        "tool_response_end": "</tool_response>",
+        "think_start": "<think>",
+        "think_end": "</think>",
     }
 
     @classmethod
@@ -112,8 +140,9 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     return Tokenizer(backend)
 
 
-def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int, min_frequency: int = 2,
-                        max_digits: int = 1) -> Tokenizer:
+def train_bpe_tokenizer(
+    corpus: Iterable[str], vocab_size: int, min_frequency: int = 2, max_digits: int = 1
+) -> Tokenizer:
     """Byte-level BPE with Qwen2's pre-tokenizer, learned vocab first, Qwen's added tokens after.
 
     Qwen splits numbers into single digits (``max_digits=1``). With ``max_digits`` = 2 or 3 every
@@ -129,10 +158,12 @@ def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int, min_frequency: i
         raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
     backend = _Backend(models.BPE())
     backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(QWEN_ADDED_TOKENS),
@@ -148,6 +179,11 @@ def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int, min_frequency: i
         add = backend.add_special_tokens if special else backend.add_tokens
         add([AddedToken(token, special=special, normalized=False)])
     if max_digits > 1:  # matched before pre-tokenization, longest first: "254000" -> "25" "40" "00"
-        backend.add_tokens([AddedToken(f"{n:0{width}d}", normalized=False)
-                            for width in range(2, max_digits + 1) for n in range(10 ** width)])
+        backend.add_tokens(
+            [
+                AddedToken(f"{n:0{width}d}", normalized=False)
+                for width in range(2, max_digits + 1)
+                for n in range(10**width)
+            ]
+        )
     return Tokenizer(backend)

@@ -87,29 +87,50 @@ def parse_bench(spec: str) -> tuple[str, str, Path]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m osvl.eval", description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="HF-layout checkpoint dir (config.json, safetensors, tokenizer.json, "
-                                          "preprocessor_config.json), run by the local engine")
+    src.add_argument(
+        "--checkpoint",
+        help="HF-layout checkpoint dir (config.json, safetensors, tokenizer.json, "
+        "preprocessor_config.json), run by the local engine",
+    )
     src.add_argument("--engine", action="append", help="SGLang server (or router) base URL; repeatable")
     p.add_argument("--tokenizer", help="tokenizer.json or dir with it and preprocessor_config.json (with --engine)")
-    p.add_argument("--bench", action="append", required=True, metavar="[LABEL:]NAME=FILE",
-                   help=f"benchmark file; NAME one of: {', '.join(FORMATS)}")
-    p.add_argument("--images-root", action="append", default=[], metavar="LABEL=DIR",
-                   help="where a benchmark's relative image paths / image ids live (default: the file's dir)")
+    p.add_argument(
+        "--bench",
+        action="append",
+        required=True,
+        metavar="[LABEL:]NAME=FILE",
+        help=f"benchmark file; NAME one of: {', '.join(FORMATS)}",
+    )
+    p.add_argument(
+        "--images-root",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="where a benchmark's relative image paths / image ids live (default: the file's dir)",
+    )
     p.add_argument("--mode", choices=MODES, required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--world", help="world dir for the offline tool backends (rag and agentic modes)")
     tools = p.add_argument_group("tools (rag and agentic modes)")
-    tools.add_argument("--tools", metavar="FILE.toml", help="tool back-end config (see osvl.eval.tools); flags "
-                                                            "below override it")
-    tools.add_argument("--tool-profile", choices=PROFILES,
-                       help="tool schema the model sees: osvl's (paper) or the OpenSearch-VL release's names; "
-                            "default: the profile an osvl-exported checkpoint was trained with, else paper")
+    tools.add_argument(
+        "--tools", metavar="FILE.toml", help="tool back-end config (see osvl.eval.tools); flags below override it"
+    )
+    tools.add_argument(
+        "--tool-profile",
+        choices=PROFILES,
+        help="tool schema the model sees: osvl's (paper) or the OpenSearch-VL release's names; "
+        "default: the profile an osvl-exported checkpoint was trained with, else paper",
+    )
     tools.add_argument("--python-interpreter", action="store_true", help="offer the sandboxed python_interpreter")
-    tools.add_argument("--python-sandbox", choices=("namespaces", "sandbox_fusion", "unsafe_no_boundary"),
-                       default="namespaces", help="the boundary python_interpreter runs behind (unsafe_no_boundary: "
-                                                  "none, only a Python audit hook)")
-    tools.add_argument("--sandbox-fusion-url", default="", help="SandboxFusion base URL for --python-sandbox "
-                                                                "sandbox_fusion")
+    tools.add_argument(
+        "--python-sandbox",
+        choices=("namespaces", "sandbox_fusion", "unsafe_no_boundary"),
+        default="namespaces",
+        help="the boundary python_interpreter runs behind (unsafe_no_boundary: none, only a Python audit hook)",
+    )
+    tools.add_argument(
+        "--sandbox-fusion-url", default="", help="SandboxFusion base URL for --python-sandbox sandbox_fusion"
+    )
     tools.add_argument("--text-search-backend", choices=("offline", "online"))
     tools.add_argument("--serper-url")
     tools.add_argument("--serper-key-env", metavar="VAR", help="environment variable holding the Serper key")
@@ -122,9 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     tools.add_argument("--image-search-url", help="reverse-image search API URL")
     tools.add_argument("--image-search-key-env", metavar="VAR")
     tools.add_argument("--image-upload-url", help="image host for reverse-image search by URL")
-    p.add_argument("--system-prompt", metavar="FILE",
-                   help="system prompt replacing the checkpoint's own (an osvl export's) or the mode's shipped one "
-                        "(a released checkpoint's own prompt); an empty file means no system prompt")
+    p.add_argument(
+        "--system-prompt",
+        metavar="FILE",
+        help="system prompt replacing the checkpoint's own (an osvl export's) or the mode's shipped one "
+        "(a released checkpoint's own prompt); an empty file means no system prompt",
+    )
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--judge-url", help="OpenAI-compatible base URL; default: the offline normalized-match judge")
     p.add_argument("--judge-model", default="gpt-4o")
@@ -171,16 +195,21 @@ def build_judge(args: argparse.Namespace) -> AnswerJudge:
         return NormalizedMatchJudge()
     from osvl.rl.judges import ChatCompletionsClient, ChatJudgeConfig
 
-    config = ChatJudgeConfig(base_url=args.judge_url, model=args.judge_model,
-                             api_key=os.environ.get(args.judge_key_env), timeout_s=args.judge_timeout_s,
-                             max_attempts=args.judge_attempts)
+    config = ChatJudgeConfig(
+        base_url=args.judge_url,
+        model=args.judge_model,
+        api_key=os.environ.get(args.judge_key_env),
+        timeout_s=args.judge_timeout_s,
+        max_attempts=args.judge_attempts,
+    )
     return EquivalenceJudge(ChatCompletionsClient(config), args.judge_prompt)
 
 
 def tools_config(args: argparse.Namespace) -> ToolBackendsConfig:
     """The validated tool back-ends of the run: ``--tools`` file, flags on top, ``--world`` defaults."""
-    config = resolve_sections(tool_sections(args.tools, {dest: getattr(args, dest) for dest in FLAG_FIELDS},
-                                            args.world))
+    config = resolve_sections(
+        tool_sections(args.tools, {dest: getattr(args, dest) for dest in FLAG_FIELDS}, args.world)
+    )
     check_offline_paths(config)
     return config
 
@@ -201,8 +230,9 @@ def tool_environment(args: argparse.Namespace) -> Iterator[EvalToolEnvironment |
             check_sandbox(sandbox)
     except (ValueError, SandboxUnavailable) as err:
         raise SystemExit(f"--python-sandbox: {err}") from None
-    profile = tool_profile(args.tool_profile, config.limits, python_interpreter=args.python_interpreter,
-                           sandbox=sandbox)
+    profile = tool_profile(
+        args.tool_profile, config.limits, python_interpreter=args.python_interpreter, sandbox=sandbox
+    )
     with ToolPool(config, PoolConfig(num_workers=2, preload=profile.registry.targets())) as pool:
         yield EvalToolEnvironment(ToolEnvironment(profile.registry, pool), profile)
 
@@ -226,8 +256,9 @@ class SystemTurn:
     source: Literal["checkpoint", "file", "shipped"]
 
 
-def system_turn(mode: str, model_dir: ModelDir, prompt_file: str | None,
-                offered: Sequence[dict[str, Any]]) -> SystemTurn:
+def system_turn(
+    mode: str, model_dir: ModelDir, prompt_file: str | None, offered: Sequence[dict[str, Any]]
+) -> SystemTurn:
     """An osvl export's own prompt and shown tool schema (none when its profile showed none), the
     prompt replaced by ``prompt_file`` if given; other checkpoints get the mode's shipped prompt and,
     in agentic mode, the ``offered`` tools' schema."""
@@ -257,25 +288,35 @@ def resolve_tool_profile(requested: str | None, model_dir: ModelDir, python_inte
 
     if requested is not None:
         if missing(requested):
-            raise ValueError(f"--tool-profile {requested} does not offer {sorted(missing(requested))}, tools the "
-                             f"checkpoint was trained to call (its chat template shows them)")
+            raise ValueError(
+                f"--tool-profile {requested} does not offer {sorted(missing(requested))}, tools the "
+                f"checkpoint was trained to call (its chat template shows them)"
+            )
         return requested
     matching = [profile for profile in PROFILES if not missing(profile)]
     if not matching:
-        raise ValueError(f"the checkpoint was trained with tools {sorted(names)} (its chat template shows them), "
-                         f"which no tool profile ({', '.join(PROFILES)}) offers")
+        raise ValueError(
+            f"the checkpoint was trained with tools {sorted(names)} (its chat template shows them), "
+            f"which no tool profile ({', '.join(PROFILES)}) offers"
+        )
     return matching[0]
 
 
-def build_answerer(args: argparse.Namespace, engine, model_dir: ModelDir, env: EvalToolEnvironment | None,
-                   turn: SystemTurn | None = None) -> Answerer:
+def build_answerer(
+    args: argparse.Namespace,
+    engine,
+    model_dir: ModelDir,
+    env: EvalToolEnvironment | None,
+    turn: SystemTurn | None = None,
+) -> Answerer:
     from osvl.data.chat import ChatRenderer
     from osvl.rollout.agent import AgentConfig
     from osvl.rollout.engine import SamplingParams
 
     tokenizer, image_config = model_dir.tokenizer, model_dir.image_config
-    sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                              stop_token_ids=model_dir.stop_token_ids)
+    sampling = SamplingParams(
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, stop_token_ids=model_dir.stop_token_ids
+    )
     if turn is None:
         turn = system_turn(args.mode, model_dir, args.system_prompt, env.tool_schemas() if env is not None else [])
     renderer = ChatRenderer(tokenizer, image_config, turn.tools, turn.prompt)
@@ -300,21 +341,28 @@ def load_all(args: argparse.Namespace) -> list[tuple[LoadReport, BenchmarkFormat
             raise ValueError(f"benchmark label {label!r} given twice; use LABEL:NAME=FILE to tell them apart")
         report = load_benchmark(file, fmt, roots.get(label), name=label)
         if args.limit is not None:
-            report.items = report.items[:args.limit]
+            report.items = report.items[: args.limit]
         reports.append((report, get_format(fmt)))
     return reports
 
 
 def git_commit() -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 
 
-def write_summary(out: Path, reports: Sequence[tuple[LoadReport, BenchmarkFormat]], args: argparse.Namespace, judge: AnswerJudge,
-                  stats, turn: SystemTurn) -> str:
+def write_summary(
+    out: Path,
+    reports: Sequence[tuple[LoadReport, BenchmarkFormat]],
+    args: argparse.Namespace,
+    judge: AnswerJudge,
+    stats,
+    turn: SystemTurn,
+) -> str:
     records, _ = read_records(out / RECORDS)
     summaries = []
     for report, fmt in reports:
@@ -322,18 +370,36 @@ def write_summary(out: Path, reports: Sequence[tuple[LoadReport, BenchmarkFormat
         summaries.append(summarize_benchmark(report.benchmark, fmt.column, mine, sum(report.rejected.values())))
     source = args.checkpoint or ",".join(args.engine)
     label = f"osvl ({args.mode}, {Path(source).name or source}; judge {judge.name})"
-    table = "\n\n".join([f"# Pass@1 (%) — {args.mode}", pass_table(summaries, args.mode, label),
-                         "## Counts and cost", cost_table(summaries)])
+    table = "\n\n".join(
+        [
+            f"# Pass@1 (%) — {args.mode}",
+            pass_table(summaries, args.mode, label),
+            "## Counts and cost",
+            cost_table(summaries),
+        ]
+    )
     (out / "table.md").write_text(table + "\n", encoding="utf-8")
     system = system_text(turn.tools, turn.prompt)
-    summary = summary_dict(summaries, mode=args.mode, source=source, judge=judge.name, git_commit=git_commit(),
-                           tool_profile=args.tool_profile if args.mode != "direct" else None,
-                           system_prompt_source=turn.source, system_tools=[t["function"]["name"] for t in turn.tools],
-                           system_turn_sha256=hashlib.sha256(system.encode()).hexdigest() if system else None,
-                           run={"generated": stats.generated, "rejudged": stats.rejudged, "skipped": stats.skipped,
-                                "wall_s": stats.wall_s, "max_in_flight": stats.max_in_flight,
-                                "corrupt_record_lines": stats.corrupt_lines},
-                           loading=[r.to_dict() for r, _ in reports])
+    summary = summary_dict(
+        summaries,
+        mode=args.mode,
+        source=source,
+        judge=judge.name,
+        git_commit=git_commit(),
+        tool_profile=args.tool_profile if args.mode != "direct" else None,
+        system_prompt_source=turn.source,
+        system_tools=[t["function"]["name"] for t in turn.tools],
+        system_turn_sha256=hashlib.sha256(system.encode()).hexdigest() if system else None,
+        run={
+            "generated": stats.generated,
+            "rejudged": stats.rejudged,
+            "skipped": stats.skipped,
+            "wall_s": stats.wall_s,
+            "max_in_flight": stats.max_in_flight,
+            "corrupt_record_lines": stats.corrupt_lines,
+        },
+        loading=[r.to_dict() for r, _ in reports],
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return table
 

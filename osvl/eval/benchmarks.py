@@ -66,27 +66,83 @@ class BenchmarkFormat:
     id_from_line: bool = False  # records without an id are named by their line (BrowseComp-VL)
 
 
-FORMATS: dict[str, BenchmarkFormat] = {f.name: f for f in (
-    BenchmarkFormat("simplevqa", "SimpleVQA", ("data_id",), ("question",), ("answer",),
-                    image_keys=("image",), meta_keys=("language", "vqa_category")),
-    BenchmarkFormat("vdr", "VDR", ("id", "question_id"), ("question",), ("answer",), ("answers", "aliases"),
-                    image_keys=("image", "images", "image_path")),
-    BenchmarkFormat("mmsearch", "MMSearch", ("sample_id",), ("query",), ("gt_answer",),
-                    ("alternative_gt_answers",), image_keys=("query_image",), requires_image=False,
-                    meta_keys=("area", "subfield")),
-    BenchmarkFormat("livevqa", "LiveVQA", ("id",), ("question",), ("Ground_Truth_List",),
-                    image_keys=("img_path",), meta_keys=("question_type", "source", "time"),
-                    sub_item_keys=("level1_qa", "level2_qa")),
-    BenchmarkFormat("browsecomp_vl", "BrowseComp-VL", ("id", "data_id"), ("question",), ("answers", "answer"),
-                    image_keys=("image_path", "image", "images"), meta_keys=("domain", "level"), id_from_line=True),
-    BenchmarkFormat("fvqa", "FVQA", ("data_id", "question_id", "qa_id"), ("question", "prompt"),
-                    ("answer", "reward_model.ground_truth"), ("candidate_answers", "reward_model.candidate_answers"),
-                    image_keys=("images", "img_file", "image"), meta_keys=("category", "data_source")),
-    BenchmarkFormat("infoseek", "InfoSeek", ("data_id",), ("question",), ("answer",), ("answer_eval", "answer_eng"),
-                    image_id_key="image_id", meta_keys=("data_split",)),
-    BenchmarkFormat("osvl", None, ("id",), ("question",), ("answer",), ("aliases",),
-                    image_keys=("images",), image_store=True),
-)}
+FORMATS: dict[str, BenchmarkFormat] = {
+    f.name: f
+    for f in (
+        BenchmarkFormat(
+            "simplevqa",
+            "SimpleVQA",
+            ("data_id",),
+            ("question",),
+            ("answer",),
+            image_keys=("image",),
+            meta_keys=("language", "vqa_category"),
+        ),
+        BenchmarkFormat(
+            "vdr",
+            "VDR",
+            ("id", "question_id"),
+            ("question",),
+            ("answer",),
+            ("answers", "aliases"),
+            image_keys=("image", "images", "image_path"),
+        ),
+        BenchmarkFormat(
+            "mmsearch",
+            "MMSearch",
+            ("sample_id",),
+            ("query",),
+            ("gt_answer",),
+            ("alternative_gt_answers",),
+            image_keys=("query_image",),
+            requires_image=False,
+            meta_keys=("area", "subfield"),
+        ),
+        BenchmarkFormat(
+            "livevqa",
+            "LiveVQA",
+            ("id",),
+            ("question",),
+            ("Ground_Truth_List",),
+            image_keys=("img_path",),
+            meta_keys=("question_type", "source", "time"),
+            sub_item_keys=("level1_qa", "level2_qa"),
+        ),
+        BenchmarkFormat(
+            "browsecomp_vl",
+            "BrowseComp-VL",
+            ("id", "data_id"),
+            ("question",),
+            ("answers", "answer"),
+            image_keys=("image_path", "image", "images"),
+            meta_keys=("domain", "level"),
+            id_from_line=True,
+        ),
+        BenchmarkFormat(
+            "fvqa",
+            "FVQA",
+            ("data_id", "question_id", "qa_id"),
+            ("question", "prompt"),
+            ("answer", "reward_model.ground_truth"),
+            ("candidate_answers", "reward_model.candidate_answers"),
+            image_keys=("images", "img_file", "image"),
+            meta_keys=("category", "data_source"),
+        ),
+        BenchmarkFormat(
+            "infoseek",
+            "InfoSeek",
+            ("data_id",),
+            ("question",),
+            ("answer",),
+            ("answer_eval", "answer_eng"),
+            image_id_key="image_id",
+            meta_keys=("data_split",),
+        ),
+        BenchmarkFormat(
+            "osvl", None, ("id",), ("question",), ("answer",), ("aliases",), image_keys=("images",), image_store=True
+        ),
+    )
+}
 IMAGE_ID_SUFFIXES = (".jpg", ".JPEG", ".jpeg", ".png")
 IMAGE_PLACEHOLDER = "<image>"
 PARQUET_BATCH_ROWS = 256
@@ -116,8 +172,13 @@ class LoadReport:
             self.examples.append(f"line {line}: {error}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"benchmark": self.benchmark, "path": self.path, "items": len(self.items),
-                "rejected": dict(sorted(self.rejected.items())), "examples": list(self.examples)}
+        return {
+            "benchmark": self.benchmark,
+            "path": self.path,
+            "items": len(self.items),
+            "rejected": dict(sorted(self.rejected.items())),
+            "examples": list(self.examples),
+        }
 
 
 def get_format(name: str) -> BenchmarkFormat:
@@ -201,8 +262,9 @@ def _image_ref(value: Any, root: Path) -> str:
         if isinstance(value.get("bytes"), (bytes, bytearray)) and value["bytes"]:
             return _image_ref(value["bytes"], root)
         if isinstance(value.get("bytes"), str) and value["bytes"]:
-            return _image_ref(value["bytes"] if value["bytes"].startswith("data:")
-                              else "data:image;base64," + value["bytes"], root)
+            return _image_ref(
+                value["bytes"] if value["bytes"].startswith("data:") else "data:image;base64," + value["bytes"], root
+            )
         if isinstance(value.get("path"), str) and value["path"]:
             return _image_ref(value["path"], root)
         raise Rejected("image_not_text", "image dict without 'bytes' or 'path'")
@@ -268,8 +330,9 @@ def convert(row: Any, fmt: BenchmarkFormat, root: Path, store: Path, line: int |
     if fmt.requires_image and not images:
         raise Rejected("missing_image", f"none of {list(fmt.image_keys or [fmt.image_id_key])}")
     meta = {k: str(row[k]) for k in fmt.meta_keys if row.get(k) is not None}
-    return EvalItem(benchmark=fmt.name, id=str(item_id), question=question, answers=tuple(answers),
-                    images=tuple(images), meta=meta)
+    return EvalItem(
+        benchmark=fmt.name, id=str(item_id), question=question, answers=tuple(answers), images=tuple(images), meta=meta
+    )
 
 
 def convert_all(row: Any, fmt: BenchmarkFormat, root: Path, store: Path, line: int | None = None) -> list[EvalItem]:
@@ -285,8 +348,7 @@ def convert_all(row: Any, fmt: BenchmarkFormat, root: Path, store: Path, line: i
     if not subs:
         raise Rejected("missing_question", f"none of {list(fmt.sub_item_keys)} holds a question record")
     inherited = {k: v for k, v in row.items() if k not in fmt.sub_item_keys}
-    return [convert({**inherited, **sub, fmt.id_keys[0]: f"{parent_id}/{key}"}, fmt, root, store)
-            for key, sub in subs]
+    return [convert({**inherited, **sub, fmt.id_keys[0]: f"{parent_id}/{key}"}, fmt, root, store) for key, sub in subs]
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[int, Any]]:
@@ -325,8 +387,12 @@ def _records(handle: Any) -> Iterator[tuple[int, Any]]:
             yield number, Rejected("invalid_json", str(error))
 
 
-def load_benchmark(path: str | os.PathLike[str], fmt: BenchmarkFormat | str,
-                   images_root: str | os.PathLike[str] | None = None, name: str | None = None) -> LoadReport:
+def load_benchmark(
+    path: str | os.PathLike[str],
+    fmt: BenchmarkFormat | str,
+    images_root: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+) -> LoadReport:
     """All items of a JSONL, JSON-array or parquet file; ``name`` relabels the items (default: the format's name)."""
     fmt = get_format(fmt) if isinstance(fmt, str) else fmt
     path = Path(path)
@@ -355,7 +421,16 @@ def load_benchmark(path: str | os.PathLike[str], fmt: BenchmarkFormat | str,
                 continue
             for item in items:
                 seen.add(item.id)
-                report.items.append(item if label == fmt.name else EvalItem(
-                    benchmark=label, id=item.id, question=item.question, answers=item.answers,
-                    images=item.images, meta=item.meta))
+                report.items.append(
+                    item
+                    if label == fmt.name
+                    else EvalItem(
+                        benchmark=label,
+                        id=item.id,
+                        question=item.question,
+                        answers=item.answers,
+                        images=item.images,
+                        meta=item.meta,
+                    )
+                )
     return report

@@ -60,8 +60,10 @@ def _ratio(numerator: np.ndarray, denominator: np.ndarray | None) -> np.ndarray:
 
 
 def _check_table(table: Table, prompts: int | None = None) -> Table:
-    numerator, denominator = (np.asarray(table[0], dtype=np.float64),
-                              None if table[1] is None else np.asarray(table[1], dtype=np.float64))
+    numerator, denominator = (
+        np.asarray(table[0], dtype=np.float64),
+        None if table[1] is None else np.asarray(table[1], dtype=np.float64),
+    )
     if numerator.ndim != 2 or numerator.size == 0:
         raise ValueError(f"a table is [seeds, prompts] with both > 0, got shape {numerator.shape}")
     if denominator is not None and denominator.shape != numerator.shape:
@@ -79,8 +81,9 @@ def _resampled(table: Table, seed_draws: np.ndarray, prompt_draws: np.ndarray) -
     return _ratio(pick(numerator), None if denominator is None else pick(denominator))
 
 
-def bootstrap_interval(table: Table, baseline: Table | None = None, *, resamples: int = 4000,
-                       confidence: float = 0.95, seed: int = 0) -> Estimate:
+def bootstrap_interval(
+    table: Table, baseline: Table | None = None, *, resamples: int = 4000, confidence: float = 0.95, seed: int = 0
+) -> Estimate:
     """A mean (or a ratio of sums) over a [seeds, prompts] table with its two-level percentile bootstrap
     interval: seeds and prompts are both drawn with replacement, so the interval covers the runs'
     randomness and the evaluation set's. With ``baseline`` (another table on the same prompts) the

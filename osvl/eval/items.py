@@ -59,5 +59,10 @@ def read_image_ref(ref: str) -> np.ndarray:
 
 def to_prompt(item: EvalItem) -> Prompt:
     """The rollout's prompt record: pixels loaded, reference first, the other answers as aliases."""
-    return Prompt(id=item.key, question=item.question, images=[read_image_ref(r) for r in item.images],
-                  answer=item.answers[0], aliases=list(item.answers[1:]))
+    return Prompt(
+        id=item.key,
+        question=item.question,
+        images=[read_image_ref(r) for r in item.images],
+        answer=item.answers[0],
+        aliases=list(item.answers[1:]),
+    )

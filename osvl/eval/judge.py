@@ -53,9 +53,9 @@ class EquivalenceJudge:
     def judge(self, item: EvalItem, answer: str | None) -> Verdict:
         if answer is None or not answer.strip():
             return no_answer(self.name)
-        message = self.template.substitute(question=item.question,
-                                           references="\n".join(f"- {a}" for a in item.answers),
-                                           response=answer.strip())
+        message = self.template.substitute(
+            question=item.question, references="\n".join(f"- {a}" for a in item.answers), response=answer.strip()
+        )
         outcome = self.client.complete([{"role": "user", "content": message}])
         if outcome.text is None:
             return Verdict(None, outcome.error or "judge_error", outcome.attempts, self.name)

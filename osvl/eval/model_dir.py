@@ -25,8 +25,12 @@ from osvl.data.tokenizer import Tokenizer, load_tokenizer
 
 CHATML_MARKER = "<|im_start|>"
 # config.json key -> the tokenizer's special-token name it must equal
-TOKEN_ID_KEYS = {"image_token_id": "image_pad", "video_token_id": "video_pad",
-                 "vision_start_token_id": "vision_start", "vision_end_token_id": "vision_end"}
+TOKEN_ID_KEYS = {
+    "image_token_id": "image_pad",
+    "video_token_id": "video_pad",
+    "vision_start_token_id": "vision_start",
+    "vision_end_token_id": "vision_end",
+}
 
 
 @dataclass(frozen=True)
@@ -70,15 +74,18 @@ def _chat_template(directory: Path, tokenizer_config: dict[str, Any] | None) -> 
     return holder.get("chat_template") if holder and isinstance(holder.get("chat_template"), str) else None
 
 
-def _stop_ids(tokenizer: Tokenizer, tokenizer_config: dict[str, Any] | None,
-              generation_config: dict[str, Any] | None) -> tuple[int, ...]:
+def _stop_ids(
+    tokenizer: Tokenizer, tokenizer_config: dict[str, Any] | None, generation_config: dict[str, Any] | None
+) -> tuple[int, ...]:
     ids = {tokenizer.special.im_end}
     if generation_config is not None:
         eos = generation_config.get("eos_token_id")
         for token_id in eos if isinstance(eos, list) else [eos] if eos is not None else []:
             if not isinstance(token_id, int) or not 0 <= token_id < tokenizer.vocab_size:
-                raise ValueError(f"generation_config.json eos_token_id {token_id!r} is not a token of tokenizer.json "
-                                 f"(vocabulary {tokenizer.vocab_size})")
+                raise ValueError(
+                    f"generation_config.json eos_token_id {token_id!r} is not a token of tokenizer.json "
+                    f"(vocabulary {tokenizer.vocab_size})"
+                )
             ids.add(token_id)
     text = _token_text((tokenizer_config or {}).get("eos_token"))
     if text is not None:
@@ -95,18 +102,24 @@ def _check_config(config: dict[str, Any], tokenizer: Tokenizer, image: ImageConf
     model = config_from_hf(config)  # model_type qwen3_vl / qwen3_vl_moe, shapes, rope
     for key, name in TOKEN_ID_KEYS.items():
         if getattr(model, key) != getattr(tokenizer.special, name):
-            raise ValueError(f"config.json {key}={getattr(model, key)} but tokenizer.json has "
-                             f"{tokenizer.special.token(name)} at id {getattr(tokenizer.special, name)}")
+            raise ValueError(
+                f"config.json {key}={getattr(model, key)} but tokenizer.json has "
+                f"{tokenizer.special.token(name)} at id {getattr(tokenizer.special, name)}"
+            )
     if model.text.vocab_size < tokenizer.vocab_size:
-        raise ValueError(f"tokenizer.json has {tokenizer.vocab_size} tokens but the model's vocab_size is "
-                         f"{model.text.vocab_size}")
+        raise ValueError(
+            f"tokenizer.json has {tokenizer.vocab_size} tokens but the model's vocab_size is {model.text.vocab_size}"
+        )
     vision = model.vision
-    for ours, theirs, value in (("patch_size", "patch_size", vision.patch_size),
-                                ("temporal_patch_size", "temporal_patch_size", vision.temporal_patch_size),
-                                ("merge_size", "spatial_merge_size", vision.spatial_merge_size)):
+    for ours, theirs, value in (
+        ("patch_size", "patch_size", vision.patch_size),
+        ("temporal_patch_size", "temporal_patch_size", vision.temporal_patch_size),
+        ("merge_size", "spatial_merge_size", vision.spatial_merge_size),
+    ):
         if getattr(image, ours) != value:
-            raise ValueError(f"preprocessor_config.json {ours}={getattr(image, ours)} but config.json vision_config "
-                             f"{theirs}={value}")
+            raise ValueError(
+                f"preprocessor_config.json {ours}={getattr(image, ours)} but config.json vision_config {theirs}={value}"
+            )
     return str(config["model_type"])
 
 
@@ -119,14 +132,18 @@ def load_model_dir(path: str | os.PathLike[str], require_config: bool = True) ->
     tokenizer = load_tokenizer(path)
     preprocessor = _read_json(directory / "preprocessor_config.json")
     if preprocessor is None:
-        raise ValueError(f"no preprocessor_config.json in {directory} (the image processor's patch size and "
-                         f"min/max pixels come from it)")
+        raise ValueError(
+            f"no preprocessor_config.json in {directory} (the image processor's patch size and "
+            f"min/max pixels come from it)"
+        )
     image_config = ImageConfig.from_preprocessor_config(preprocessor)
     tokenizer_config = _read_json(directory / "tokenizer_config.json")
     template = _chat_template(directory, tokenizer_config)
     if template is not None and CHATML_MARKER not in template:
-        raise ValueError(f"the chat template in {directory} is not ChatML (no {CHATML_MARKER}); osvl renders "
-                         f"Qwen3-VL's ChatML prompts and cannot evaluate this checkpoint faithfully")
+        raise ValueError(
+            f"the chat template in {directory} is not ChatML (no {CHATML_MARKER}); osvl renders "
+            f"Qwen3-VL's ChatML prompts and cannot evaluate this checkpoint faithfully"
+        )
     try:
         trained = trained_prompt(template) if template is not None else None
     except ValueError as error:

@@ -71,20 +71,31 @@ def _stats(traj: Trajectory, prompt_ids: int) -> tuple[int, int]:
     return generated, prompt_ids + generated + sum(len(s.observation_token_ids) for s in traj.steps)
 
 
-async def _single_turn(prompt: Prompt, engine: Engine, renderer: ChatRenderer, sampling: SamplingParams,
-                       seed: int, record_prompt: Prompt) -> tuple[Trajectory, str | None, int]:
+async def _single_turn(
+    prompt: Prompt, engine: Engine, renderer: ChatRenderer, sampling: SamplingParams, seed: int, record_prompt: Prompt
+) -> tuple[Trajectory, str | None, int]:
     segment = renderer.render_prompt(prompt)
     special = renderer.tokenizer.special
-    params = replace(sampling, seed=seed, stop=("</response>",),
-                     stop_token_ids=tuple(sorted({*sampling.stop_token_ids, special.im_end, special.endoftext})))
+    params = replace(
+        sampling,
+        seed=seed,
+        stop=("</response>",),
+        stop_token_ids=tuple(sorted({*sampling.stop_token_ids, special.im_end, special.endoftext})),
+    )
     try:
         result = await engine.generate(GenerationRequest(list(segment.ids), list(segment.images), params))
     except EngineError:
         return Trajectory(record_prompt, [], FinishReason.INFRA_ERROR, 0, 0), None, len(segment.ids)
     text = renderer.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     answer = extract_answer(text)
-    step = Step(token_ids=list(result.token_ids), logprobs=[float(x) for x in result.logprobs], text=text,
-                think=parse_action(text).think, response=answer, policy_version=result.policy_version)
+    step = Step(
+        token_ids=list(result.token_ids),
+        logprobs=[float(x) for x in result.logprobs],
+        text=text,
+        think=parse_action(text).think,
+        response=answer,
+        policy_version=result.policy_version,
+    )
     finish = FinishReason.MAX_TOKENS if result.finish is StopKind.LENGTH else FinishReason.RESPONSE
     return Trajectory(record_prompt, [step], finish, 0, 0), answer, len(segment.ids)
 
@@ -109,8 +120,15 @@ class RagAnswerer:
 
     mode: Mode = "rag"
 
-    def __init__(self, engine: Engine, renderer: ChatRenderer, sampling: SamplingParams, env: ToolEnvironment,
-                 evidence_chars: int = 2000, template: str = "rag_question.v1.txt") -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        renderer: ChatRenderer,
+        sampling: SamplingParams,
+        env: ToolEnvironment,
+        evidence_chars: int = 2000,
+        template: str = "rag_question.v1.txt",
+    ) -> None:
         self.engine, self.renderer, self.sampling, self.env = engine, renderer, sampling, env
         self.evidence_chars = evidence_chars
         self.template = load_prompt(template)
@@ -124,17 +142,22 @@ class RagAnswerer:
         evidence = []
         for call in calls:
             result = await self.env.execute(call, context)
-            evidence.append({"tool": call["name"], "status": result.status.value,
-                             "text": _excerpt(result.text if result.ok else f"({result.error})",
-                                              self.evidence_chars)})
+            evidence.append(
+                {
+                    "tool": call["name"],
+                    "status": result.status.value,
+                    "text": _excerpt(result.text if result.ok else f"({result.error})", self.evidence_chars),
+                }
+            )
         return evidence
 
     async def attempt(self, prompt: Prompt, seed: int) -> Attempt:
         evidence = await self.retrieve(prompt)
         shown = "\n\n".join(f"[{e['tool']}] {e['text']}" for e in evidence)
         augmented = replace(prompt, question=self.template.substitute(evidence=shown, question=prompt.question))
-        traj, answer, prompt_ids = await _single_turn(augmented, self.engine, self.renderer, self.sampling, seed,
-                                                      augmented)
+        traj, answer, prompt_ids = await _single_turn(
+            augmented, self.engine, self.renderer, self.sampling, seed, augmented
+        )
         return Attempt(traj, answer, len(evidence), *_stats(traj, prompt_ids), retrieval=evidence)
 
 
@@ -147,8 +170,9 @@ class AgenticAnswerer:
         self.engine, self.renderer, self.env, self.config = engine, renderer, env, config
 
     async def attempt(self, prompt: Prompt, seed: int) -> Attempt:
-        traj = await run_trajectory(prompt, self.engine, self.env, self.renderer, self.config, group_id=0,
-                                    sample_index=0, seed=seed)
+        traj = await run_trajectory(
+            prompt, self.engine, self.env, self.renderer, self.config, group_id=0, sample_index=0, seed=seed
+        )
         calls = sum(s.tool_result is not None for s in traj.steps)
         prompt_ids = len(self.renderer.render_prompt(prompt).ids)
         return Attempt(traj, traj.final_answer, calls, *_stats(traj, prompt_ids))

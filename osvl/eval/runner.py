@@ -41,8 +41,9 @@ class EvalRunConfig:
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.judge_concurrency < 1:
-            raise ValueError(f"concurrency and judge_concurrency must be >= 1, got {self.concurrency} "
-                             f"and {self.judge_concurrency}")
+            raise ValueError(
+                f"concurrency and judge_concurrency must be >= 1, got {self.concurrency} and {self.judge_concurrency}"
+            )
 
 
 @dataclass
@@ -86,8 +87,13 @@ def status_of(verdict: Verdict) -> str:
 class Evaluator:
     """Holds the answerer, the judge and the output directory for one run."""
 
-    def __init__(self, answerer: Answerer, judge: AnswerJudge, out_dir: str | os.PathLike[str],
-                 config: EvalRunConfig = EvalRunConfig()) -> None:
+    def __init__(
+        self,
+        answerer: Answerer,
+        judge: AnswerJudge,
+        out_dir: str | os.PathLike[str],
+        config: EvalRunConfig = EvalRunConfig(),
+    ) -> None:
         self.answerer, self.judge, self.config = answerer, judge, config
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,8 +113,13 @@ class Evaluator:
             return verdict, time.monotonic() - started
 
     def _base(self, item: EvalItem) -> dict[str, Any]:
-        return {"benchmark": item.benchmark, "id": item.id, "mode": self.answerer.mode, "question": item.question,
-                "references": list(item.answers)}
+        return {
+            "benchmark": item.benchmark,
+            "id": item.id,
+            "mode": self.answerer.mode,
+            "question": item.question,
+            "references": list(item.answers),
+        }
 
     async def _generate(self, item: EvalItem, gate: asyncio.Semaphore, judge_gate: asyncio.Semaphore) -> None:
         async with gate:
@@ -126,22 +137,30 @@ class Evaluator:
                 self.stats.generated += 1
             finally:
                 self._in_flight -= 1
-        record = {**self._base(item), "answer": attempt.answer,
-                  "finish_reason": attempt.trajectory.finish_reason.value, "tool_calls": attempt.tool_calls,
-                  "generated_tokens": attempt.generated_tokens, "context_tokens": attempt.context_tokens,
-                  "latency_s": latency, "retrieval": attempt.retrieval,
-                  "trajectory": trajectory_to_dict(attempt.trajectory, self.store)}
+        record = {
+            **self._base(item),
+            "answer": attempt.answer,
+            "finish_reason": attempt.trajectory.finish_reason.value,
+            "tool_calls": attempt.tool_calls,
+            "generated_tokens": attempt.generated_tokens,
+            "context_tokens": attempt.context_tokens,
+            "latency_s": latency,
+            "retrieval": attempt.retrieval,
+            "trajectory": trajectory_to_dict(attempt.trajectory, self.store),
+        }
         if attempt.infra_error:
             self._write({**record, "status": "infra_error", "verdict": None, "judge_latency_s": 0.0})
             return
         verdict, judge_latency = await self._judge(item, attempt.answer, judge_gate)
-        self._write({**record, "status": status_of(verdict), "verdict": verdict_dict(verdict),
-                     "judge_latency_s": judge_latency})
+        self._write(
+            {**record, "status": status_of(verdict), "verdict": verdict_dict(verdict), "judge_latency_s": judge_latency}
+        )
 
     async def _rejudge(self, item: EvalItem, record: dict[str, Any], judge_gate: asyncio.Semaphore) -> None:
         verdict, judge_latency = await self._judge(item, record.get("answer"), judge_gate)
-        self._write({**record, "status": status_of(verdict), "verdict": verdict_dict(verdict),
-                     "judge_latency_s": judge_latency})
+        self._write(
+            {**record, "status": status_of(verdict), "verdict": verdict_dict(verdict), "judge_latency_s": judge_latency}
+        )
         self.stats.rejudged += 1
 
     async def run(self, items: Sequence[EvalItem]) -> RunStats:

@@ -58,8 +58,9 @@ def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else 0.0
 
 
-def summarize_benchmark(benchmark: str, column: str | None, records: Sequence[Mapping[str, Any]],
-                        rejected_at_load: int = 0) -> BenchmarkSummary:
+def summarize_benchmark(
+    benchmark: str, column: str | None, records: Sequence[Mapping[str, Any]], rejected_at_load: int = 0
+) -> BenchmarkSummary:
     out = BenchmarkSummary(benchmark, column, items=len(records), rejected_at_load=rejected_at_load)
     reasons: Counter[str] = Counter()
     ran = [r for r in records if r.get("status") in ("judged", "unjudged")]
@@ -111,12 +112,16 @@ def average(values: Sequence[float | None]) -> float | None:
 def pass_table(summaries: Sequence[BenchmarkSummary], mode: str, label: str) -> str:
     """Markdown: our Pass@1 row, then the paper's rows of the same workflow on matching columns."""
     # the paper's columns in its order, then ours that have no paper counterpart
-    ordered = sorted(summaries, key=lambda s: PAPER_COLUMNS.index(s.column) if s.column in PAPER_COLUMNS
-                     else len(PAPER_COLUMNS))
+    ordered = sorted(
+        summaries, key=lambda s: PAPER_COLUMNS.index(s.column) if s.column in PAPER_COLUMNS else len(PAPER_COLUMNS)
+    )
     headers = [s.column or s.benchmark for s in ordered]
     ours = [s.pass_at_1 for s in ordered]
-    lines = [f"| Model | {' | '.join(headers)} | Avg |", "|---" * (len(headers) + 2) + "|",
-             f"| **{label}** | {' | '.join(_fmt(v) for v in ours)} | {_fmt(average(ours))} |"]
+    lines = [
+        f"| Model | {' | '.join(headers)} | Avg |",
+        "|---" * (len(headers) + 2) + "|",
+        f"| **{label}** | {' | '.join(_fmt(v) for v in ours)} | {_fmt(average(ours))} |",
+    ]
     matched = [s.column for s in ordered if s.column in PAPER_COLUMNS]
     full = sorted(matched) == sorted(PAPER_COLUMNS) and len(ordered) == len(PAPER_COLUMNS)
     table = paper_table()
@@ -129,8 +134,13 @@ def pass_table(summaries: Sequence[BenchmarkSummary], mode: str, label: str) -> 
                 avg, mark = average([row["scores"].get(c) for c in matched]), "†"
             lines.append(f"| paper: {row['model']} | {' | '.join(_fmt(v) for v in cells)} | {_fmt(avg, mark)} |")
         section = SECTION_TITLES.get(mode, mode)
-        lines += ["", (f"Rows marked `paper:` are the paper's reported numbers ({table['source']}, "
-                       f"{section} section; {table['metric']}), not results of this run.")]
+        lines += [
+            "",
+            (
+                f"Rows marked `paper:` are the paper's reported numbers ({table['source']}, "
+                f"{section} section; {table['metric']}), not results of this run."
+            ),
+        ]
         if not full:
             lines.append("† mean of the paper's scores on the matching columns shown, not its reported average.")
     else:
@@ -140,19 +150,36 @@ def pass_table(summaries: Sequence[BenchmarkSummary], mode: str, label: str) -> 
 
 def cost_table(summaries: Sequence[BenchmarkSummary]) -> str:
     """Markdown: counts by status and the cost/latency of each benchmark."""
-    headers = ["Benchmark", "items", "judged", "correct", "unjudged", "infra error", "bad input", "rejected at load",
-               "tool calls/item", "generated tokens/item", "context tokens/item", "latency mean/p50/p90 s",
-               "judge requests"]
+    headers = [
+        "Benchmark",
+        "items",
+        "judged",
+        "correct",
+        "unjudged",
+        "infra error",
+        "bad input",
+        "rejected at load",
+        "tool calls/item",
+        "generated tokens/item",
+        "context tokens/item",
+        "latency mean/p50/p90 s",
+        "judge requests",
+    ]
     lines = [f"| {' | '.join(headers)} |", "|---" * len(headers) + "|"]
     for s in summaries:
-        lines.append(f"| {s.benchmark} | {s.items} | {s.judged} | {s.correct:g} | {s.unjudged} | {s.infra_error} "
-                     f"| {s.bad_input} | {s.rejected_at_load} | {s.tool_calls_per_item:.2f} "
-                     f"| {s.generated_tokens_per_item:.1f} | {s.context_tokens_per_item:.1f} "
-                     f"| {s.latency_mean_s:.2f}/{s.latency_p50_s:.2f}/{s.latency_p90_s:.2f} | {s.judge_requests} |")
+        lines.append(
+            f"| {s.benchmark} | {s.items} | {s.judged} | {s.correct:g} | {s.unjudged} | {s.infra_error} "
+            f"| {s.bad_input} | {s.rejected_at_load} | {s.tool_calls_per_item:.2f} "
+            f"| {s.generated_tokens_per_item:.1f} | {s.context_tokens_per_item:.1f} "
+            f"| {s.latency_mean_s:.2f}/{s.latency_p50_s:.2f}/{s.latency_p90_s:.2f} | {s.judge_requests} |"
+        )
     return "\n".join(lines)
 
 
 def summary_dict(summaries: Sequence[BenchmarkSummary], **run: Any) -> dict[str, Any]:
     ours = [s.pass_at_1 for s in summaries]
-    return {**run, "average_pass_at_1": average(ours),
-            "benchmarks": [{**asdict(s), "pass_at_1": s.pass_at_1} for s in summaries]}
+    return {
+        **run,
+        "average_pass_at_1": average(ours),
+        "benchmarks": [{**asdict(s), "pass_at_1": s.pass_at_1} for s in summaries],
+    }

@@ -35,8 +35,14 @@ from osvl.tools.environment import ToolEnvironment
 from osvl.tools.limits import ToolLimits
 from osvl.tools.profiles import ToolProfile
 
-SECTIONS: dict[str, type] = {"limits": ToolLimits, "http": HttpConfig, "super_resolution": SuperResolutionConfig,
-                             "ocr": OcrConfig, "text_search": TextSearchConfig, "image_search": ImageSearchConfig}
+SECTIONS: dict[str, type] = {
+    "limits": ToolLimits,
+    "http": HttpConfig,
+    "super_resolution": SuperResolutionConfig,
+    "ocr": OcrConfig,
+    "text_search": TextSearchConfig,
+    "image_search": ImageSearchConfig,
+}
 SECRET_SUFFIXES = ("_key", "_token")
 
 
@@ -64,8 +70,9 @@ def read_tools_file(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     return sections
 
 
-def resolve_sections(sections: Mapping[str, Mapping[str, Any]],
-                     environ: Mapping[str, str] | None = None) -> ToolBackendsConfig:
+def resolve_sections(
+    sections: Mapping[str, Mapping[str, Any]], environ: Mapping[str, str] | None = None
+) -> ToolBackendsConfig:
     """``{section: {field: value}}`` (``X_key_env`` naming variables) -> a validated ToolBackendsConfig."""
     environ = os.environ if environ is None else environ
     built: dict[str, Any] = {}
@@ -83,8 +90,10 @@ def resolve_sections(sections: Mapping[str, Mapping[str, Any]],
                     raise ValueError(f"[{name}] {key} names environment variable {value!r}, which is not set")
                 kwargs[key.removesuffix("_env")] = secret
             elif _is_secret(key) and key in fields:
-                raise ValueError(f"[{name}] {key}: secrets are not read from files or flags; set {key}_env to the "
-                                 "name of an environment variable holding it")
+                raise ValueError(
+                    f"[{name}] {key}: secrets are not read from files or flags; set {key}_env to the "
+                    "name of an environment variable holding it"
+                )
             elif key in fields:
                 kwargs[key] = value
             else:
@@ -99,13 +108,16 @@ def resolve_sections(sections: Mapping[str, Mapping[str, Any]],
 
 def check_offline_paths(config: ToolBackendsConfig) -> None:
     """An offline search back-end without its data would fail every call; say so before the run."""
-    for section, path, what in (("text_search", config.text_search.corpus_path, "corpus_path (corpus.jsonl)"),
-                                ("image_search", config.image_search.collection_path,
-                                 "collection_path (images.jsonl)")):
+    for section, path, what in (
+        ("text_search", config.text_search.corpus_path, "corpus_path (corpus.jsonl)"),
+        ("image_search", config.image_search.collection_path, "collection_path (images.jsonl)"),
+    ):
         if getattr(config, section).backend == "offline":
             if not path:
-                raise ValueError(f"{section} is offline but has no {what}: pass --world DIR, set it in --tools, "
-                                 f"or use the online back-end")
+                raise ValueError(
+                    f"{section} is offline but has no {what}: pass --world DIR, set it in --tools, "
+                    f"or use the online back-end"
+                )
             if not Path(path).is_file():
                 raise ValueError(f"{section} {what.split()[0]} not found: {path}")
 

@@ -99,7 +99,9 @@ def _experts_from_hf(gate_up: torch.Tensor, down: torch.Tensor, config: Qwen3VLC
     elif gate_up.shape == (E, D, 2 * F):
         gate_up_EFD = gate_up.transpose(1, 2)
     else:
-        raise ValueError(f"{key}gate_up_proj has shape {tuple(gate_up.shape)}; expected ({E}, {D}, {2 * F}) or ({E}, {2 * F}, {D})")
+        raise ValueError(
+            f"{key}gate_up_proj has shape {tuple(gate_up.shape)}; expected ({E}, {D}, {2 * F}) or ({E}, {2 * F}, {D})"
+        )
     if down.shape == (E, D, F):
         down_EDF = down
     elif down.shape == (E, F, D):
@@ -237,8 +239,9 @@ def _hf_unit(unit: dict[str, torch.Tensor], config: Qwen3VLConfig, text_only: bo
     return [pair for name, t in hf.items() for pair in to_text_hf(name, t)]
 
 
-def hf_tensor_specs(model: Qwen3VLModel, dtype: torch.dtype | None = None, *,
-                    text_only: bool = False) -> list[HFTensorSpec]:
+def hf_tensor_specs(
+    model: Qwen3VLModel, dtype: torch.dtype | None = None, *, text_only: bool = False
+) -> list[HFTensorSpec]:
     """What :func:`iter_hf_tensors` yields (HF names, shapes, dtypes), in its order. Local: no
     communication, so every rank knows the whole layout before the first gather."""
     specs: list[HFTensorSpec] = []
@@ -255,8 +258,9 @@ def _gathered(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def iter_hf_tensors(model: Qwen3VLModel, dtype: torch.dtype | None = None, *,
-                    text_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_hf_tensors(
+    model: Qwen3VLModel, dtype: torch.dtype | None = None, *, text_only: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
     """``(hf_name, full tensor)`` for the whole model in HF names and the released layout.
 
     Collective for a sharded (FSDP2 / TP / EP) model: every rank must iterate it to the end, in
@@ -293,8 +297,10 @@ def shard_plan(specs: Sequence[HFTensorSpec], world_size: int, max_shard_bytes: 
         size += spec.nbytes
     n = len(runs)
     names = ["model.safetensors"] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
-    return [ShardFile(name, owner, tuple(s.name for s in run), sum(s.nbytes for s in run))
-            for name, (owner, run) in zip(names, runs, strict=True)]
+    return [
+        ShardFile(name, owner, tuple(s.name for s in run), sum(s.nbytes for s in run))
+        for name, (owner, run) in zip(names, runs, strict=True)
+    ]
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -307,7 +313,11 @@ def _barrier() -> None:
 
 
 def save_pretrained(
-    model: Qwen3VLModel, path: str | Path, *, dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 2**30,
+    model: Qwen3VLModel,
+    path: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = 5 * 2**30,
     text_only: bool = False,
 ) -> list[ShardFile]:
     """Write ``config.json`` + safetensors shards (+ index when more than one) in HF layout.
@@ -346,8 +356,10 @@ def save_pretrained(
         to_config = text_config_to_hf if text_only else config_to_hf
         (path / "config.json").write_text(json.dumps(to_config(model.arch, dtype=dtype_name), indent=2))
         if len(plan) > 1:
-            index = {"metadata": {"total_size": sum(f.nbytes for f in plan)},
-                     "weight_map": {name: f.name for f in plan for name in f.tensors}}
+            index = {
+                "metadata": {"total_size": sum(f.nbytes for f in plan)},
+                "weight_map": {name: f.name for f in plan for name in f.tensors},
+            }
             (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
     _barrier()
     return plan

@@ -80,11 +80,7 @@ class TextConfig:
         return self.num_experts > 0
 
     def is_moe_layer(self, layer: int) -> bool:
-        return (
-            self.is_moe
-            and layer not in self.mlp_only_layers
-            and (layer + 1) % self.decoder_sparse_step == 0
-        )
+        return self.is_moe and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
     def validate(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -167,7 +163,11 @@ def config_from_hf(raw: dict[str, Any]) -> Qwen3VLConfig:
         raise ValueError(f"unsupported vision hidden_act {v['hidden_act']!r}")
     vision_rope = (v.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     vision = _pick(VisionConfig, v, rope_theta=float(vision_rope))
-    top = {k: raw[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id") if k in raw}
+    top = {
+        k: raw[k]
+        for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        if k in raw
+    }
     tie = bool(raw.get("tie_word_embeddings", t.get("tie_word_embeddings", False)))
     config = Qwen3VLConfig(text=text, vision=vision, tie_word_embeddings=tie, **top)
     config.validate()

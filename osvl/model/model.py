@@ -144,11 +144,14 @@ class Qwen3VLModel(Qwen3Model):
             visual_idx = (input_ids == a.image_token_id).nonzero().squeeze(-1)
             if visual_idx.numel() != image_embeds.shape[0]:
                 raise ValueError(
-                    f"{visual_idx.numel()} image tokens in input_ids but the images give {image_embeds.shape[0]} embeddings"
+                    f"{visual_idx.numel()} image tokens in input_ids but the images give "
+                    f"{image_embeds.shape[0]} embeddings"
                 )
             h = h.index_copy(1, _like(visual_idx, h), _like(image_embeds.unsqueeze(0).to(h.dtype), h))
 
-        rope = mrope_table(position_ids, head_dim=a.text.head_dim, theta=a.text.rope_theta, sections=a.text.mrope_section)
+        rope = mrope_table(
+            position_ids, head_dim=a.text.head_dim, theta=a.text.rope_theta, sections=a.text.mrope_section
+        )
         for i, layer in enumerate(self.layers.values()):
             h = layer(h, meta, rope)
             if i < len(deepstack):
@@ -157,9 +160,7 @@ class Qwen3VLModel(Qwen3Model):
         return h if return_hidden else self.lm_head(h)
 
 
-def model_config(
-    config: Qwen3VLConfig, *, attn_backend: AttentionBackend = "sdpa"
-) -> Qwen3VLModel.Config:
+def model_config(config: Qwen3VLConfig, *, attn_backend: AttentionBackend = "sdpa") -> Qwen3VLModel.Config:
     """The torchtitan config tree for an architecture."""
     config.validate()
     t = config.text

@@ -82,5 +82,7 @@ class PrecomputedRoPE(Module):
             raise ValueError("PrecomputedRoPE needs the rotary table passed as `positions`")
         table = positions
         if isinstance(query, DTensor) and not isinstance(table, DTensor):
-            table = DTensor.from_local(table, query.device_mesh, [Replicate()] * query.device_mesh.ndim, run_check=False)
+            table = DTensor.from_local(
+                table, query.device_mesh, [Replicate()] * query.device_mesh.ndim, run_check=False
+            )
         return apply_rotary(query, table), apply_rotary(key, table)

@@ -38,8 +38,10 @@ class RouterLossInputs:
         if self.aux_coef < 0 or self.z_coef < 0:
             raise ValueError(f"router loss coefficients must be >= 0, got {self.aux_coef}, {self.z_coef}")
         if self.routed_tokens < 0 or self.step_tokens < max(self.routed_tokens, 1):
-            raise ValueError(f"need 0 <= routed_tokens <= step_tokens and step_tokens >= 1, got "
-                             f"{self.routed_tokens}, {self.step_tokens}")
+            raise ValueError(
+                f"need 0 <= routed_tokens <= step_tokens and step_tokens >= 1, got "
+                f"{self.routed_tokens}, {self.step_tokens}"
+            )
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,9 @@ class Qwen3VLRouter(TokenChoiceTopKRouter):
         self.loss_inputs: RouterLossInputs | None = None
         self.stats: RouterStats | None = None
 
-    def forward(self, x_BLD: torch.Tensor, expert_bias_E: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x_BLD: torch.Tensor, expert_bias_E: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (top-k weights in ``x``'s dtype, top-k expert ids, fp32 probabilities over all experts)."""
         dtype = torch.promote_types(x_BLD.dtype, torch.float32)  # fp32, or fp64 in float64 references
         logits_BLE = F.linear(x_BLD.to(dtype), self.gate.weight.to(dtype))
@@ -84,16 +87,24 @@ class Qwen3VLRouter(TokenChoiceTopKRouter):
             scores_BLK = self._attach_losses(logits_BLE, probs_BLE, ids_BLK, scores_BLK, self.loss_inputs)
         return scores_BLK, ids_BLK, probs_BLE
 
-    def _attach_losses(self, logits: torch.Tensor, probs: torch.Tensor, ids: torch.Tensor, scores: torch.Tensor,
-                       inputs: RouterLossInputs) -> torch.Tensor:
+    def _attach_losses(
+        self,
+        logits: torch.Tensor,
+        probs: torch.Tensor,
+        ids: torch.Tensor,
+        scores: torch.Tensor,
+        inputs: RouterLossInputs,
+    ) -> torch.Tensor:
         """Records this layer's statistics and attaches ``aux_coef * (n / N) * balance + z_coef * z_sum / N``.
 
         Under tensor parallelism (no EP) every TP rank routes the same tokens (replicated DTensors), so
         the local tensors are the whole micro-batch and the replicated gradient needs no reduction.
         """
         if isinstance(logits, DTensor) and any(p.is_shard() for p in logits.placements):
-            raise ValueError("router losses need every token of the micro-batch on each rank; the router input is "
-                             f"sharded {logits.placements} (tensor x expert parallelism is not supported)")
+            raise ValueError(
+                "router losses need every token of the micro-batch on each rank; the router input is "
+                f"sharded {logits.placements} (tensor x expert parallelism is not supported)"
+            )
         logits, probs, ids = _local(logits), _local(probs), _local(ids)
         if logits.shape[0] != 1:
             raise ValueError(f"router losses expect one packed row, got batch {logits.shape[0]}")

@@ -48,9 +48,14 @@ def text_config_to_hf(config: Qwen3VLConfig, *, dtype: str = "bfloat16") -> dict
         "torch_dtype": dtype,
     }
     if t.is_moe:
-        out.update(num_experts=t.num_experts, num_experts_per_tok=t.num_experts_per_tok,
-                   moe_intermediate_size=t.moe_intermediate_size, decoder_sparse_step=t.decoder_sparse_step,
-                   mlp_only_layers=list(t.mlp_only_layers), norm_topk_prob=True)
+        out.update(
+            num_experts=t.num_experts,
+            num_experts_per_tok=t.num_experts_per_tok,
+            moe_intermediate_size=t.moe_intermediate_size,
+            decoder_sparse_step=t.decoder_sparse_step,
+            mlp_only_layers=list(t.mlp_only_layers),
+            norm_topk_prob=True,
+        )
     return out
 
 
@@ -62,13 +67,18 @@ def to_text_hf(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]
         return [(name, tensor)]
     if not name.startswith(VL_TEXT_PREFIX):
         raise ValueError(f"no text-export name for {name!r}")
-    text = "model." + name[len(VL_TEXT_PREFIX):]
+    text = "model." + name[len(VL_TEXT_PREFIX) :]
     if text.endswith(".mlp.experts.gate_up_proj"):  # [E, D, 2F]
         base = text.removesuffix("gate_up_proj")
         gate, up = tensor.chunk(2, dim=2)
-        return [pair for e in range(tensor.shape[0])
-                for pair in ((f"{base}{e}.gate_proj.weight", gate[e].t().contiguous()),
-                             (f"{base}{e}.up_proj.weight", up[e].t().contiguous()))]
+        return [
+            pair
+            for e in range(tensor.shape[0])
+            for pair in (
+                (f"{base}{e}.gate_proj.weight", gate[e].t().contiguous()),
+                (f"{base}{e}.up_proj.weight", up[e].t().contiguous()),
+            )
+        ]
     if text.endswith(".mlp.experts.down_proj"):  # [E, F, D]
         base = text.removesuffix("down_proj")
         return [(f"{base}{e}.down_proj.weight", tensor[e].t().contiguous()) for e in range(tensor.shape[0])]

@@ -21,9 +21,13 @@ from osvl.model.config import VisionConfig
 from osvl.model.rope import apply_rotary, vision_rope_table
 
 
-def validate_grid(pixel_values: torch.Tensor, grid_thw: torch.Tensor, config: VisionConfig) -> list[tuple[int, int, int]]:
+def validate_grid(
+    pixel_values: torch.Tensor, grid_thw: torch.Tensor, config: VisionConfig
+) -> list[tuple[int, int, int]]:
     if grid_thw.ndim != 2 or grid_thw.shape[1] != 3 or grid_thw.is_floating_point():
-        raise ValueError(f"image_grid_thw must be an integer [N, 3] tensor, got {tuple(grid_thw.shape)} {grid_thw.dtype}")
+        raise ValueError(
+            f"image_grid_thw must be an integer [N, 3] tensor, got {tuple(grid_thw.shape)} {grid_thw.dtype}"
+        )
     grids = [tuple(int(v) for v in row) for row in grid_thw.tolist()]
     m = config.spatial_merge_size
     for t, h, w in grids:
@@ -154,7 +158,11 @@ class VisionTower(Module):
         )
         self.pos_embed = Embedding.Config(num_embeddings=v.num_position_embeddings, embedding_dim=v.hidden_size).build()
         block = VisionBlock.Config(
-            dim=v.hidden_size, hidden_dim=v.intermediate_size, n_heads=v.num_heads, eps=v.layer_norm_eps, backend=config.backend
+            dim=v.hidden_size,
+            hidden_dim=v.intermediate_size,
+            n_heads=v.num_heads,
+            eps=v.layer_norm_eps,
+            backend=config.backend,
         )
         self.blocks = ModuleList([block.build() for _ in range(v.depth)])
         merger = dict(dim=v.hidden_size, merge=v.spatial_merge_size, out_dim=v.out_hidden_size, eps=v.layer_norm_eps)

@@ -61,9 +61,11 @@ class ParallelConfig:
         if self.ep > 1 and (not t.is_moe or t.num_experts % self.ep):
             raise ValueError(f"ep={self.ep} needs an MoE model whose num_experts ({t.num_experts}) it divides")
         if self.ep > 1 and self.tp > 1:
-            raise ValueError(f"ep={self.ep} with tp={self.tp}: torchtitan's expert-parallel MoE returns token-sharded "
-                             "outputs that only sequence parallelism can take, and osvl does not enable it; use tp=1 "
-                             "with ep (FSDP shards the dense weights)")
+            raise ValueError(
+                f"ep={self.ep} with tp={self.tp}: torchtitan's expert-parallel MoE returns token-sharded "
+                "outputs that only sequence parallelism can take, and osvl does not enable it; use tp=1 "
+                "with ep (FSDP shards the dense weights)"
+            )
         dp_shard = self.resolved_dp_shard(world_size)
         if dp_shard * self.dp_replicate * self.tp != world_size:
             raise ValueError(
@@ -130,9 +132,7 @@ def parallelize(model: Qwen3VLModel, dims: ParallelDims, parallel: ParallelConfi
     parallelize_qwen3(
         model,
         parallel_dims=dims,
-        training=TrainingConfig(
-            mixed_precision_param=parallel.param_dtype, enable_cpu_offload=parallel.cpu_offload
-        ),
+        training=TrainingConfig(mixed_precision_param=parallel.param_dtype, enable_cpu_offload=parallel.cpu_offload),
         parallelism=ParallelismConfig(
             data_parallel_replicate_degree=parallel.dp_replicate,
             data_parallel_shard_degree=dims.dp_shard,

@@ -96,8 +96,10 @@ class PlanReport:
             f"total on GPU         {self.gpu_bytes / GIB:10.2f} GiB",
         ]
         if self.fits is not None:
-            budget = (f"{self.usable_bytes / GIB:.1f} GiB usable ({USABLE_FRACTION:.0%} of "
-                      f"{self.gpu_memory_bytes / GIB:.1f} GiB)")
+            budget = (
+                f"{self.usable_bytes / GIB:.1f} GiB usable ({USABLE_FRACTION:.0%} of "
+                f"{self.gpu_memory_bytes / GIB:.1f} GiB)"
+            )
             out.append(f"fits: {'yes' if self.fits else 'NO'} - {self.gpu_bytes / GIB:.1f} GiB of {budget}")
             out += self.advice()
         return out
@@ -110,10 +112,14 @@ class PlanReport:
         if not self.cpu_offload:
             offloaded = self.gpu_bytes - self.steady_state_bytes
             verdict = "fits" if offloaded <= self.usable_bytes else "still does not fit"
-            lines.append(f"  with parallel.cpu_offload=true: {offloaded / GIB:.1f} GiB ({verdict}); "
-                         f"up to {self.max_tokens_fit_offload} tokens per micro-batch")
-        lines.append(f"  data.max_tokens <= {self.max_tokens_fit} fits as planned (a longer trajectory cannot be "
-                     f"split: osvl has no context parallelism)")
+            lines.append(
+                f"  with parallel.cpu_offload=true: {offloaded / GIB:.1f} GiB ({verdict}); "
+                f"up to {self.max_tokens_fit_offload} tokens per micro-batch"
+            )
+        lines.append(
+            f"  data.max_tokens <= {self.max_tokens_fit} fits as planned (a longer trajectory cannot be "
+            f"split: osvl has no context parallelism)"
+        )
         return lines
 
 
@@ -214,8 +220,10 @@ def plan(
     arch = preset(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else "custom"
     if world_size < 1 or tokens_per_rank < 1 or loss_chunk < 1:
-        raise ValueError(f"world_size, tokens_per_rank and loss_chunk must be positive, got {world_size}, "
-                         f"{tokens_per_rank}, {loss_chunk}")
+        raise ValueError(
+            f"world_size, tokens_per_rank and loss_chunk must be positive, got {world_size}, "
+            f"{tokens_per_rank}, {loss_chunk}"
+        )
     if patches_per_rank < 0 or gpu_memory_gib < 0:
         raise ValueError(f"patches_per_rank and gpu_memory_gib must be >= 0, got {patches_per_rank}, {gpu_memory_gib}")
     if dist.is_initialized():
@@ -237,8 +245,9 @@ def plan(
 
     def token_bytes(tokens: int) -> int:
         ac = parallel.activation_checkpoint
-        return (activation_bytes(arch, tokens, tp=parallel.tp, ac=ac, dtype_bytes=dtype_bytes)
-                + loss_bytes(arch, tokens, chunk=loss_chunk, tp=parallel.tp, stage=stage, dtype_bytes=dtype_bytes))
+        return activation_bytes(arch, tokens, tp=parallel.tp, ac=ac, dtype_bytes=dtype_bytes) + loss_bytes(
+            arch, tokens, chunk=loss_chunk, tp=parallel.tp, stage=stage, dtype_bytes=dtype_bytes
+        )
 
     report = PlanReport(
         model=name,
@@ -260,8 +269,9 @@ def plan(
         activation_checkpoint=parallel.activation_checkpoint,
         patches_per_rank=patches_per_rank,
         vision_bytes=vision_activation_bytes(arch, patches_per_rank, dtype_bytes),
-        loss_bytes=loss_bytes(arch, tokens_per_rank, chunk=loss_chunk, tp=parallel.tp, stage=stage,
-                              dtype_bytes=dtype_bytes),
+        loss_bytes=loss_bytes(
+            arch, tokens_per_rank, chunk=loss_chunk, tp=parallel.tp, stage=stage, dtype_bytes=dtype_bytes
+        ),
         cpu_offload=parallel.cpu_offload,
         param_dtype_bytes=dtype_bytes,
         gpu_memory_bytes=int(gpu_memory_gib * GIB),
@@ -297,12 +307,25 @@ def main(argv: list[str] | None = None) -> PlanReport:
     parser.add_argument("--param-dtype", choices=sorted(_BYTES), default="bfloat16")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
-    parallel = ParallelConfig(dp_shard=args.fsdp, tp=args.tp, ep=args.ep, activation_checkpoint=args.ac,
-                              param_dtype=args.param_dtype, cpu_offload=args.cpu_offload)
+    parallel = ParallelConfig(
+        dp_shard=args.fsdp,
+        tp=args.tp,
+        ep=args.ep,
+        activation_checkpoint=args.ac,
+        param_dtype=args.param_dtype,
+        cpu_offload=args.cpu_offload,
+    )
     try:
-        report = plan(args.model, world_size=args.world_size, parallel=parallel, tokens_per_rank=args.tokens,
-                      patches_per_rank=args.patches, loss_chunk=args.loss_chunk, stage=args.stage,
-                      gpu_memory_gib=args.gpu_memory_gib)
+        report = plan(
+            args.model,
+            world_size=args.world_size,
+            parallel=parallel,
+            tokens_per_rank=args.tokens,
+            patches_per_rank=args.patches,
+            loss_chunk=args.loss_chunk,
+            stage=args.stage,
+            gpu_memory_gib=args.gpu_memory_gib,
+        )
     except ValueError as e:
         parser.error(str(e))
     print(json.dumps(asdict(report), indent=2) if args.json else "\n".join(report.lines()))

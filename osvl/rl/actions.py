@@ -32,8 +32,7 @@ def parse_action(text: str) -> Action:
     responses = _RESPONSE.findall(text)
     action = Action(think=think.group(1).strip() if think else None)
     if len(calls) + len(responses) == 0:
-        action.error = ("no action: end the turn with <tool_call>{...}</tool_call> or "
-                        "<response>...</response>")
+        action.error = "no action: end the turn with <tool_call>{...}</tool_call> or <response>...</response>"
     elif len(calls) + len(responses) > 1:
         action.error = "more than one action in one turn; emit a single <tool_call> or <response>"
     elif calls:

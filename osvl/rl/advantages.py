@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from osvl_kernels import group_advantages
-from osvl_kernels.advantages import check_advantage_args
 
 from osvl.rl.fatal import NOT_FATAL
 from osvl.rl.rewards import INFRA_UNSCORED
 from osvl.rl.trajectory import Trajectory
+from osvl_kernels import group_advantages
+from osvl_kernels.advantages import check_advantage_args
 
 FatalMode = Literal["vanilla", "hard_mask", "fatal_mask", "fatal_clamp"]
 MODES: tuple[str, ...] = ("vanilla", "hard_mask", "fatal_mask", "fatal_clamp")
@@ -67,9 +67,13 @@ class AdvantageBatch:
     mode: FatalMode
 
 
-def compute_advantages(rewards: Sequence[float | None], group_ids: Sequence[int],
-                       fatal_steps: Sequence[int], config: AdvantageConfig = AdvantageConfig(),
-                       exclusions: Sequence[str | None] | None = None) -> AdvantageBatch:
+def compute_advantages(
+    rewards: Sequence[float | None],
+    group_ids: Sequence[int],
+    fatal_steps: Sequence[int],
+    config: AdvantageConfig = AdvantageConfig(),
+    exclusions: Sequence[str | None] | None = None,
+) -> AdvantageBatch:
     """Advantages for N sequences; ``rewards[i] is None`` (or an exclusion reason) leaves ``i`` out.
 
     ``fatal_steps`` follow :func:`osvl.rl.fatal.find_fatal_step` (-1 = non-fatal,
@@ -78,15 +82,18 @@ def compute_advantages(rewards: Sequence[float | None], group_ids: Sequence[int]
     """
     n = len(rewards)
     if len(group_ids) != n or len(fatal_steps) != n:
-        raise ValueError(f"rewards ({n}), group_ids ({len(group_ids)}) and fatal_steps "
-                         f"({len(fatal_steps)}) must have the same length")
+        raise ValueError(
+            f"rewards ({n}), group_ids ({len(group_ids)}) and fatal_steps "
+            f"({len(fatal_steps)}) must have the same length"
+        )
     if exclusions is None:
         exclusions = [None] * n
     elif len(exclusions) != n:
         raise ValueError(f"exclusions ({len(exclusions)}) must have length {n}")
     reasons: list[str | None] = [
         reason if reason is not None else (DROP_UNSCORED if reward is None else None)
-        for reward, reason in zip(rewards, exclusions)]
+        for reward, reason in zip(rewards, exclusions)
+    ]
 
     fatal = torch.tensor([step != NOT_FATAL for step in fatal_steps], dtype=torch.bool)
     scored = torch.tensor([reason is None for reason in reasons], dtype=torch.bool)
@@ -111,26 +118,36 @@ def compute_advantages(rewards: Sequence[float | None], group_ids: Sequence[int]
         advantages[hard] = 0.0
         reasons = [DROP_HARD_MASKED if bool(hard[i]) else reasons[i] for i in range(n)]
     masks_fatal = config.mode in ("fatal_mask", "fatal_clamp")
-    loss_fatal_steps = torch.tensor(
-        [step if masks_fatal else NOT_FATAL for step in fatal_steps], dtype=torch.int64)
-    return AdvantageBatch(advantages=advantages, pre_clamp=pre_clamp,
-                          loss_fatal_steps=loss_fatal_steps, is_fatal=fatal, in_statistics=scored,
-                          keep=keep, drop_reasons=tuple(reasons), mode=config.mode)
+    loss_fatal_steps = torch.tensor([step if masks_fatal else NOT_FATAL for step in fatal_steps], dtype=torch.int64)
+    return AdvantageBatch(
+        advantages=advantages,
+        pre_clamp=pre_clamp,
+        loss_fatal_steps=loss_fatal_steps,
+        is_fatal=fatal,
+        in_statistics=scored,
+        keep=keep,
+        drop_reasons=tuple(reasons),
+        mode=config.mode,
+    )
 
 
-def trajectory_advantages(trajectories: Sequence[Trajectory],
-                          config: AdvantageConfig = AdvantageConfig()) -> AdvantageBatch:
+def trajectory_advantages(
+    trajectories: Sequence[Trajectory], config: AdvantageConfig = AdvantageConfig()
+) -> AdvantageBatch:
     """:func:`compute_advantages` over scored trajectories (see :func:`osvl.rl.rewards.score_batch`)."""
     unscored = [t.sample_index for t in trajectories if t.reward is None]
     if unscored:
-        raise ValueError(f"{len(unscored)} trajectories carry no reward record; score the batch "
-                         f"before computing advantages")
+        raise ValueError(
+            f"{len(unscored)} trajectories carry no reward record; score the batch before computing advantages"
+        )
     exclusions = [
-        None if t.reward.scored
-        else DROP_INFRA if t.reward.unscored_reason == INFRA_UNSCORED else DROP_UNSCORED
-        for t in trajectories]
+        None if t.reward.scored else DROP_INFRA if t.reward.unscored_reason == INFRA_UNSCORED else DROP_UNSCORED
+        for t in trajectories
+    ]
     return compute_advantages(
         rewards=[t.reward.total for t in trajectories],
         group_ids=[t.group_id for t in trajectories],
         fatal_steps=[t.fatal_step for t in trajectories],
-        config=config, exclusions=exclusions)
+        config=config,
+        exclusions=exclusions,
+    )

@@ -11,8 +11,8 @@ tool step; ``None`` (a step without a tool call) neither counts nor resets. Whic
   "unknown" and "error"): ``infra_error`` counts too, so an outage that starts mid-rollout makes
   it fatal from the cascade on while its good prefix keeps its gradient.
 
-The rollout is fatal once the counter reaches ``k``. The returned index is the first *masked* step: tokens of that step and of
-every later step get no gradient, and the fatal trajectory's advantage is clamped at zero.
+The rollout is fatal once the counter reaches ``k``. The returned index is the first *masked* step:
+tokens of that step and of every later step get no gradient, and the fatal trajectory's advantage is clamped at zero.
 
 Two anchors place that index:
 
@@ -80,8 +80,12 @@ def _check_rule(k: int, anchor: str, errors: str) -> None:
         raise ValueError(f"unknown fatal errors {errors!r}; expected one of: {', '.join(FATAL_ERRORS)}")
 
 
-def find_fatal_step(statuses: Sequence[ToolStatus | str | None], k: int = 3,
-                    anchor: FatalAnchor = "breach", errors: FatalErrors = "policy") -> int:
+def find_fatal_step(
+    statuses: Sequence[ToolStatus | str | None],
+    k: int = 3,
+    anchor: FatalAnchor = "breach",
+    errors: FatalErrors = "policy",
+) -> int:
     """0-based index of the first masked step, or -1 when the cascade never reaches ``k``.
 
     ``statuses`` holds one ``ToolResult.status`` per step (``None`` for a step without a tool
@@ -114,7 +118,8 @@ def ended_with_response(steps: Sequence[Step]) -> bool:
 def has_infra_error(traj: Trajectory) -> bool:
     """True when our infrastructure failed during the rollout (the engine, the deadline, a tool's back-end)."""
     return traj.finish_reason is FinishReason.INFRA_ERROR or any(
-        status is ToolStatus.INFRA_ERROR for status in traj.statuses)
+        status is ToolStatus.INFRA_ERROR for status in traj.statuses
+    )
 
 
 def infra_excluded(traj: Trajectory, infra_rollouts: InfraRollouts = "drop") -> bool:

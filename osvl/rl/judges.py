@@ -90,8 +90,7 @@ class ChatJudgeConfig:
 
     def backoff_s(self, retry_number: int) -> float:
         """Delay before retry ``retry_number`` (1-based): exponential, capped."""
-        return min(self.backoff_initial_s * self.backoff_multiplier ** (retry_number - 1),
-                   self.backoff_max_s)
+        return min(self.backoff_initial_s * self.backoff_multiplier ** (retry_number - 1), self.backoff_max_s)
 
 
 @dataclass(frozen=True)
@@ -133,13 +132,17 @@ def _message_text(body: Any) -> str | None:
 class ChatCompletionsClient:
     """Blocking chat-completions client with bounded retries; safe to share across threads."""
 
-    def __init__(self, config: ChatJudgeConfig, *, sleep: Callable[[float], None] = time.sleep,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        config: ChatJudgeConfig,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.config = config
         self._sleep = sleep
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self._http = httpx.Client(timeout=httpx.Timeout(config.timeout_s), headers=headers,
-                                  transport=transport)
+        self._http = httpx.Client(timeout=httpx.Timeout(config.timeout_s), headers=headers, transport=transport)
         self._url = config.base_url.rstrip("/") + "/chat/completions"
 
     def close(self) -> None:
@@ -159,8 +162,12 @@ class ChatCompletionsClient:
         (bad key, unknown model), which no wait will fix.
         """
         cfg = self.config
-        payload = {"model": cfg.model, "messages": messages, "temperature": cfg.temperature,
-                   "max_tokens": cfg.max_tokens}
+        payload = {
+            "model": cfg.model,
+            "messages": messages,
+            "temperature": cfg.temperature,
+            "max_tokens": cfg.max_tokens,
+        }
         error = "no_attempt"
         for attempt in range(1, cfg.max_attempts + 1):
             wait: float | None = None
@@ -221,8 +228,7 @@ def parse_query_scores(text: str) -> float | None:
         if not isinstance(scores, dict):
             continue
         values = [scores.get(name) for name in QUERY_DIMENSIONS]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 10
-               for v in values):
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 10 for v in values):
             return sum(values) / (10.0 * len(values))
         return None
     return None
@@ -231,17 +237,15 @@ def parse_query_scores(text: str) -> float | None:
 class LLMAccuracyJudge:
     """``r_acc`` from a chat model asked whether the response matches the reference."""
 
-    def __init__(self, client: ChatCompletionsClient,
-                 prompt_file: str = "accuracy_judge.v1.txt") -> None:
+    def __init__(self, client: ChatCompletionsClient, prompt_file: str = "accuracy_judge.v1.txt") -> None:
         self.client = client
         self.template = load_prompt(prompt_file)
         self.name = f"chat:{client.config.model}:{prompt_file.removesuffix('.txt')}"
 
     def judge_answer(self, prompt: Prompt, response: str) -> Verdict:
         message = self.template.substitute(
-            question=prompt.question,
-            references="\n".join(f"- {a}" for a in prompt.accepted_answers),
-            response=response)
+            question=prompt.question, references="\n".join(f"- {a}" for a in prompt.accepted_answers), response=response
+        )
         outcome = self.client.complete([{"role": "user", "content": message}])
         if outcome.text is None:
             return Verdict(None, outcome.error or "", outcome.attempts, self.name)
@@ -277,16 +281,16 @@ def describe_calls(steps: Sequence[Step], excerpt_chars: int = 400) -> str:
 class LLMQueryJudge:
     """``r_query`` from a chat model scoring the search process on the four-dimension rubric."""
 
-    def __init__(self, client: ChatCompletionsClient, prompt_file: str = "query_judge.v1.txt",
-                 excerpt_chars: int = 400) -> None:
+    def __init__(
+        self, client: ChatCompletionsClient, prompt_file: str = "query_judge.v1.txt", excerpt_chars: int = 400
+    ) -> None:
         self.client = client
         self.template = load_prompt(prompt_file)
         self.excerpt_chars = excerpt_chars
         self.name = f"chat:{client.config.model}:{prompt_file.removesuffix('.txt')}"
 
     def judge_queries(self, prompt: Prompt, steps: Sequence[Step]) -> Verdict:
-        message = self.template.substitute(
-            question=prompt.question, calls=describe_calls(steps, self.excerpt_chars))
+        message = self.template.substitute(question=prompt.question, calls=describe_calls(steps, self.excerpt_chars))
         outcome = self.client.complete([{"role": "user", "content": message}])
         if outcome.text is None:
             return Verdict(None, outcome.error or "", outcome.attempts, self.name)
@@ -325,7 +329,8 @@ _QUERY_ARGUMENTS = ("query", "queries", "q", "search_query")
 _VISUAL_TOOL_WORDS = ("image", "crop", "ocr", "sharpen", "super", "perspective", "zoom")
 _STOPWORDS = frozenset(
     "the a an of in on at to for from by with and or is are was were be this that what which who "
-    "whom whose when where why how did does do it its as into than then".split())
+    "whom whose when where why how did does do it its as into than then".split()
+)
 
 
 def _text_queries(step: Step) -> list[str]:
@@ -361,19 +366,31 @@ class HeuristicQueryJudge:
             return Verdict(0.0, "no tool calls", 0, self.name)
         question_words = _content_words(prompt.question)
         queries = [q for s in calls for q in _text_queries(s)]
-        relevance = (sum(bool(_content_words(q) & question_words) for q in queries) / len(queries)
-                     if queries else 0.0)
-        keys = [json.dumps([s.tool_call.name, s.tool_call.arguments], sort_keys=True, default=str)
-                if s.tool_call is not None else f"unparsed:{i}" for i, s in enumerate(calls)]
+        relevance = sum(bool(_content_words(q) & question_words) for q in queries) / len(queries) if queries else 0.0
+        keys = [
+            json.dumps([s.tool_call.name, s.tool_call.arguments], sort_keys=True, default=str)
+            if s.tool_call is not None
+            else f"unparsed:{i}"
+            for i, s in enumerate(calls)
+        ]
         progression = len(set(keys)) / len(keys)
         signal = sum(
-            s.tool_result is not None and s.tool_result.status is ToolStatus.OK
-            and bool(s.tool_result.text.strip() or s.tool_result.images) for s in calls) / len(calls)
+            s.tool_result is not None
+            and s.tool_result.status is ToolStatus.OK
+            and bool(s.tool_result.text.strip() or s.tool_result.images)
+            for s in calls
+        ) / len(calls)
         names = [s.tool_call.name.lower() for s in calls if s.tool_call is not None]
         uses_visual = any(word in name for name in names for word in _VISUAL_TOOL_WORDS)
-        uses_text = any(_text_queries(s) and "image" not in s.tool_call.name.lower()
-                        for s in calls if s.tool_call is not None)
+        uses_text = any(
+            _text_queries(s) and "image" not in s.tool_call.name.lower() for s in calls if s.tool_call is not None
+        )
         cross_modal = (uses_visual + uses_text) / 2.0
         score = (relevance + progression + signal + cross_modal) / 4.0
-        return Verdict(score, f"relevance={relevance:.2f} progression={progression:.2f} "
-                              f"signal={signal:.2f} cross_modal={cross_modal:.2f}", 0, self.name)
+        return Verdict(
+            score,
+            f"relevance={relevance:.2f} progression={progression:.2f} "
+            f"signal={signal:.2f} cross_modal={cross_modal:.2f}",
+            0,
+            self.name,
+        )

@@ -23,8 +23,11 @@ from typing import Any, Self
 
 from osvl.rl.judges import normalize_answer
 
-_ACCURACY = re.compile(r"Question:\n(?P<question>.*?)\n\nReference answer \(any of these forms is acceptable\):\n"
-                       r"(?P<references>.*?)\n\nAssistant's final answer:\n(?P<response>.*?)\n\nDecide whether", re.DOTALL)
+_ACCURACY = re.compile(
+    r"Question:\n(?P<question>.*?)\n\nReference answer \(any of these forms is acceptable\):\n"
+    r"(?P<references>.*?)\n\nAssistant's final answer:\n(?P<response>.*?)\n\nDecide whether",
+    re.DOTALL,
+)
 _QUERY = re.compile(r"Tool calls \(in order\):\n(?P<calls>.*?)\n\nScore each dimension", re.DOTALL)
 _CALL = re.compile(r"^\d+\. (?P<action>.*?) -> (?P<outcome>\w+)", re.MULTILINE)
 
@@ -41,8 +44,12 @@ def verdict_text(prompt: str) -> str | None:
         actions = [action for action, _ in calls]
         signal = round(10 * ok / len(calls)) if calls else 0
         progression = round(10 * len(set(actions)) / len(actions)) if actions else 0
-        scores = {"relevance": 5 if calls else 0, "progression": progression, "signal_to_noise": signal,
-                  "cross_modal": 5 if calls else 0}
+        scores = {
+            "relevance": 5 if calls else 0,
+            "progression": progression,
+            "signal_to_noise": signal,
+            "cross_modal": 5 if calls else 0,
+        }
         return f"Reviewed {len(calls)} call(s).\n{json.dumps(scores)}"
     return None
 
@@ -87,9 +94,12 @@ class LoopbackJudgeServer:
         reply = verdict_text(text)
         if reply is None:
             return 400, {"error": {"message": "the loopback judge answers osvl's judge prompts only"}}
-        return 200, {"id": "loopback", "object": "chat.completion", "model": body.get("model", ""),
-                     "choices": [{"index": 0, "finish_reason": "stop",
-                                  "message": {"role": "assistant", "content": reply}}]}
+        return 200, {
+            "id": "loopback",
+            "object": "chat.completion",
+            "model": body.get("model", ""),
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}],
+        }
 
 
 class _Server(ThreadingHTTPServer):
@@ -130,6 +140,7 @@ def _handler(server: LoopbackJudgeServer):
                 server.outage_match = str(body.get("match") or "")
                 return self._send(200, {"outage": server.outage, "match": server.outage_match})
             self._send(404, {"error": {"message": f"unknown path {self.path}"}})
+
     return Handler
 
 

@@ -36,13 +36,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from osvl_kernels import grpo_loss, linear_grpo_loss
 
 from osvl.rl.advantages import DROP_INFRA, DROP_UNSCORED, MODES, AdvantageConfig, compute_advantages
 from osvl.rl.fatal import FatalConfig, FatalErrors, InfraRollouts, find_fatal_step
 from osvl.rl.judges import ExactMatchAccuracyJudge, Verdict
 from osvl.rl.rewards import INFRA_UNSCORED, RewardConfig, score_trajectory
 from osvl.rl.trajectory import FinishReason, Prompt, Step, ToolCall, ToolResult, Trajectory
+from osvl_kernels import grpo_loss, linear_grpo_loss
 
 CALL, ANSWER = 1, 0  # token ids of the two actions
 _PROMPT = Prompt(id="toy", question="What is the answer two lookups away?", answer="right")
@@ -110,8 +110,9 @@ def enumerate_rollouts(agent: ToyAgent, outage_rate: float, errors: FatalErrors)
     stops a rollout at its K-th consecutive counted error, as ``osvl.rollout.agent`` does."""
     if not 0.0 <= outage_rate <= 1.0:
         raise ValueError(f"outage_rate must lie in [0, 1], got {outage_rate}")
-    windows = [(None, 1.0 - outage_rate)] + [(s, outage_rate / agent.outage_start_turns)
-                                             for s in range(agent.outage_start_turns)]
+    windows = [(None, 1.0 - outage_rate)] + [
+        (s, outage_rate / agent.outage_start_turns) for s in range(agent.outage_start_turns)
+    ]
     out = []
     for start, weight in windows:
         if weight > 0.0:
@@ -119,21 +120,36 @@ def enumerate_rollouts(agent: ToyAgent, outage_rate: float, errors: FatalErrors)
     return out
 
 
-def _branches(agent: ToyAgent, start: int | None, errors: FatalErrors, actions: tuple, decisions: tuple,
-              statuses: tuple, found: int, probability: float) -> Iterator[ToyRollout]:
+def _branches(
+    agent: ToyAgent,
+    start: int | None,
+    errors: FatalErrors,
+    actions: tuple,
+    decisions: tuple,
+    statuses: tuple,
+    found: int,
+    probability: float,
+) -> Iterator[ToyRollout]:
     turn = len(actions)
     if turn == agent.max_turns:
         yield ToyRollout(actions, decisions, statuses, None, FinishReason.MAX_TURNS, probability)
         return
     if found >= agent.hops:
-        yield ToyRollout(actions + (ANSWER,), decisions + (False,), statuses + (None,), "right",
-                         FinishReason.RESPONSE, probability)
+        yield ToyRollout(
+            actions + (ANSWER,), decisions + (False,), statuses + (None,), "right", FinishReason.RESPONSE, probability
+        )
         return
     p = agent.call_probability
     for answer, chance in (("right", agent.guess), ("wrong", 1.0 - agent.guess)):
         if chance > 0.0:
-            yield ToyRollout(actions + (ANSWER,), decisions + (True,), statuses + (None,), answer,
-                             FinishReason.RESPONSE, probability * (1.0 - p) * chance)
+            yield ToyRollout(
+                actions + (ANSWER,),
+                decisions + (True,),
+                statuses + (None,),
+                answer,
+                FinishReason.RESPONSE,
+                probability * (1.0 - p) * chance,
+            )
     down = start is not None and turn >= start
     called = (actions + (CALL,), decisions + (True,), statuses + ("infra_error" if down else "ok",))
     if find_fatal_step(called[2], k=agent.k, errors=errors) != -1:
@@ -158,28 +174,49 @@ def as_trajectory(rollout: ToyRollout) -> Trajectory:
     steps = []
     for action, status in zip(rollout.actions, rollout.statuses):
         if action == CALL:
-            result = ToolResult(status=status, tool="text_search", text="a fact" if status == "ok" else "",
-                                error=None if status == "ok" else "text_search back-end failed with HTTP 503")
-            steps.append(Step(token_ids=[CALL], logprobs=[0.0], text=_CALL_TEXT,
-                              tool_call=ToolCall("text_search", {"query": "hop"}), tool_result=result,
-                              observation_text=result.text or f"Error (infra_error): {result.error}"))
+            result = ToolResult(
+                status=status,
+                tool="text_search",
+                text="a fact" if status == "ok" else "",
+                error=None if status == "ok" else "text_search back-end failed with HTTP 503",
+            )
+            steps.append(
+                Step(
+                    token_ids=[CALL],
+                    logprobs=[0.0],
+                    text=_CALL_TEXT,
+                    tool_call=ToolCall("text_search", {"query": "hop"}),
+                    tool_result=result,
+                    observation_text=result.text or f"Error (infra_error): {result.error}",
+                )
+            )
         else:
-            steps.append(Step(token_ids=[ANSWER], logprobs=[0.0], response=rollout.answer,
-                              text=f"<think>answer</think>\n<response>{rollout.answer}</response>"))
+            steps.append(
+                Step(
+                    token_ids=[ANSWER],
+                    logprobs=[0.0],
+                    response=rollout.answer,
+                    text=f"<think>answer</think>\n<response>{rollout.answer}</response>",
+                )
+            )
     return Trajectory(prompt=_PROMPT, steps=steps, finish_reason=rollout.finish, group_id=0, sample_index=0)
 
 
 @functools.lru_cache(maxsize=64)
-def scored_rollouts(agent: ToyAgent, outage_rate: float, errors: FatalErrors,
-                    infra_rollouts: InfraRollouts) -> tuple[tuple[ToyRollout, float | None, int, str | None], ...]:
+def scored_rollouts(
+    agent: ToyAgent, outage_rate: float, errors: FatalErrors, infra_rollouts: InfraRollouts
+) -> tuple[tuple[ToyRollout, float | None, int, str | None], ...]:
     """Each rollout with its (reward, fatal step, exclusion) from the real scorer."""
     config = RewardConfig(alpha=agent.alpha, fatal=FatalConfig(k=agent.k, errors=errors), infra_rollouts=infra_rollouts)
     accuracy, query = ExactMatchAccuracyJudge(), HopQueryJudge(agent.hops)
     scored = []
     for rollout in enumerate_rollouts(agent, outage_rate, errors):
         traj = score_trajectory(as_trajectory(rollout), accuracy, query, config)
-        reason = None if traj.reward.scored else (
-            DROP_INFRA if traj.reward.unscored_reason == INFRA_UNSCORED else DROP_UNSCORED)
+        reason = (
+            None
+            if traj.reward.scored
+            else (DROP_INFRA if traj.reward.unscored_reason == INFRA_UNSCORED else DROP_UNSCORED)
+        )
         scored.append((rollout, traj.reward.total, traj.fatal_step, reason))
     return tuple(scored)
 
@@ -187,22 +224,26 @@ def scored_rollouts(agent: ToyAgent, outage_rate: float, errors: FatalErrors,
 Outcome = tuple[float | None, bool, str | None]  # (reward, fatal, exclusion): all a group's arithmetic sees
 
 
-def expected_advantages(outcomes: Sequence[Outcome], probabilities: Sequence[float], mode: str,
-                        agent: ToyAgent) -> list[float]:
+def expected_advantages(
+    outcomes: Sequence[Outcome], probabilities: Sequence[float], mode: str, agent: ToyAgent
+) -> list[float]:
     """E[advantage | own outcome] for each distinct outcome, by summing over every composition of the
     other G-1 group members (multinomial weights), with ``compute_advantages`` doing the arithmetic."""
     others = agent.group_size - 1
     compositions = list(itertools.combinations_with_replacement(range(len(outcomes)), others))
-    weights = [math.factorial(others) * math.prod(probabilities[o] ** n / math.factorial(n)
-                                                  for o, n in Counter(rest).items()) for rest in compositions]
+    weights = [
+        math.factorial(others) * math.prod(probabilities[o] ** n / math.factorial(n) for o, n in Counter(rest).items())
+        for rest in compositions
+    ]
     config = AdvantageConfig(mode=mode, estimator=agent.estimator)
     expected = []
     for own in range(len(outcomes)):  # one batch per own outcome keeps the group arithmetic small
         members = [outcomes[o] for rest in compositions for o in (own, *rest)]
         groups = [g for g in range(len(compositions)) for _ in range(agent.group_size)]
-        batch = compute_advantages([m[0] for m in members], groups, [0 if m[1] else -1 for m in members], config,
-                                   [m[2] for m in members])
-        first = batch.advantages[::agent.group_size].double()  # member 0 of every group: the own outcome
+        batch = compute_advantages(
+            [m[0] for m in members], groups, [0 if m[1] else -1 for m in members], config, [m[2] for m in members]
+        )
+        first = batch.advantages[:: agent.group_size].double()  # member 0 of every group: the own outcome
         expected.append(float((first * torch.tensor(weights, dtype=torch.float64)).sum()))
     return expected
 
@@ -232,8 +273,13 @@ def pack(rollouts: Sequence[ToyRollout]) -> PackedRollouts:
                 mask.append(False)
                 steps.append(step)
         bounds.append(len(targets))
-    return PackedRollouts(torch.tensor(hidden, dtype=torch.float64), torch.tensor(targets), torch.tensor(mask),
-                          torch.tensor(steps), torch.tensor(bounds, dtype=torch.int32))
+    return PackedRollouts(
+        torch.tensor(hidden, dtype=torch.float64),
+        torch.tensor(targets),
+        torch.tensor(mask),
+        torch.tensor(steps),
+        torch.tensor(bounds, dtype=torch.int32),
+    )
 
 
 def policy_weight(theta: float) -> torch.Tensor:
@@ -241,14 +287,22 @@ def policy_weight(theta: float) -> torch.Tensor:
     return torch.tensor([[0.0, 0.0], [theta, _KNOWN]], dtype=torch.float64, requires_grad=True)
 
 
-def loss_gradient(packed: PackedRollouts, advantages: torch.Tensor, fatal_steps: torch.Tensor, theta: float,
-                  kernel: str = "linear") -> float:
+def loss_gradient(
+    packed: PackedRollouts, advantages: torch.Tensor, fatal_steps: torch.Tensor, theta: float, kernel: str = "linear"
+) -> float:
     """d loss / d theta from the real loss, on-policy (ratio 1), summed over sequences (``num_seqs=1``)."""
     weight = policy_weight(theta)
     with torch.no_grad():
         old = torch.log_softmax(packed.hidden @ weight.T, dim=-1).gather(1, packed.targets[:, None]).squeeze(1)
-    args = dict(old_logprobs=old, fatal_step=fatal_steps, token_step=packed.token_step, advantages=advantages,
-                loss_agg="seq-mean-token-sum", num_seqs=1, backend="torch")
+    args = dict(
+        old_logprobs=old,
+        fatal_step=fatal_steps,
+        token_step=packed.token_step,
+        advantages=advantages,
+        loss_agg="seq-mean-token-sum",
+        num_seqs=1,
+        backend="torch",
+    )
     if kernel == "linear":
         out = linear_grpo_loss(packed.hidden, weight, packed.targets, packed.cu_seqlens, packed.loss_mask, **args)
     elif kernel == "logits":
@@ -259,9 +313,9 @@ def loss_gradient(packed: PackedRollouts, advantages: torch.Tensor, fatal_steps:
     return float(weight.grad[1, 0])
 
 
-def sequence_inputs(agent: ToyAgent, outage_rate: float, mode: str, errors: FatalErrors = "all",
-                    infra_rollouts: InfraRollouts = "keep") -> tuple[list[ToyRollout], torch.Tensor, torch.Tensor,
-                                                                     torch.Tensor, dict[str, float]]:
+def sequence_inputs(
+    agent: ToyAgent, outage_rate: float, mode: str, errors: FatalErrors = "all", infra_rollouts: InfraRollouts = "keep"
+) -> tuple[list[ToyRollout], torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
     """The rollouts; each one's loss advantage (its probability x its expected advantage; 0 when the mode or
     the exclusion drops it) and loss fatal step; which are fatal; the fatal and left-out shares."""
     if mode not in MODES:
@@ -278,55 +332,87 @@ def sequence_inputs(agent: ToyAgent, outage_rate: float, mode: str, errors: Fata
     advantages = torch.tensor([r.probability * per_outcome[k] for r, k in zip(rollouts, keys)], dtype=torch.float64)
     fatal_steps = torch.tensor([step if masks_fatal else -1 for _, _, step, _ in scored])
     fatal = torch.tensor([k[1] and k[2] is None for k in keys])
-    shares = {"fatal": sum(probability[o] for o in outcomes if o[1] and o[2] is None),
-              "excluded": sum(probability[o] for o in outcomes if o[2] is not None)}
+    shares = {
+        "fatal": sum(probability[o] for o in outcomes if o[1] and o[2] is None),
+        "excluded": sum(probability[o] for o in outcomes if o[2] is not None),
+    }
     return rollouts, advantages, fatal_steps, fatal, shares
 
 
-def expected_push(agent: ToyAgent, outage_rate: float, mode: str, errors: FatalErrors = "all",
-                  infra_rollouts: InfraRollouts = "keep", kernel: str = "linear") -> Push:
+def expected_push(
+    agent: ToyAgent,
+    outage_rate: float,
+    mode: str,
+    errors: FatalErrors = "all",
+    infra_rollouts: InfraRollouts = "keep",
+    kernel: str = "linear",
+) -> Push:
     """The exact expected descent direction on the tool-call logit (and probability) for one setting,
     in total and from the fatal rollouts alone."""
-    rollouts, advantages, fatal_steps, fatal, shares = sequence_inputs(agent, outage_rate, mode, errors,
-                                                                       infra_rollouts)
+    rollouts, advantages, fatal_steps, fatal, shares = sequence_inputs(agent, outage_rate, mode, errors, infra_rollouts)
     packed = pack(rollouts)
     gradient = loss_gradient(packed, advantages, fatal_steps, agent.call_logit, kernel)
     from_fatal = loss_gradient(packed, torch.where(fatal, advantages, 0.0), fatal_steps, agent.call_logit, kernel)
     scale = agent.call_probability * (1.0 - agent.call_probability)
-    return Push(mode, errors, infra_rollouts, outage_rate, -gradient, -gradient * scale, -from_fatal * scale,
-                shares["fatal"], shares["excluded"])
+    return Push(
+        mode,
+        errors,
+        infra_rollouts,
+        outage_rate,
+        -gradient,
+        -gradient * scale,
+        -from_fatal * scale,
+        shares["fatal"],
+        shares["excluded"],
+    )
 
 
 ERROR_CHOICES: tuple[tuple[str, str], ...] = (("all", "keep"), ("policy", "keep"), ("policy", "drop"))
 
 
-def push_table(agent: ToyAgent = ToyAgent(), rates: Sequence[float] = (0.0, 0.2, 0.4),
-               choices: Sequence[tuple[str, str]] = ERROR_CHOICES) -> list[Push]:
+def push_table(
+    agent: ToyAgent = ToyAgent(),
+    rates: Sequence[float] = (0.0, 0.2, 0.4),
+    choices: Sequence[tuple[str, str]] = ERROR_CHOICES,
+) -> list[Push]:
     """Every mode x outage rate x error choice."""
-    return [expected_push(agent, rate, mode, errors, infra)
-            for errors, infra in choices for rate in rates for mode in MODES]
+    return [
+        expected_push(agent, rate, mode, errors, infra) for errors, infra in choices for rate in rates for mode in MODES
+    ]
 
 
 def push_markdown(pushes: Sequence[Push], agent: ToyAgent) -> str:
     """One table per error choice: rows are modes, columns outage rates (push on the call probability)."""
-    lines = [f"Toy agent: {agent.hops} hops, {agent.max_turns} turns, guess accuracy {agent.guess}, "
-             f"P(call) = {agent.call_probability:.2f}, G = {agent.group_size}, {agent.estimator}, K = {agent.k}, "
-             f"outage from a turn in [0, {agent.outage_start_turns}) to the end. Entries: expected descent step on "
-             "P(call) per unit learning rate (x1000; + = more tool use), and in brackets the part the fatal "
-             "rollouts contribute."]
+    lines = [
+        f"Toy agent: {agent.hops} hops, {agent.max_turns} turns, guess accuracy {agent.guess}, "
+        f"P(call) = {agent.call_probability:.2f}, G = {agent.group_size}, {agent.estimator}, K = {agent.k}, "
+        f"outage from a turn in [0, {agent.outage_start_turns}) to the end. Entries: expected descent step on "
+        "P(call) per unit learning rate (x1000; + = more tool use), and in brackets the part the fatal "
+        "rollouts contribute."
+    ]
     for errors, infra in dict.fromkeys((p.errors, p.infra_rollouts) for p in pushes):
         rows = [p for p in pushes if (p.errors, p.infra_rollouts) == (errors, infra)]
         rates = sorted({p.outage_rate for p in rows})
-        lines += ["", f"fatal_errors = {errors}, infra_rollouts = {infra}:", "",
-                  "| mode | " + " | ".join(f"outage {r:g}" for r in rates) + " |",
-                  "|---|" + "---:|" * len(rates)]
+        lines += [
+            "",
+            f"fatal_errors = {errors}, infra_rollouts = {infra}:",
+            "",
+            "| mode | " + " | ".join(f"outage {r:g}" for r in rates) + " |",
+            "|---|" + "---:|" * len(rates),
+        ]
         for mode in MODES:
             cells = [next(p for p in rows if p.mode == mode and p.outage_rate == r) for r in rates]
-            lines.append(f"| {mode} | " + " | ".join(
-                f"{_milli(c.on_probability)} ({_milli(c.from_fatal)})" for c in cells) + " |")
+            lines.append(
+                f"| {mode} | "
+                + " | ".join(f"{_milli(c.on_probability)} ({_milli(c.from_fatal)})" for c in cells)
+                + " |"
+            )
         shares = [next(p for p in rows if p.outage_rate == r) for r in rates]
-        lines.append("| share fatal / left out | " + " | ".join(
-            f"{s.fatal_share:.0%} / {s.excluded_share:.0%}" for s in shares) + " |")
+        lines.append(
+            "| share fatal / left out | "
+            + " | ".join(f"{s.fatal_share:.0%} / {s.excluded_share:.0%}" for s in shares)
+            + " |"
+        )
     return "\n".join(lines)
 
 

@@ -53,8 +53,8 @@ class RewardConfig:
 
 
 _STEP_SHAPE = re.compile(
-    r"\s*<think>(?P<think>.*?)</think>\s*<(?P<kind>tool_call|response)>(?P<body>.*?)</(?P=kind)>\s*",
-    re.DOTALL)
+    r"\s*<think>(?P<think>.*?)</think>\s*<(?P<kind>tool_call|response)>(?P<body>.*?)</(?P=kind)>\s*", re.DOTALL
+)
 _ANY_TAG = re.compile(r"</?(?:think|tool_call|response)>")
 
 
@@ -95,15 +95,15 @@ def _ask(judge_call, *args) -> Verdict:
         return Verdict(None, f"judge_exception:{type(exc).__name__}: {exc}")
 
 
-def score_trajectory(traj: Trajectory, accuracy_judge: AccuracyJudge, query_judge: QueryJudge,
-                     config: RewardConfig = RewardConfig()) -> Trajectory:
+def score_trajectory(
+    traj: Trajectory, accuracy_judge: AccuracyJudge, query_judge: QueryJudge, config: RewardConfig = RewardConfig()
+) -> Trajectory:
     """A copy of ``traj`` with its fatal step and reward parts filled in."""
     fatal_step = trajectory_fatal_step(traj, config.fatal)
     prefix = valid_prefix(traj.steps, fatal_step)
     fmt = format_reward(prefix)
     if infra_excluded(traj, config.infra_rollouts):
-        reward = RewardParts(fmt=fmt, acc=None, query=None, total=None,
-                             unscored_reason=INFRA_UNSCORED)
+        reward = RewardParts(fmt=fmt, acc=None, query=None, total=None, unscored_reason=INFRA_UNSCORED)
         return dataclasses.replace(traj, fatal_step=fatal_step, reward=reward)
 
     answer = traj.final_answer
@@ -116,20 +116,23 @@ def score_trajectory(traj: Trajectory, accuracy_judge: AccuracyJudge, query_judg
     else:
         query = Verdict(0.0, "no tool calls in the valid prefix")
 
-    failed = [f"{part}:{v.reason}" for part, v in (("accuracy", acc), ("query", query))
-              if not v.scored]
+    failed = [f"{part}:{v.reason}" for part, v in (("accuracy", acc), ("query", query)) if not v.scored]
     total = None if failed else composite_reward(fmt, acc.score, query.score, config.alpha)
-    reward = RewardParts(fmt=fmt, acc=acc.score, query=query.score, total=total,
-                         unscored_reason="; ".join(failed) or None)
+    reward = RewardParts(
+        fmt=fmt, acc=acc.score, query=query.score, total=total, unscored_reason="; ".join(failed) or None
+    )
     return dataclasses.replace(traj, fatal_step=fatal_step, reward=reward)
 
 
-def score_batch(trajectories: Sequence[Trajectory], accuracy_judge: AccuracyJudge,
-                query_judge: QueryJudge, config: RewardConfig = RewardConfig(),
-                max_workers: int = 8) -> list[Trajectory]:
+def score_batch(
+    trajectories: Sequence[Trajectory],
+    accuracy_judge: AccuracyJudge,
+    query_judge: QueryJudge,
+    config: RewardConfig = RewardConfig(),
+    max_workers: int = 8,
+) -> list[Trajectory]:
     """Score every trajectory (judges run concurrently); same length and order as the input."""
     if max_workers < 1:
         raise ValueError(f"max_workers must be >= 1, got {max_workers}")
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
-        return list(pool.map(
-            lambda t: score_trajectory(t, accuracy_judge, query_judge, config), trajectories))
+        return list(pool.map(lambda t: score_trajectory(t, accuracy_judge, query_judge, config), trajectories))

@@ -43,17 +43,25 @@ class JudgeStats:
 
     @staticmethod
     def merge(parts: Sequence[JudgeStats]) -> JudgeStats:
-        return JudgeStats(sum(p.calls for p in parts), sum(p.cache_hits for p in parts),
-                          sum(p.requests for p in parts), [x for p in parts for x in p.latencies_s])
+        return JudgeStats(
+            sum(p.calls for p in parts),
+            sum(p.cache_hits for p in parts),
+            sum(p.requests for p in parts),
+            [x for p in parts for x in p.latencies_s],
+        )
 
     def metrics(self, scored: Sequence[Trajectory]) -> dict[str, float]:
         """Per-step metrics; ``unscored_frac`` is the share of ``scored`` no judge could score."""
         rewards = [t.reward for t in scored if t.reward is not None]
         latencies = np.asarray(self.latencies_s or [0.0])
-        return {"judge_calls": float(self.calls), "judge_requests": float(self.requests),
-                "judge_cache_hits": float(self.cache_hits),
-                "judge_p50_s": float(np.percentile(latencies, 50)), "judge_p99_s": float(np.percentile(latencies, 99)),
-                "unscored_frac": sum(not r.scored for r in rewards) / max(len(rewards), 1)}
+        return {
+            "judge_calls": float(self.calls),
+            "judge_requests": float(self.requests),
+            "judge_cache_hits": float(self.cache_hits),
+            "judge_p50_s": float(np.percentile(latencies, 50)),
+            "judge_p99_s": float(np.percentile(latencies, 99)),
+            "unscored_frac": sum(not r.scored for r in rewards) / max(len(rewards), 1),
+        }
 
 
 class VerdictCache:
@@ -104,21 +112,32 @@ class _Counted:
         return verdict
 
     def judge_answer(self, prompt: Prompt, response: str) -> Verdict:
-        key = ("accuracy", getattr(self.accuracy, "name", type(self.accuracy).__name__), prompt.question,
-               tuple(prompt.accepted_answers), response)
+        key = (
+            "accuracy",
+            getattr(self.accuracy, "name", type(self.accuracy).__name__),
+            prompt.question,
+            tuple(prompt.accepted_answers),
+            response,
+        )
         return self._ask(key, lambda: self.accuracy.judge_answer(prompt, response))
 
     def judge_queries(self, prompt: Prompt, steps: Sequence[Step]) -> Verdict:
-        key = ("query", getattr(self.query, "name", type(self.query).__name__), prompt.question,
-               describe_calls(steps))
+        key = ("query", getattr(self.query, "name", type(self.query).__name__), prompt.question, describe_calls(steps))
         return self._ask(key, lambda: self.query.judge_queries(prompt, steps))
 
 
 class GroupScorer:
     """Scores trajectories on ``max_concurrency`` judge threads; ``close`` when done."""
 
-    def __init__(self, accuracy: AccuracyJudge, query: QueryJudge, config: RewardConfig, *,
-                 max_concurrency: int = 32, cache_size: int = 100_000) -> None:
+    def __init__(
+        self,
+        accuracy: AccuracyJudge,
+        query: QueryJudge,
+        config: RewardConfig,
+        *,
+        max_concurrency: int = 32,
+        cache_size: int = 100_000,
+    ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.config = config
@@ -129,9 +148,14 @@ class GroupScorer:
     async def score_group(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
         """The group's trajectories with rewards filled in, in order."""
         loop = asyncio.get_running_loop()
-        return list(await asyncio.gather(*(
-            loop.run_in_executor(self._pool, score_trajectory, t, self.judges, self.judges, self.config)
-            for t in trajectories)))
+        return list(
+            await asyncio.gather(
+                *(
+                    loop.run_in_executor(self._pool, score_trajectory, t, self.judges, self.judges, self.config)
+                    for t in trajectories
+                )
+            )
+        )
 
     def take_stats(self) -> JudgeStats:
         """The judges' counts since the last call; judging may go on meanwhile (asynchronous GRPO)."""

@@ -68,8 +68,10 @@ def batch_stats(batch: AdvantageBatch, trajectories: Sequence[Trajectory] = ()) 
     nonfatal = scored & ~batch.is_fatal
     drops = Counter(batch.drop_reasons)
     reasons = Counter(
-        t.reward.unscored_reason for t, why in zip(trajectories, batch.drop_reasons)
-        if why == DROP_UNSCORED and t.reward is not None and t.reward.unscored_reason)
+        t.reward.unscored_reason
+        for t, why in zip(trajectories, batch.drop_reasons)
+        if why == DROP_UNSCORED and t.reward is not None and t.reward.unscored_reason
+    )
     n_scored, n_fatal, n_zeroed = int(scored.sum()), int(fatal.sum()), int(zeroed.sum())
     return BatchStats(
         sequences=len(batch.drop_reasons),

@@ -52,7 +52,8 @@ class ToolStatus(str, enum.Enum):
 
 
 POLICY_ERRORS = frozenset(
-    {ToolStatus.TOOL_ERROR, ToolStatus.PARSE_ERROR, ToolStatus.INVALID_ARGUMENTS, ToolStatus.TIMEOUT})
+    {ToolStatus.TOOL_ERROR, ToolStatus.PARSE_ERROR, ToolStatus.INVALID_ARGUMENTS, ToolStatus.TIMEOUT}
+)
 
 
 class FinishReason(str, enum.Enum):
@@ -71,8 +72,10 @@ class FinishReason(str, enum.Enum):
 def check_image(image: np.ndarray) -> np.ndarray:
     """Validate the in-memory image convention (uint8, HxWx3, RGB) so bad pixels fail early."""
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
-        raise ValueError(f"images must be numpy uint8 arrays, got {type(image).__name__}"
-                         f"{'/' + str(image.dtype) if isinstance(image, np.ndarray) else ''}")
+        raise ValueError(
+            f"images must be numpy uint8 arrays, got {type(image).__name__}"
+            f"{'/' + str(image.dtype) if isinstance(image, np.ndarray) else ''}"
+        )
     if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] == 0 or image.shape[1] == 0:
         raise ValueError(f"images must have shape (H, W, 3) with H, W > 0, got {image.shape}")
     return image
@@ -138,11 +141,11 @@ class Step:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise ValueError(
-                f"token_ids ({len(self.token_ids)}) and logprobs ({len(self.logprobs)}) differ in length")
+            raise ValueError(f"token_ids ({len(self.token_ids)}) and logprobs ({len(self.logprobs)}) differ in length")
         if self.token_versions and len(self.token_versions) != len(self.token_ids):
             raise ValueError(
-                f"token_ids ({len(self.token_ids)}) and token_versions ({len(self.token_versions)}) differ in length")
+                f"token_ids ({len(self.token_ids)}) and token_versions ({len(self.token_versions)}) differ in length"
+            )
         for image in self.observation_images:
             check_image(image)
 
@@ -311,8 +314,9 @@ def _step_out(step: Step, store: ImageStore) -> dict[str, Any]:
         "logprobs": [_float_out(float(lp)) for lp in step.logprobs],
         "text": step.text,
         "think": step.think,
-        "tool_call": None if step.tool_call is None else {
-            "name": step.tool_call.name, "arguments": step.tool_call.arguments},
+        "tool_call": None
+        if step.tool_call is None
+        else {"name": step.tool_call.name, "arguments": step.tool_call.arguments},
         "response": step.response,
         "tool_result": None if step.tool_result is None else _tool_result_out(step.tool_result, store),
         "observation_text": step.observation_text,
@@ -360,17 +364,24 @@ def trajectory_to_dict(traj: Trajectory, store: ImageStore) -> dict[str, Any]:
         "group_id": traj.group_id,
         "sample_index": traj.sample_index,
         "fatal_step": traj.fatal_step,
-        "reward": None if reward is None else {
-            "fmt": reward.fmt, "acc": reward.acc, "query": reward.query,
-            "total": reward.total, "unscored_reason": reward.unscored_reason},
+        "reward": None
+        if reward is None
+        else {
+            "fmt": reward.fmt,
+            "acc": reward.acc,
+            "query": reward.query,
+            "total": reward.total,
+            "unscored_reason": reward.unscored_reason,
+        },
         "infra_retries": traj.infra_retries,
     }
 
 
 def trajectory_from_dict(data: Mapping[str, Any], store: ImageStore) -> Trajectory:
     if data.get("schema") != SCHEMA_VERSION:
-        raise ValueError(f"unsupported trajectory schema {data.get('schema')!r}; "
-                         f"this reader understands {SCHEMA_VERSION}")
+        raise ValueError(
+            f"unsupported trajectory schema {data.get('schema')!r}; this reader understands {SCHEMA_VERSION}"
+        )
     prompt = data["prompt"]
     reward = data["reward"]
     return Trajectory(
@@ -396,8 +407,9 @@ def default_images_dir(jsonl_path: str | os.PathLike[str]) -> Path:
     return Path(jsonl_path).parent / "images"
 
 
-def append_jsonl(path: str | os.PathLike[str], trajectories: Iterable[Trajectory],
-                 images_dir: str | os.PathLike[str] | None = None) -> int:
+def append_jsonl(
+    path: str | os.PathLike[str], trajectories: Iterable[Trajectory], images_dir: str | os.PathLike[str] | None = None
+) -> int:
     """Append trajectories, one JSON line each; returns how many were written."""
     store = ImageStore(images_dir if images_dir is not None else default_images_dir(path))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -410,8 +422,7 @@ def append_jsonl(path: str | os.PathLike[str], trajectories: Iterable[Trajectory
     return written
 
 
-def read_jsonl(path: str | os.PathLike[str],
-               images_dir: str | os.PathLike[str] | None = None) -> Iterator[Trajectory]:
+def read_jsonl(path: str | os.PathLike[str], images_dir: str | os.PathLike[str] | None = None) -> Iterator[Trajectory]:
     """Yield trajectories in file order; blank lines are skipped."""
     store = ImageStore(images_dir if images_dir is not None else default_images_dir(path))
     for _, data in iter_jsonl(path):

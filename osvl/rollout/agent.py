@@ -55,16 +55,18 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_total_tokens < 2:
-            raise ValueError(f"max_turns must be >= 1 and max_total_tokens >= 2, got "
-                             f"{self.max_turns} and {self.max_total_tokens}")
+            raise ValueError(
+                f"max_turns must be >= 1 and max_total_tokens >= 2, got {self.max_turns} and {self.max_total_tokens}"
+            )
 
 
 def _observation_text(result: ToolResult) -> str:
     return result.text if result.ok else f"Error ({result.status.value}): {result.error}"
 
 
-async def _act(action: Action, env: ToolEnvironment, context: VisualContext,
-               config: AgentConfig) -> tuple[ToolCall | None, ToolResult]:
+async def _act(
+    action: Action, env: ToolEnvironment, context: VisualContext, config: AgentConfig
+) -> tuple[ToolCall | None, ToolResult]:
     if action.error is not None:
         return None, ToolResult(status=ToolStatus.PARSE_ERROR, tool="", error=action.error)
     try:  # the record keeps osvl's reading of the call; a tool profile may still accept one it rejects
@@ -74,8 +76,9 @@ async def _act(action: Action, env: ToolEnvironment, context: VisualContext,
     try:  # the environment gets the call verbatim: a profiled one translates release-style calls first
         result = await env.execute(action.call, context, config.tool_deadline_s)
     except Exception as error:  # noqa: BLE001 - a tool-side crash must not kill the rollout
-        result = ToolResult(status=ToolStatus.INFRA_ERROR, tool=call.name if call else "",
-                            error=f"tool environment failed: {error!r}")
+        result = ToolResult(
+            status=ToolStatus.INFRA_ERROR, tool=call.name if call else "", error=f"tool environment failed: {error!r}"
+        )
     return call, result
 
 
@@ -93,17 +96,31 @@ def malformed_step(generation: GenerationResult, renderer: ChatRenderer, reserve
     kept = list(generation.token_ids[:cut])
     names = {i: tokenizer.backend.id_to_token(i) for i in reserved}
     found = ", ".join(f"{names.get(b.token_id, 'out-of-vocabulary')} (id {b.token_id}) at {b.position}" for b in bad)
-    error = (f"malformed generation: reserved vision or out-of-vocabulary token ids: {found}; "
-             f"the rollout stops here; engine ids: {list(generation.token_ids)}")
-    return Step(token_ids=kept, logprobs=[float(x) for x in generation.logprobs[:cut]],
-                text=tokenizer.decode(kept, skip_special_tokens=True), policy_version=generation.policy_version,
-                token_versions=list(generation.token_versions[:cut]) if generation.token_versions else [],
-                tool_result=ToolResult(status=ToolStatus.PARSE_ERROR, tool="", error=error))
+    error = (
+        f"malformed generation: reserved vision or out-of-vocabulary token ids: {found}; "
+        f"the rollout stops here; engine ids: {list(generation.token_ids)}"
+    )
+    return Step(
+        token_ids=kept,
+        logprobs=[float(x) for x in generation.logprobs[:cut]],
+        text=tokenizer.decode(kept, skip_special_tokens=True),
+        policy_version=generation.policy_version,
+        token_versions=list(generation.token_versions[:cut]) if generation.token_versions else [],
+        tool_result=ToolResult(status=ToolStatus.PARSE_ERROR, tool="", error=error),
+    )
 
 
-async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
-                         config: AgentConfig, *, group_id: int, sample_index: int,
-                         seed: int | None = None) -> Trajectory:
+async def run_trajectory(
+    prompt: Prompt,
+    engine: Engine,
+    env: ToolEnvironment,
+    renderer: ChatRenderer,
+    config: AgentConfig,
+    *,
+    group_id: int,
+    sample_index: int,
+    seed: int | None = None,
+) -> Trajectory:
     """One rollout; per-turn seeds follow from ``seed`` so a rerun reproduces every turn."""
     context = VisualContext(prompt.images, env.registry.limits)
     segment = renderer.render_prompt(prompt)
@@ -118,10 +135,14 @@ async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, r
             finish = FinishReason.MAX_TOKENS
             break
         # reserved ids stop a remote engine at the first one; the local engine never samples them
-        sampling = replace(config.sampling, max_new_tokens=min(config.sampling.max_new_tokens, room),
-                           seed=None if seed is None else (seed + turn) % 2**63,
-                           stop_token_ids=tuple(sorted({*config.sampling.stop_token_ids, special.im_end,
-                                                        special.endoftext, *reserved})))
+        sampling = replace(
+            config.sampling,
+            max_new_tokens=min(config.sampling.max_new_tokens, room),
+            seed=None if seed is None else (seed + turn) % 2**63,
+            stop_token_ids=tuple(
+                sorted({*config.sampling.stop_token_ids, special.im_end, special.endoftext, *reserved})
+            ),
+        )
         try:
             generation = await engine.generate(GenerationRequest(list(ids), list(images), sampling))
         except GenerationPreempted:
@@ -137,9 +158,14 @@ async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, r
         text = renderer.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         budget_cut = generation.finish is StopKind.LENGTH and sampling.max_new_tokens == room
         action = parse_action(text)
-        step = Step(token_ids=list(generation.token_ids), logprobs=[float(x) for x in generation.logprobs],
-                    text=text, think=action.think, policy_version=generation.policy_version,
-                    token_versions=list(generation.token_versions or []))
+        step = Step(
+            token_ids=list(generation.token_ids),
+            logprobs=[float(x) for x in generation.logprobs],
+            text=text,
+            think=action.think,
+            policy_version=generation.policy_version,
+            token_versions=list(generation.token_versions or []),
+        )
         steps.append(step)
         ids += step.token_ids
         if action.response is not None:
@@ -163,8 +189,9 @@ async def run_trajectory(prompt: Prompt, engine: Engine, env: ToolEnvironment, r
         step.observation_token_ids = list(observation.ids)
         ids += observation.ids
         images += observation.images
-    trajectory = Trajectory(prompt=prompt, steps=steps, finish_reason=finish, group_id=group_id,
-                            sample_index=sample_index)
+    trajectory = Trajectory(
+        prompt=prompt, steps=steps, finish_reason=finish, group_id=group_id, sample_index=sample_index
+    )
     if finish is not FinishReason.INFRA_ERROR:
         trajectory.fatal_step = trajectory_fatal_step(trajectory, config.fatal)
     return trajectory

@@ -82,8 +82,15 @@ class RolloutGenerator:
     the trainer's thread, so the stream's cursor and the tickets drawn are consistent in a checkpoint.
     """
 
-    def __init__(self, config: GeneratorConfig, rollout: GroupRollout, loop: EventLoopThread,
-                 draw: Callable[[], list[Ticket]], version: int, state: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: GeneratorConfig,
+        rollout: GroupRollout,
+        loop: EventLoopThread,
+        draw: Callable[[], list[Ticket]],
+        version: int,
+        state: dict[str, Any] | None = None,
+    ) -> None:
         self.config, self.rollout, self.loop, self.draw = config, rollout, loop, draw
         self.version = version  # the weights the engines serve (optimizer steps)
         self.buffer = ReplayBuffer(config.capacity, config.max_staleness, config.updates_per_step)
@@ -156,8 +163,11 @@ class RolloutGenerator:
     def state_dict(self) -> dict[str, Any]:
         """The buffer's groups, and the tickets drawn but not trained on (the running ones first)."""
         with self._cond:
-            return {"version": self.version, "buffer": self.buffer.state_dict(),
-                    "pending": sorted(self.running) + list(self.pending)}
+            return {
+                "version": self.version,
+                "buffer": self.buffer.state_dict(),
+                "pending": sorted(self.running) + list(self.pending),
+            }
 
     def close(self) -> None:
         """Cancels the groups still running (their tickets stay in ``state_dict``)."""
@@ -181,8 +191,10 @@ class RolloutGenerator:
         """Draws prompts one stream batch ahead of the allowance, so the generator has work the moment
         a weight sync allows more."""
         with self._cond:
-            while len(self.pending) + len(self.running) + len(self.buffer) < \
-                    self.config.capacity + self.config.groups_per_step:
+            while (
+                len(self.pending) + len(self.running) + len(self.buffer)
+                < self.config.capacity + self.config.groups_per_step
+            ):
                 tickets = self.draw()
                 if not tickets:
                     raise ValueError("the prompt stream returned no tickets")
@@ -203,11 +215,15 @@ class RolloutGenerator:
 
     def _restore(self, state: dict[str, Any]) -> None:
         if state["version"] != self.version:
-            raise ValueError(f"the rollout generator's state is of policy version {state['version']}, the resumed "
-                             f"weights are version {self.version}")
+            raise ValueError(
+                f"the rollout generator's state is of policy version {state['version']}, the resumed "
+                f"weights are version {self.version}"
+            )
         if len(state["buffer"]["groups"]) > self.config.capacity:
-            raise ValueError(f"the checkpoint's replay buffer holds {len(state['buffer']['groups'])} groups, more than "
-                             f"rollout.max_staleness = {self.config.max_staleness} allows ({self.config.capacity})")
+            raise ValueError(
+                f"the checkpoint's replay buffer holds {len(state['buffer']['groups'])} groups, more than "
+                f"rollout.max_staleness = {self.config.max_staleness} allows ({self.config.capacity})"
+            )
         self.buffer.load_state_dict(state["buffer"])
         self.pending.extend(state["pending"])
 

@@ -31,8 +31,10 @@ class KVCache:
         t = model.arch.text
         param = next(model.parameters())
         shape = (batch, t.num_key_value_heads, capacity, t.head_dim)
-        make = lambda: [torch.zeros(shape, dtype=param.dtype, device=param.device)
-                        for _ in range(t.num_hidden_layers)]
+
+        def make():
+            return [torch.zeros(shape, dtype=param.dtype, device=param.device) for _ in range(t.num_hidden_layers)]
+
         return cls(make(), make(), torch.zeros(batch, dtype=torch.long, device=param.device))
 
     @property
@@ -49,9 +51,15 @@ def _attention_mask(lengths: torch.Tensor, new: torch.Tensor, steps: int, capaci
 
 
 @torch.no_grad()
-def extend(model: Qwen3VLModel, cache: KVCache, input_ids: torch.Tensor, new_lengths: torch.Tensor,
-           position_ids: torch.Tensor, pixel_values: torch.Tensor | None = None,
-           image_grid_thw: torch.Tensor | None = None) -> torch.Tensor:
+def extend(
+    model: Qwen3VLModel,
+    cache: KVCache,
+    input_ids: torch.Tensor,
+    new_lengths: torch.Tensor,
+    position_ids: torch.Tensor,
+    pixel_values: torch.Tensor | None = None,
+    image_grid_thw: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Append ``input_ids [B, L]`` (row b's first ``new_lengths[b]`` are real) to the cache.
 
     ``position_ids [3, B, L]`` are MRoPE positions; images (all rows', in row order) fill the
@@ -62,8 +70,9 @@ def extend(model: Qwen3VLModel, cache: KVCache, input_ids: torch.Tensor, new_len
     if position_ids.shape != (3, B, L):
         raise ValueError(f"position_ids must be [3, {B}, {L}], got {tuple(position_ids.shape)}")
     if int((cache.lengths + new_lengths).max()) > cache.capacity:
-        raise ValueError(f"KV cache of {cache.capacity} slots cannot take "
-                         f"{int((cache.lengths + new_lengths).max())} tokens")
+        raise ValueError(
+            f"KV cache of {cache.capacity} slots cannot take {int((cache.lengths + new_lengths).max())} tokens"
+        )
     real = torch.arange(L, device=input_ids.device)[None, :] < new_lengths[:, None]
     h = model.tok_embeddings(input_ids)
     deepstack: list[torch.Tensor] = []
@@ -75,8 +84,9 @@ def extend(model: Qwen3VLModel, cache: KVCache, input_ids: torch.Tensor, new_len
             raise ValueError(f"{int(visual.sum())} image tokens but the images give {embeds.shape[0]} embeddings")
         h = h.clone()
         h[visual] = embeds.to(h.dtype)
-    rope = mrope_table(position_ids.reshape(3, B * L), head_dim=a.text.head_dim, theta=a.text.rope_theta,
-                       sections=a.text.mrope_section).view(B, L, -1)
+    rope = mrope_table(
+        position_ids.reshape(3, B * L), head_dim=a.text.head_dim, theta=a.text.rope_theta, sections=a.text.mrope_section
+    ).view(B, L, -1)
     mask = _attention_mask(cache.lengths, new_lengths, L, cache.capacity)
     rows = [(b, int(cache.lengths[b]), int(new_lengths[b])) for b in range(B)]
     for i, layer in enumerate(model.layers.values()):
@@ -87,10 +97,11 @@ def extend(model: Qwen3VLModel, cache: KVCache, input_ids: torch.Tensor, new_len
         q, k = attn.rope(q, k, rope)
         keys, values = cache.keys[i], cache.values[i]
         for b, start, count in rows:
-            keys[b, :, start:start + count] = k[b, :count].transpose(0, 1)
-            values[b, :, start:start + count] = v[b, :count].transpose(0, 1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
-                                             scale=attn.scaling, enable_gqa=attn.enable_gqa)
+            keys[b, :, start : start + count] = k[b, :count].transpose(0, 1)
+            values[b, :, start : start + count] = v[b, :count].transpose(0, 1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=attn.enable_gqa
+        )
         h = h + attn.wo(out.transpose(1, 2).flatten(2))
         h = h + (layer.moe(layer.ffn_norm(h)) if layer.moe_enabled else layer.feed_forward(layer.ffn_norm(h)))
         if i < len(deepstack):

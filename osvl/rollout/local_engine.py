@@ -48,14 +48,22 @@ def _pad(rows: Sequence[np.ndarray], fill: int = 0) -> np.ndarray:
     width = max(r.shape[-1] for r in rows)
     out = np.full((len(rows), *rows[0].shape[:-1], width), fill, dtype=np.int64)
     for b, row in enumerate(rows):
-        out[b, ..., :row.shape[-1]] = row
+        out[b, ..., : row.shape[-1]] = row
     return out
 
 
 class LocalEngine:
-    def __init__(self, model: Qwen3VLModel, tokenizer: Tokenizer, image_config: ImageConfig, *,
-                 max_batch: int = 8, policy_version: int = 0, prefix_cache_tokens: int = 0,
-                 deterministic: bool = False) -> None:
+    def __init__(
+        self,
+        model: Qwen3VLModel,
+        tokenizer: Tokenizer,
+        image_config: ImageConfig,
+        *,
+        max_batch: int = 8,
+        policy_version: int = 0,
+        prefix_cache_tokens: int = 0,
+        deterministic: bool = False,
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if prefix_cache_tokens < 0:
@@ -65,8 +73,10 @@ class LocalEngine:
             # survives eviction depends on the order concurrent rollouts stored theirs
             raise ValueError("prefix_cache_tokens must be 0 in deterministic mode: cache hits depend on arrival order")
         if model.arch.image_token_id != tokenizer.special.image_pad:
-            raise ValueError(f"model image_token_id {model.arch.image_token_id} != tokenizer's <|image_pad|> "
-                             f"{tokenizer.special.image_pad}")
+            raise ValueError(
+                f"model image_token_id {model.arch.image_token_id} != tokenizer's <|image_pad|> "
+                f"{tokenizer.special.image_pad}"
+            )
         if model.arch.text.vocab_size < tokenizer.vocab_size:
             raise ValueError(f"model vocab {model.arch.text.vocab_size} < tokenizer vocab {tokenizer.vocab_size}")
         self.model = model.eval()
@@ -83,9 +93,10 @@ class LocalEngine:
         self.prefilled_tokens = 0
         self.batch_sizes: Counter[int] = Counter()  # batches the request queue formed, by size
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
-        self._banned = torch.tensor([*reserved_vision_ids(tokenizer),
-                                     *range(tokenizer.vocab_size, model.arch.text.vocab_size)],
-                                    dtype=torch.long)
+        self._banned = torch.tensor(
+            [*reserved_vision_ids(tokenizer), *range(tokenizer.vocab_size, model.arch.text.vocab_size)],
+            dtype=torch.long,
+        )
 
     @property
     def policy_version(self) -> int:
@@ -101,8 +112,10 @@ class LocalEngine:
         with self._lock:
             missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
             if unexpected or (missing and not partial):
-                raise ValueError(f"weight update does not match the engine's model: missing {missing[:3]}, "
-                                 f"unexpected {unexpected[:3]}")
+                raise ValueError(
+                    f"weight update does not match the engine's model: missing {missing[:3]}, "
+                    f"unexpected {unexpected[:3]}"
+                )
             self._version = version
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()  # keys/values of the old weights
@@ -133,11 +146,19 @@ class LocalEngine:
         device = self.device
         pixels = grid = None
         if images:
-            pixels = torch.from_numpy(pixel_values(images, self.image_config)).to(device, next(self.model.parameters()).dtype)
+            pixels = torch.from_numpy(pixel_values(images, self.image_config)).to(
+                device, next(self.model.parameters()).dtype
+            )
             grid = torch.tensor([image.grid_thw for image in images], device=device)
         lengths = torch.tensor([len(r) for r in ids], device=device)
-        return (torch.from_numpy(_pad(ids)).to(device), lengths, torch.from_numpy(_pad(positions)).to(device)
-                .permute(1, 0, 2), pixels, grid, next_position)
+        return (
+            torch.from_numpy(_pad(ids)).to(device),
+            lengths,
+            torch.from_numpy(_pad(positions)).to(device).permute(1, 0, 2),
+            pixels,
+            grid,
+            next_position,
+        )
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Synchronous batched generation (one request at a time in deterministic mode); each row
@@ -150,10 +171,14 @@ class LocalEngine:
             return self._generate(requests)
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        image_keys = [[image_key(image) for image in r.images] if self.prefix_cache is not None else []
-                      for r in requests]
-        prefixes = [self.prefix_cache.lookup(r.input_ids, keys) for r, keys in zip(requests, image_keys)] \
-            if self.prefix_cache is not None else [None] * len(requests)
+        image_keys = [
+            [image_key(image) for image in r.images] if self.prefix_cache is not None else [] for r in requests
+        ]
+        prefixes = (
+            [self.prefix_cache.lookup(r.input_ids, keys) for r, keys in zip(requests, image_keys)]
+            if self.prefix_cache is not None
+            else [None] * len(requests)
+        )
         skips = [(len(p.ids), len(p.image_keys)) if p else (0, 0) for p in prefixes]
         ids, lengths, positions, pixels, grid, next_position = self._prefill_inputs(requests, skips)
         budget = max(r.sampling.max_new_tokens for r in requests)
@@ -175,7 +200,10 @@ class LocalEngine:
         out_lp: list[list[float]] = [[] for _ in requests]
         finish = [StopKind.LENGTH] * len(requests)
         active = [True] * len(requests)
-        decode = lambda t: self.tokenizer.decode(t)
+
+        def decode(t):
+            return self.tokenizer.decode(t)
+
         while True:
             if self._abort.is_set():
                 finish = [StopKind.ABORT if active[b] else finish[b] for b in range(len(requests))]
@@ -196,19 +224,32 @@ class LocalEngine:
             if not any(active):
                 break
             new = torch.tensor(active, dtype=torch.long, device=self.device)
-            pos = torch.tensor([next_position[b] + len(out_ids[b]) - 1 for b in range(len(requests))],
-                               device=self.device)
+            pos = torch.tensor(
+                [next_position[b] + len(out_ids[b]) - 1 for b in range(len(requests))], device=self.device
+            )
             last = extend(self.model, cache, step_ids[:, None], new, pos.view(1, -1, 1).expand(3, -1, 1))[:, 0]
         self.generated_tokens += sum(len(t) for t in out_ids)
         if self.prefix_cache is not None:
             for b, request in enumerate(requests):  # the last sampled token was never fed: not cached
                 n = int(cache.lengths[b])
-                self.prefix_cache.store(Prefix(
-                    tuple(request.input_ids) + tuple(out_ids[b][:n - full[b]]), tuple(image_keys[b]),
-                    [k[b, :, :n].clone() for k in cache.keys], [v[b, :, :n].clone() for v in cache.values]))
-        return [GenerationResult(token_ids=out_ids[b], logprobs=out_lp[b], finish=finish[b],
-                                 policy_version=self._version, prompt_tokens=full[b])
-                for b in range(len(requests))]
+                self.prefix_cache.store(
+                    Prefix(
+                        tuple(request.input_ids) + tuple(out_ids[b][: n - full[b]]),
+                        tuple(image_keys[b]),
+                        [k[b, :, :n].clone() for k in cache.keys],
+                        [v[b, :, :n].clone() for v in cache.values],
+                    )
+                )
+        return [
+            GenerationResult(
+                token_ids=out_ids[b],
+                logprobs=out_lp[b],
+                finish=finish[b],
+                policy_version=self._version,
+                prompt_tokens=full[b],
+            )
+            for b in range(len(requests))
+        ]
 
     @torch.no_grad()
     def score(self, request: GenerationRequest, continuation: Sequence[int], temperature: float = 1.0) -> list[float]:
@@ -221,7 +262,7 @@ class LocalEngine:
             cache = KVCache.empty(self.model, 1, int(lengths.max()))
             logits = extend(self.model, cache, ids, lengths, positions, pixels, grid)[0].float()
         start = len(request.input_ids)
-        logits = logits[start - 1:start - 1 + len(continuation)] / (temperature or 1.0)
+        logits = logits[start - 1 : start - 1 + len(continuation)] / (temperature or 1.0)
         target = torch.tensor(list(continuation), device=logits.device)
         return torch.log_softmax(logits, -1).gather(1, target[:, None])[:, 0].tolist()
 
@@ -236,21 +277,23 @@ class LocalEngine:
     async def _drain(self) -> None:
         await asyncio.sleep(0)  # let callers scheduled in the same tick join the batch
         while self._pending:
-            batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             self.batch_sizes[len(batch)] += 1
             if self._abort.is_set():
                 for request, future in batch:
                     if not future.done():
-                        future.set_result(GenerationResult([], [], StopKind.ABORT, self._version,
-                                                           len(request.input_ids)))
+                        future.set_result(
+                            GenerationResult([], [], StopKind.ABORT, self._version, len(request.input_ids))
+                        )
                 continue
             try:
                 results = await asyncio.to_thread(self.generate_batch, [r for r, _ in batch])
             except Exception as error:  # noqa: BLE001 - one bad batch must not strand its callers
-                for request, future in batch:
+                for _, future in batch:
                     if not future.done():
-                        future.set_exception(error if isinstance(error, ValueError)
-                                             else EngineError(f"local engine failed: {error!r}"))
+                        future.set_exception(
+                            error if isinstance(error, ValueError) else EngineError(f"local engine failed: {error!r}")
+                        )
                 continue
             for (_, future), result in zip(batch, results):
                 if not future.done():

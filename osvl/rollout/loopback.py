@@ -52,10 +52,31 @@ from osvl.rollout.engine import (
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
 from osvl.tools.image_io import decode_image
 
-SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "stop", "stop_token_ids", "sampling_seed",
-                           "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"})
-REQUEST_KEYS = frozenset({"input_ids", "image_data", "sampling_params", "return_logprob", "logprob_start_len",
-                          "return_text_in_logprobs", "rid", "stream"})
+SAMPLING_KEYS = frozenset(
+    {
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "stop_token_ids",
+        "sampling_seed",
+        "skip_special_tokens",
+        "no_stop_trim",
+        "spaces_between_special_tokens",
+    }
+)
+REQUEST_KEYS = frozenset(
+    {
+        "input_ids",
+        "image_data",
+        "sampling_params",
+        "return_logprob",
+        "logprob_start_len",
+        "return_text_in_logprobs",
+        "rid",
+        "stream",
+    }
+)
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 MAX_IMAGE_PIXELS = 64_000_000  # refused before decoding: a header claiming more is a decompression bomb
 MAX_IMAGE_BYTES = 64 << 20
@@ -90,11 +111,13 @@ def request_from_json(body: Any, engine: LocalEngine) -> GenerationRequest:
         raise ValueError(f"sampling_params not supported by the loopback server: {unknown}")
     stop = _or_default(s, "stop", ())
     sampling = SamplingParams(
-        temperature=float(_or_default(s, "temperature", 1.0)), top_p=float(_or_default(s, "top_p", 1.0)),
+        temperature=float(_or_default(s, "temperature", 1.0)),
+        top_p=float(_or_default(s, "top_p", 1.0)),
         max_new_tokens=int(_or_default(s, "max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS)),
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         stop_token_ids=tuple(int(i) for i in _or_default(s, "stop_token_ids", ())),
-        seed=None if s.get("sampling_seed") is None else int(s["sampling_seed"]))
+        seed=None if s.get("sampling_seed") is None else int(s["sampling_seed"]),
+    )
     urls = _or_default(body, "image_data", [])
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
         raise ValueError("image_data must be a list of base64 strings or data URLs (one request's images)")
@@ -138,20 +161,34 @@ def finish_reason(result: GenerationResult, request: GenerationRequest, engine: 
     return {"type": "stop", "matched": next((s for s in request.sampling.stop if s in text), None)}
 
 
-def response_json(result: GenerationResult, request: GenerationRequest, body: dict[str, Any],
-                  engine: LocalEngine, rid: str, weight_version: str | None = None) -> dict[str, Any]:
+def response_json(
+    result: GenerationResult,
+    request: GenerationRequest,
+    body: dict[str, Any],
+    engine: LocalEngine,
+    rid: str,
+    weight_version: str | None = None,
+) -> dict[str, Any]:
     skip = _or_default(_or_default(body, "sampling_params", {}), "skip_special_tokens", True)
     meta: dict[str, Any] = {
-        "id": rid, "finish_reason": finish_reason(result, request, engine), "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": len(result.token_ids), "cached_tokens": 0,
-        "weight_version": str(result.policy_version) if weight_version is None else weight_version}
+        "id": rid,
+        "finish_reason": finish_reason(result, request, engine),
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": len(result.token_ids),
+        "cached_tokens": 0,
+        "weight_version": str(result.policy_version) if weight_version is None else weight_version,
+    }
     if body.get("return_logprob"):
         with_text = bool(body.get("return_text_in_logprobs"))
         meta["output_token_logprobs"] = [
             [lp, t, engine.tokenizer.decode([t]) if with_text else None]
-            for lp, t in zip(result.logprobs, result.token_ids)]
-    return {"text": engine.tokenizer.decode(result.token_ids, skip_special_tokens=skip),
-            "output_ids": list(result.token_ids), "meta_info": meta}
+            for lp, t in zip(result.logprobs, result.token_ids)
+        ]
+    return {
+        "text": engine.tokenizer.decode(result.token_ids, skip_special_tokens=skip),
+        "output_ids": list(result.token_ids),
+        "meta_info": meta,
+    }
 
 
 class _UpdateGroup:
@@ -164,11 +201,17 @@ class _UpdateGroup:
         rank, size = int(body["rank_offset"]), int(body["world_size"])
         if not 0 < rank < size:
             raise ValueError(f"rank_offset {rank} must lie in [1, world_size {size}) (the trainer is rank 0)")
-        store = dist.TCPStore(str(body["master_address"]), int(body["master_port"]), size, is_master=False,
-                              timeout=datetime.timedelta(seconds=120))
+        store = dist.TCPStore(
+            str(body["master_address"]),
+            int(body["master_port"]),
+            size,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=120),
+        )
         self.name = str(body["group_name"])
-        self.group = dist.ProcessGroupGloo(dist.PrefixStore(self.name, store), rank, size,
-                                           datetime.timedelta(seconds=600))
+        self.group = dist.ProcessGroupGloo(
+            dist.PrefixStore(self.name, store), rank, size, datetime.timedelta(seconds=600)
+        )
 
     def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> dict[str, torch.Tensor]:
         if not (len(names) == len(dtypes) == len(shapes)):
@@ -200,9 +243,17 @@ class LoopbackServer:
     """``with LoopbackServer(engine) as server: server.url``; one thread per connection, generation
     batched by the engine on its event loop."""
 
-    def __init__(self, engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, *, model_path: str = "",
-                 tokenizer_path: str = "", logprobs: LogprobMode = "post_temperature",
-                 script: Callable[[GenerationRequest], Sequence[int]] | None = None) -> None:
+    def __init__(
+        self,
+        engine: LocalEngine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        model_path: str = "",
+        tokenizer_path: str = "",
+        logprobs: LogprobMode = "post_temperature",
+        script: Callable[[GenerationRequest], Sequence[int]] | None = None,
+    ) -> None:
         if logprobs not in ("post_temperature", "raw"):
             raise ValueError(f"logprobs must be 'post_temperature' or 'raw', got {logprobs!r}")
         self.engine, self.model_path, self.tokenizer_path, self.logprobs = engine, model_path, tokenizer_path, logprobs
@@ -244,16 +295,18 @@ class LoopbackServer:
             if self.replay is not None:
                 result = self.replay.replay(request)
             else:
-                result = asyncio.run_coroutine_threadsafe(self.engine.generate(request),
-                                                          _engine_loop(self.engine)).result()
+                result = asyncio.run_coroutine_threadsafe(
+                    self.engine.generate(request), _engine_loop(self.engine)
+                ).result()
         finally:
             with self._gate:
                 self._running -= 1
                 self._gate.notify_all()
         if self.logprobs == "raw" and result.token_ids:
             result.logprobs = self.engine.score(request, result.token_ids, temperature=1.0)
-        return response_json(result, request, body, self.engine, body.get("rid") or uuid.uuid4().hex,
-                             self.weight_version)
+        return response_json(
+            result, request, body, self.engine, body.get("rid") or uuid.uuid4().hex, self.weight_version
+        )
 
     def pause(self, body: dict[str, Any]) -> dict[str, Any]:
         """Aborts the requests in flight (they answer with the tokens they have) and holds new ones;
@@ -276,17 +329,30 @@ class LoopbackServer:
         return {"message": "Generation continued successfully.", "status": "ok"}
 
     def model_info(self) -> dict[str, Any]:
-        return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,
-                "preferred_sampling_params": None, "weight_version": self.weight_version}
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+        }
 
     def server_info(self) -> dict[str, Any]:
         image = self.engine.image_config
-        return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "skip_tokenizer_init": True,
-                "tp_size": 1, "dp_size": 1, "context_length": None,
-                "enable_deterministic_inference": self.engine.deterministic, "attention_backend": "torch_sdpa",
-                "weight_version": self.weight_version, "version": "osvl-loopback",
-                "mm_process_config": {"image": {"min_pixels": image.min_pixels, "max_pixels": image.max_pixels}},
-                "max_batch": self.engine.max_batch}
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
+            "skip_tokenizer_init": True,
+            "tp_size": 1,
+            "dp_size": 1,
+            "context_length": None,
+            "enable_deterministic_inference": self.engine.deterministic,
+            "attention_backend": "torch_sdpa",
+            "weight_version": self.weight_version,
+            "version": "osvl-loopback",
+            "mm_process_config": {"image": {"min_pixels": image.min_pixels, "max_pixels": image.max_pixels}},
+            "max_batch": self.engine.max_batch,
+        }
 
     def _load_hf(self, tensors: dict[str, torch.Tensor], version: str | None) -> None:
         """Loads the HF-named tensors that convert on their own; a layer's experts wait for both halves."""
@@ -298,8 +364,11 @@ class LoopbackServer:
                 ready[key], ready[down] = self._staged[key], self._staged[down]
         state = from_hf_state_dict(ready, self.engine.model.arch)
         dtype = next(self.engine.model.parameters()).dtype
-        self.engine.load_weights({k: t.to(dtype) for k, t in state.items()},
-                                 self.engine.policy_version if version is None else int(version), partial=True)
+        self.engine.load_weights(
+            {k: t.to(dtype) for k, t in state.items()},
+            self.engine.policy_version if version is None else int(version),
+            partial=True,
+        )
         for key in ready:
             del self._staged[key]
         if version is not None:
@@ -313,12 +382,16 @@ class LoopbackServer:
         if loaded.arch != self.engine.model.arch:
             raise ValueError(f"{path} holds another architecture than the served model")
         self._staged.clear()
-        self.engine.load_weights(loaded.state_dict(), int(version) if version is not None
-                                 else self.engine.policy_version + 1)
+        self.engine.load_weights(
+            loaded.state_dict(), int(version) if version is not None else self.engine.policy_version + 1
+        )
         self.weight_version = str(version) if version is not None else str(self.engine.policy_version)
         self.model_path = str(path)
-        return {"success": True, "message": f"loaded {path}. Weight version updated to {self.weight_version}.",
-                "num_paused_requests": 0}
+        return {
+            "success": True,
+            "message": f"loaded {path}. Weight version updated to {self.weight_version}.",
+            "num_paused_requests": 0,
+        }
 
     def init_group(self, body: dict[str, Any]) -> dict[str, Any]:
         group = _UpdateGroup(body)
@@ -373,9 +446,13 @@ def _handler(server: LoopbackServer):
                 pass
 
         def do_GET(self) -> None:
-            routes = {"/health": lambda: None, "/health_generate": lambda: None, "/get_model_info": server.model_info,
-                      "/get_weight_version": lambda: {"weight_version": server.weight_version},
-                      "/get_server_info": server.server_info}
+            routes = {
+                "/health": lambda: None,
+                "/health_generate": lambda: None,
+                "/get_model_info": server.model_info,
+                "/get_weight_version": lambda: {"weight_version": server.weight_version},
+                "/get_server_info": server.server_info,
+            }
             route = routes.get(self.path)
             self._send(200, route()) if route else self._send(404, {"error": {"message": "not found"}})
 
@@ -384,10 +461,12 @@ def _handler(server: LoopbackServer):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             except ValueError as error:
                 return self._send(400, {"error": {"message": f"invalid JSON: {error}"}})
-            weight_routes = {"/update_weights_from_disk": server.update_from_disk,
-                             "/init_weights_update_group": server.init_group,
-                             "/update_weights_from_distributed": server.update_from_distributed,
-                             "/destroy_weights_update_group": server.destroy_group}
+            weight_routes = {
+                "/update_weights_from_disk": server.update_from_disk,
+                "/init_weights_update_group": server.init_group,
+                "/update_weights_from_distributed": server.update_from_distributed,
+                "/destroy_weights_update_group": server.destroy_group,
+            }
             try:
                 if self.path == "/generate":
                     return self._send(200, server.generate(body))
@@ -406,15 +485,18 @@ def _handler(server: LoopbackServer):
                     return self._send(200, None)
             except (ValueError, KeyError, TypeError, OSError, RuntimeError) as error:
                 if self.path in weight_routes:
-                    return self._send(400, {"success": False, "message": f"{type(error).__name__}: {error}",
-                                            "num_paused_requests": 0})
+                    return self._send(
+                        400, {"success": False, "message": f"{type(error).__name__}: {error}", "num_paused_requests": 0}
+                    )
                 return self._send(400, {"error": {"message": str(error)}})
             self._send(404, {"error": {"message": f"unknown path {self.path}"}})
+
     return Handler
 
 
-def engine_from_checkpoint(model_path: str | Path, tokenizer_path: str | Path | None = None, *,
-                           max_batch: int = 8) -> LocalEngine:
+def engine_from_checkpoint(
+    model_path: str | Path, tokenizer_path: str | Path | None = None, *, max_batch: int = 8
+) -> LocalEngine:
     """A local engine over an HF checkpoint directory with its tokenizer and image settings."""
     from osvl.data.formats import checkpoint_image_config
     from osvl.data.tokenizer import load_tokenizer
@@ -423,8 +505,12 @@ def engine_from_checkpoint(model_path: str | Path, tokenizer_path: str | Path | 
     image_config = checkpoint_image_config(model_path)
     if image_config is None:
         raise ValueError(f"{model_path} has no preprocessor_config.json: the server would not know its image settings")
-    return LocalEngine(from_pretrained(model_path, dtype=torch.float32), load_tokenizer(tokenizer_path or model_path),
-                       image_config, max_batch=max_batch)
+    return LocalEngine(
+        from_pretrained(model_path, dtype=torch.float32),
+        load_tokenizer(tokenizer_path or model_path),
+        image_config,
+        max_batch=max_batch,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -441,8 +527,14 @@ def main(argv: list[str] | None = None) -> int:
         engine = engine_from_checkpoint(args.model_path, args.tokenizer_path or None, max_batch=args.max_batch)
     except ValueError as error:
         parser.error(str(error))
-    server = LoopbackServer(engine, args.host, args.port, model_path=str(Path(args.model_path).resolve()),
-                            tokenizer_path=args.tokenizer_path, logprobs=args.logprobs)
+    server = LoopbackServer(
+        engine,
+        args.host,
+        args.port,
+        model_path=str(Path(args.model_path).resolve()),
+        tokenizer_path=args.tokenizer_path,
+        logprobs=args.logprobs,
+    )
     server.start()
     print(f"osvl loopback SGLang server on {server.url}", flush=True)
     if args.ready_file:

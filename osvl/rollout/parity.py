@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from osvl_kernels import token_logprobs
 
 from osvl.data.chat import ChatRenderer
 from osvl.data.image import pixel_values
 from osvl.data.mrope import mrope_position_ids
 from osvl.model.model import Qwen3VLModel
 from osvl.rl.trajectory import Trajectory
+from osvl_kernels import token_logprobs
 
 
 @dataclass(frozen=True)
@@ -29,15 +29,17 @@ class ParityReport:
 
 
 @torch.no_grad()
-def trainer_logprobs(model: Qwen3VLModel, renderer: ChatRenderer, traj: Trajectory,
-                     temperature: float = 1.0, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+def trainer_logprobs(
+    model: Qwen3VLModel, renderer: ChatRenderer, traj: Trajectory, temperature: float = 1.0, backend: str = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
     """(trainer, engine) fp32 logprobs of the trajectory's policy tokens, in order."""
     seq = renderer.render_trajectory(traj)
     device = next(model.parameters()).device
     ids = torch.from_numpy(seq.input_ids).to(device)
     grids = [image.grid_thw for image in seq.images]
-    positions = torch.from_numpy(mrope_position_ids(seq.input_ids, grids, renderer.tokenizer.special.image_pad,
-                                                    renderer.image_config.merge_size)).to(device)
+    positions = torch.from_numpy(
+        mrope_position_ids(seq.input_ids, grids, renderer.tokenizer.special.image_pad, renderer.image_config.merge_size)
+    ).to(device)
     pixels = grid = None
     if seq.images:
         pixels = torch.from_numpy(pixel_values(seq.images, renderer.image_config)).to(device)
@@ -47,15 +49,23 @@ def trainer_logprobs(model: Qwen3VLModel, renderer: ChatRenderer, traj: Trajecto
     if seq.loss_mask[0]:
         raise ValueError(f"trajectory {traj.prompt.id!r} starts with a policy token; nothing predicts it")
     policy = torch.from_numpy(seq.loss_mask[1:]).to(device)
-    logp = token_logprobs(logits[:-1][policy].float().contiguous(), ids[1:][policy], temperature=temperature,
-                          backend=backend)
+    logp = token_logprobs(
+        logits[:-1][policy].float().contiguous(), ids[1:][policy], temperature=temperature, backend=backend
+    )
     return logp.cpu().numpy(), seq.logprobs[seq.loss_mask]
 
 
-def logprob_parity(model: Qwen3VLModel, renderer: ChatRenderer, trajectories: Sequence[Trajectory],
-                   temperature: float = 1.0, backend: str = "auto") -> ParityReport:
+def logprob_parity(
+    model: Qwen3VLModel,
+    renderer: ChatRenderer,
+    trajectories: Sequence[Trajectory],
+    temperature: float = 1.0,
+    backend: str = "auto",
+) -> ParityReport:
     """Mean and max |trainer - engine| over every policy token of the batch."""
-    diffs = [np.abs(a - b) for a, b in (trainer_logprobs(model, renderer, t, temperature, backend) for t in trajectories)]
+    diffs = [
+        np.abs(a - b) for a, b in (trainer_logprobs(model, renderer, t, temperature, backend) for t in trajectories)
+    ]
     flat = np.concatenate(diffs) if diffs else np.zeros(0)
     if flat.size == 0:
         raise ValueError("no policy tokens to compare")

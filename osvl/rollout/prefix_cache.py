@@ -50,8 +50,12 @@ class PrefixCache:
         best = None
         for entry in self._entries.values():
             n = len(entry.ids)
-            if n < len(ids) and (best is None or n > len(best.ids)) and ids[:n] == entry.ids \
-                    and tuple(images[:len(entry.image_keys)]) == entry.image_keys:
+            if (
+                n < len(ids)
+                and (best is None or n > len(best.ids))
+                and ids[:n] == entry.ids
+                and tuple(images[: len(entry.image_keys)]) == entry.image_keys
+            ):
                 best = entry
         if best is not None:
             self._entries.move_to_end(best.ids)

@@ -46,8 +46,11 @@ class ScoredGroup:
     @property
     def version(self) -> int | None:
         """Policy version of the group's oldest token; None when no sample generated one."""
-        versions = [min(step.token_versions) if step.token_versions else step.policy_version
-                    for trajectory in self.trajectories for step in trajectory.steps]
+        versions = [
+            min(step.token_versions) if step.token_versions else step.policy_version
+            for trajectory in self.trajectories
+            for step in trajectory.steps
+        ]
         return min(versions) if versions else None
 
 
@@ -64,8 +67,10 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, max_staleness: int, updates_per_step: int) -> None:
         if capacity < 1 or max_staleness < 0 or updates_per_step < 1:
-            raise ValueError(f"need capacity >= 1, max_staleness >= 0 and updates_per_step >= 1, got {capacity}, "
-                             f"{max_staleness} and {updates_per_step}")
+            raise ValueError(
+                f"need capacity >= 1, max_staleness >= 0 and updates_per_step >= 1, got {capacity}, "
+                f"{max_staleness} and {updates_per_step}"
+            )
         self.capacity, self.max_staleness, self.updates_per_step = capacity, max_staleness, updates_per_step
         self._groups: list[ScoredGroup] = []
 
@@ -130,8 +135,10 @@ def staleness_metrics(groups: Sequence[ScoredGroup], current: int, updates_per_s
     tokens: Counter = sum(per_trajectory, Counter())
     total = max(sum(tokens.values()), 1)
     token_lag = {v: lag(v, current, updates_per_step) for v in tokens}
-    return {"group_lag_mean": sum(group_lags) / max(len(group_lags), 1),
-            "group_lag_max": float(max(group_lags, default=0)),
-            "token_lag_mean": sum(token_lag[v] * n for v, n in tokens.items()) / total,
-            "offpolicy_token_frac": sum(n for v, n in tokens.items() if token_lag[v] > 0) / total,
-            "mixed_version_trajectories": float(sum(len(+c) > 1 for c in per_trajectory))}
+    return {
+        "group_lag_mean": sum(group_lags) / max(len(group_lags), 1),
+        "group_lag_max": float(max(group_lags, default=0)),
+        "token_lag_mean": sum(token_lag[v] * n for v, n in tokens.items()) / total,
+        "offpolicy_token_frac": sum(n for v, n in tokens.items() if token_lag[v] > 0) / total,
+        "mixed_version_trajectories": float(sum(len(+c) > 1 for c in per_trajectory)),
+    }

@@ -37,5 +37,6 @@ class UnusableToken:
 def find_unusable(token_ids: Sequence[int], reserved: Sequence[int], vocab_size: int) -> list[UnusableToken]:
     """Every generated id that is a reserved placeholder or outside ``[0, vocab_size)``."""
     banned = set(reserved)
-    return [UnusableToken(i, int(t)) for i, t in enumerate(token_ids)
-            if int(t) in banned or not 0 <= int(t) < vocab_size]
+    return [
+        UnusableToken(i, int(t)) for i, t in enumerate(token_ids) if int(t) in banned or not 0 <= int(t) < vocab_size
+    ]

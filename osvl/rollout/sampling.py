@@ -5,8 +5,13 @@ from __future__ import annotations
 import torch
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator | None, banned: torch.Tensor | None = None) -> tuple[int, float]:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    banned: torch.Tensor | None = None,
+) -> tuple[int, float]:
     """One token from ``logits [V]``; returns (id, fp32 log_softmax(logits / T)[id]).
 
     ``temperature == 0`` is greedy and reports the logprob at T = 1. ``banned`` ids (reserved

@@ -145,13 +145,24 @@ def image_data_url(pixels) -> str:
 
 def generate_payload(request: GenerationRequest) -> dict[str, Any]:
     s = request.sampling
-    sampling = {"temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": s.max_new_tokens,
-                "stop": list(s.stop), "stop_token_ids": list(s.stop_token_ids), "skip_special_tokens": False,
-                "no_stop_trim": True}
+    sampling = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "max_new_tokens": s.max_new_tokens,
+        "stop": list(s.stop),
+        "stop_token_ids": list(s.stop_token_ids),
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+    }
     if s.seed is not None:
         sampling["sampling_seed"] = s.seed
-    payload: dict[str, Any] = {"input_ids": list(request.input_ids), "sampling_params": sampling,
-                               "return_logprob": True, "logprob_start_len": -1, "return_text_in_logprobs": False}
+    payload: dict[str, Any] = {
+        "input_ids": list(request.input_ids),
+        "sampling_params": sampling,
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "return_text_in_logprobs": False,
+    }
     if request.images:
         payload["image_data"] = [image_data_url(image.pixels) for image in request.images]
     return payload
@@ -183,8 +194,11 @@ def parse_generate_response(body: Any, policy_version: int, *, allow_abort: bool
 def continuation(request: GenerationRequest, generated: Sequence[int]) -> GenerationRequest:
     """The request that goes on from ``generated``, the tokens an aborted request already produced."""
     s = request.sampling
-    return GenerationRequest([*request.input_ids, *generated], request.images,
-                             dataclasses.replace(s, max_new_tokens=s.max_new_tokens - len(generated)))
+    return GenerationRequest(
+        [*request.input_ids, *generated],
+        request.images,
+        dataclasses.replace(s, max_new_tokens=s.max_new_tokens - len(generated)),
+    )
 
 
 def first_stop_across(ids: Sequence[int], boundary: int, decode, sampling) -> int | None:
@@ -235,8 +249,13 @@ class SGLangEngine:
     Every failure names the server it came from; a weight update counts only when every server
     reports the new version afterwards (never assumed from a 200)."""
 
-    def __init__(self, config: SGLangConfig, client: httpx.AsyncClient | None = None,
-                 policy_version: int = 0, decode: Callable[[Sequence[int]], str] | None = None) -> None:
+    def __init__(
+        self,
+        config: SGLangConfig,
+        client: httpx.AsyncClient | None = None,
+        policy_version: int = 0,
+        decode: Callable[[Sequence[int]], str] | None = None,
+    ) -> None:
         self.config = config
         self.decode = decode  # the tokenizer's, to find a stop string split by a continued abort
         self.client = client or httpx.AsyncClient(timeout=config.timeout_s, trust_env=False)
@@ -268,8 +287,10 @@ class SGLangEngine:
         finally:
             self.in_flight[server] -= 1
         if response.status_code != 200:
-            raise EngineError(f"SGLang /generate on {self.config.urls[server]} returned HTTP {response.status_code}: "
-                              f"{_refusal(response)}")
+            raise EngineError(
+                f"SGLang /generate on {self.config.urls[server]} returned HTTP {response.status_code}: "
+                f"{_refusal(response)}"
+            )
         return parse_generate_response(response.json(), version, allow_abort=True)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -313,8 +334,9 @@ class SGLangEngine:
     async def pause_generation(self) -> None:
         """Every weight server aborts its requests in flight and holds new ones (``/pause_generation``,
         mode ``abort``) until ``continue_generation``: no request runs while the weights change."""
-        await self._post_all("/pause_generation", [{"mode": "abort"}] * len(self.config.weight_urls),
-                             "pausing generation")
+        await self._post_all(
+            "/pause_generation", [{"mode": "abort"}] * len(self.config.weight_urls), "pausing generation"
+        )
 
     async def continue_generation(self) -> None:
         await self._post_all("/continue_generation", [{}] * len(self.config.weight_urls), "continuing generation")
@@ -328,8 +350,9 @@ class SGLangEngine:
         except (httpx.HTTPError, ValueError) as error:
             raise EngineError(f"SGLang server {url}: GET {path} failed: {error!r}") from None
 
-    async def _post_all(self, path: str, bodies: Sequence[dict[str, Any]], what: str,
-                        urls: Sequence[str] | None = None) -> None:
+    async def _post_all(
+        self, path: str, bodies: Sequence[dict[str, Any]], what: str, urls: Sequence[str] | None = None
+    ) -> None:
         """POST one body per server, concurrently; every refusal is an ``EngineError`` naming its server."""
         urls = list(urls or self.config.weight_urls)
 
@@ -352,8 +375,11 @@ class SGLangEngine:
     async def confirm_version(self, version: int) -> None:
         """Every weight server reports ``version`` (``/get_model_info``), or ``EngineError`` names the skew."""
         infos = await asyncio.gather(*(self.get_json(url, "/get_model_info") for url in self.config.weight_urls))
-        stale = [f"{url} reports {info.get('weight_version')!r}" for url, info in zip(self.config.weight_urls, infos)
-                 if str(info.get("weight_version")) != str(version)]
+        stale = [
+            f"{url} reports {info.get('weight_version')!r}"
+            for url, info in zip(self.config.weight_urls, infos)
+            if str(info.get("weight_version")) != str(version)
+        ]
         if stale:
             raise EngineError(f"weight version skew after the update to {version}: " + "; ".join(stale))
         self._version = version
@@ -361,19 +387,26 @@ class SGLangEngine:
     async def check_deterministic_inference(self) -> list[ServerDeterminism]:
         """Pre-flight: what every server reports; with ``config.deterministic`` a server that does not run
         deterministic inference (or cannot say) is an error naming it and the flag it needs."""
-        report = [server_determinism(url, await self.get_json(url, "/get_server_info", timeout_s=30))
-                  for url in dict.fromkeys((*self.config.urls, *self.config.weight_urls))]
+        report = [
+            server_determinism(url, await self.get_json(url, "/get_server_info", timeout_s=30))
+            for url in dict.fromkeys((*self.config.urls, *self.config.weight_urls))
+        ]
         missing = [r for r in report if r.enabled is not True]
         if self.config.deterministic and missing:
-            raise EngineError("rollout.deterministic needs every SGLang server launched with "
-                              f"{DETERMINISTIC_FLAG}; " + "; ".join(r.describe() for r in missing))
+            raise EngineError(
+                "rollout.deterministic needs every SGLang server launched with "
+                f"{DETERMINISTIC_FLAG}; " + "; ".join(r.describe() for r in missing)
+            )
         return report
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Every weight server loads the HF directory ``model_path``; the version changes only if all did."""
         body = {"model_path": model_path, "weight_version": str(version)}
-        await self._post_all("/update_weights_from_disk", [body] * len(self.config.weight_urls),
-                             f"weight update to version {version} from {model_path}")
+        await self._post_all(
+            "/update_weights_from_disk",
+            [body] * len(self.config.weight_urls),
+            f"weight update to version {version} from {model_path}",
+        )
         await self.confirm_version(version)
 
     async def server_ranks(self) -> list[int]:
@@ -381,28 +414,54 @@ class SGLangEngine:
         infos = await asyncio.gather(*(self.get_json(url, "/get_server_info") for url in self.config.weight_urls))
         return [int(info.get("tp_size") or 1) for info in infos]
 
-    async def init_weights_update_group(self, master_address: str, master_port: int, group_name: str,
-                                        backend: str, sizes: Sequence[int]) -> None:
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, group_name: str, backend: str, sizes: Sequence[int]
+    ) -> None:
         """Every weight server joins the group (trainer = rank 0; server i starts at 1 + its predecessors' sizes)."""
         offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
-        bodies = [{"master_address": master_address, "master_port": master_port, "rank_offset": offset,
-                   "world_size": 1 + sum(sizes), "group_name": group_name, "backend": backend} for offset in offsets]
+        bodies = [
+            {
+                "master_address": master_address,
+                "master_port": master_port,
+                "rank_offset": offset,
+                "world_size": 1 + sum(sizes),
+                "group_name": group_name,
+                "backend": backend,
+            }
+            for offset in offsets
+        ]
         await self._post_all("/init_weights_update_group", bodies, f"joining weights update group {group_name}")
 
-    async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
-                                              shapes: Sequence[Sequence[int]], group_name: str,
-                                              version: int | None) -> None:
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        group_name: str,
+        version: int | None,
+    ) -> None:
         """Announces one bucket; returns once every server has received it (broadcast it meanwhile)."""
-        body: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
-                                "group_name": group_name, "flush_cache": version is not None}
+        body: dict[str, Any] = {
+            "names": list(names),
+            "dtypes": list(dtypes),
+            "shapes": [list(s) for s in shapes],
+            "group_name": group_name,
+            "flush_cache": version is not None,
+        }
         if version is not None:
             body["weight_version"] = str(version)
-        await self._post_all("/update_weights_from_distributed", [body] * len(self.config.weight_urls),
-                             f"bucket of {len(names)} tensors for group {group_name}")
+        await self._post_all(
+            "/update_weights_from_distributed",
+            [body] * len(self.config.weight_urls),
+            f"bucket of {len(names)} tensors for group {group_name}",
+        )
 
     async def destroy_weights_update_group(self, group_name: str) -> None:
-        await self._post_all("/destroy_weights_update_group", [{"group_name": group_name}] * len(self.config.weight_urls),
-                             f"destroying weights update group {group_name}")
+        await self._post_all(
+            "/destroy_weights_update_group",
+            [{"group_name": group_name}] * len(self.config.weight_urls),
+            f"destroying weights update group {group_name}",
+        )
 
     async def aclose(self) -> None:
         await self.client.aclose()

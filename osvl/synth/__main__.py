@@ -28,15 +28,31 @@ from osvl.synth.stats import curation_stats, format_stats
 from osvl.world.build import load_world
 
 STOPPED = 3
-LLM_STAGE_KEYS = {"rewrite": ("stages.rewrite",), "uniqueness": ("stages.uniqueness",),
-                  "filter": ("stages.closed_book", "stages.image_search"), "expert": ("stages.expert",)}
+LLM_STAGE_KEYS = {
+    "rewrite": ("stages.rewrite",),
+    "uniqueness": ("stages.uniqueness",),
+    "filter": ("stages.closed_book", "stages.image_search"),
+    "expert": ("stages.expert",),
+}
 # flag destination -> config key
-FLAG_KEYS = {"world": "source.world", "graph": "source.graph", "images": "source.images", "corpus": "source.corpus",
-             "seed": "curation.seed", "rollouts": "curation.rollouts_per_item", "per_domain": "curation.per_domain",
-             "expert_tools": "tools.mode", "tool_workers": "tools.workers", "text_search": "tools.text_search",
-             "filter_image_search": "stages.image_search", "llm_url": "llm.url", "llm_model": "llm.model",
-             "llm_api_key_env": "llm.api_key_env", "max_llm_calls": "budget.max_llm_calls",
-             "llm_cache_dir": "budget.cache_dir"}
+FLAG_KEYS = {
+    "world": "source.world",
+    "graph": "source.graph",
+    "images": "source.images",
+    "corpus": "source.corpus",
+    "seed": "curation.seed",
+    "rollouts": "curation.rollouts_per_item",
+    "per_domain": "curation.per_domain",
+    "expert_tools": "tools.mode",
+    "tool_workers": "tools.workers",
+    "text_search": "tools.text_search",
+    "filter_image_search": "stages.image_search",
+    "llm_url": "llm.url",
+    "llm_model": "llm.model",
+    "llm_api_key_env": "llm.api_key_env",
+    "max_llm_calls": "budget.max_llm_calls",
+    "llm_cache_dir": "budget.cache_dir",
+}
 
 
 def _run_parser(sub: Any) -> None:
@@ -51,13 +67,19 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--rollouts", type=int, help="expert rollouts per SFT item")
     run.add_argument("--per-domain", type=int, help="seeds per domain")
     run.add_argument("--expert-search-top-k", type=int, help="passages the scripted expert asks each text_search for")
-    run.add_argument("--expert-tools", choices=("exact", "environment"),
-                     help="the expert's tools: exact in-process stand-ins, or the real tool pool")
+    run.add_argument(
+        "--expert-tools",
+        choices=("exact", "environment"),
+        help="the expert's tools: exact in-process stand-ins, or the real tool pool",
+    )
     run.add_argument("--tool-workers", type=int)
     run.add_argument("--text-search", choices=("offline", "online"), help="the tool pool's TextSearch back-end")
     run.add_argument("--image-search-url", help="an online reverse-image API for the tool pool's ImageSearch")
-    run.add_argument("--filter-image-search", choices=("exact", "tools", "llm"),
-                     help="filter stage 2: exact solver, one real ImageSearch call, or the LLM given that call's result")
+    run.add_argument(
+        "--filter-image-search",
+        choices=("exact", "tools", "llm"),
+        help="filter stage 2: exact solver, one real ImageSearch call, or the LLM given that call's result",
+    )
     run.add_argument("--llm-url", help="OpenAI-compatible base URL ending in /v1")
     run.add_argument("--llm-model")
     run.add_argument("--llm-api-key-env", help="name of the environment variable holding the API key")
@@ -103,8 +125,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         counts = curate(backends.world, args.out, config.curation, **backends.curate_kwargs)
     print(json.dumps(counts, indent=2, sort_keys=True))
     if "stopped" in counts:
-        print(f"stopped in stage {counts['stopped']['stage']}: {counts['stopped']['error']}; "
-              f"rerun the same command to resume", file=sys.stderr)
+        print(
+            f"stopped in stage {counts['stopped']['stage']}: {counts['stopped']['error']}; "
+            f"rerun the same command to resume",
+            file=sys.stderr,
+        )
         return STOPPED
     return 0
 
@@ -120,11 +145,13 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     try:
         world = load_world(args.world)
         if args.held_out_prompts:
-            prompts = held_out_prompts(world, anchors, args.count, args.seed, args.search_top_k,
-                                       max_guess_rate=args.max_guess_rate)
+            prompts = held_out_prompts(
+                world, anchors, args.count, args.seed, args.search_top_k, max_guess_rate=args.max_guess_rate
+            )
         else:
-            drills = lookup_drills(world, args.count, args.seed, rl_nodes, args.search_top_k,
-                                   max_guess_rate=args.max_guess_rate)
+            drills = lookup_drills(
+                world, args.count, args.seed, rl_nodes, args.search_top_k, max_guess_rate=args.max_guess_rate
+            )
     except ValueError as error:
         parser.error(str(error))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -163,21 +190,34 @@ def main(argv: list[str] | None = None) -> int:
     drills.add_argument("--world", required=True)
     drills.add_argument("--data", required=True, help="a curated set: the entities of its RL items are left out")
     drills.add_argument("--count", type=int, required=True)
-    drills.add_argument("--out", required=True, help="JSONL of SFT trajectory records (RL prompts with --held-out-prompts)")
-    drills.add_argument("--held-out-prompts", action="store_true",
-                        help="write short visual RL prompts that start at the RL items' image entities instead")
+    drills.add_argument(
+        "--out", required=True, help="JSONL of SFT trajectory records (RL prompts with --held-out-prompts)"
+    )
+    drills.add_argument(
+        "--held-out-prompts",
+        action="store_true",
+        help="write short visual RL prompts that start at the RL items' image entities instead",
+    )
     drills.add_argument("--seed", type=int, default=0)
     drills.add_argument("--search-top-k", type=int, default=1)
-    drills.add_argument("--max-guess-rate", type=float, default=1.0,
-                        help="never ask an attribute whose most common value (for that kind of entity) a blind guess "
-                             "would get right more often than this")
+    drills.add_argument(
+        "--max-guess-rate",
+        type=float,
+        default=1.0,
+        help="never ask an attribute whose most common value (for that kind of entity) a blind guess "
+        "would get right more often than this",
+    )
     reading = sub.add_parser("reading", help="plain-text reading comprehension over worlds (base pretraining)")
     reading.add_argument("--world", required=True, action="append", help="a world directory (repeatable)")
     reading.add_argument("--count", type=int, required=True, help="documents to write")
     reading.add_argument("--out", required=True, help='JSONL of {"text": ...} records')
     reading.add_argument("--seed", type=int, default=0)
-    reading.add_argument("--copy-fraction", type=float, default=ReadingConfig.copy_fraction,
-                         help="share of documents that list names and numbers and repeat the list")
+    reading.add_argument(
+        "--copy-fraction",
+        type=float,
+        default=ReadingConfig.copy_fraction,
+        help="share of documents that list names and numbers and repeat the list",
+    )
     args = parser.parse_args(argv)
     if args.command == "reading":
         return write_reading(args, parser)

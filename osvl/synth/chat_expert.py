@@ -94,8 +94,9 @@ class ChatExpert:
             action = parse_action(outcome.text)
             messages.append({"role": "assistant", "content": outcome.text})
             if action.response is not None:
-                steps.append(Step(token_ids=[], logprobs=[], text=outcome.text, think=action.think,
-                                  response=action.response))
+                steps.append(
+                    Step(token_ids=[], logprobs=[], text=outcome.text, think=action.think, response=action.response)
+                )
                 return ExpertEpisode(steps, FinishReason.RESPONSE)
             call, result = None, ToolResult(ToolStatus.PARSE_ERROR, "", error=action.error)
             if action.error is None:
@@ -107,11 +108,24 @@ class ChatExpert:
                     result = self.tools(call, images)
             produced = list(result.images) if result.ok else []
             images.extend(produced)
-            steps.append(Step(token_ids=[], logprobs=[], text=outcome.text, think=action.think, tool_call=call,
-                              tool_result=result, observation_text=_observation_text(result),
-                              observation_images=produced))
-            if find_fatal_step([s.status for s in steps], self.config.fatal.k, self.config.fatal.anchor,
-                               self.config.fatal.errors) != -1:
+            steps.append(
+                Step(
+                    token_ids=[],
+                    logprobs=[],
+                    text=outcome.text,
+                    think=action.think,
+                    tool_call=call,
+                    tool_result=result,
+                    observation_text=_observation_text(result),
+                    observation_images=produced,
+                )
+            )
+            if (
+                find_fatal_step(
+                    [s.status for s in steps], self.config.fatal.k, self.config.fatal.anchor, self.config.fatal.errors
+                )
+                != -1
+            ):
                 return ExpertEpisode(steps, FinishReason.FATAL)
             messages.append(self._user(f"<tool_response>\n{_observation_text(result)}\n</tool_response>", produced))
         return ExpertEpisode(steps, FinishReason.MAX_TURNS)

@@ -38,9 +38,18 @@ def guess_rates(world: World) -> dict[tuple[str, str], float]:
     return {key: counts.most_common(1)[0][1] / counts.total() for key, counts in values.items()}
 
 
-def _drill(world: World, tools: WorldTools, anchor: str, hops: int, rng: random.Random,
-           excluded: set[str], search_top_k: int, group_id: int, visual: bool,
-           guessable: set[tuple[str, str]]) -> Trajectory | None:
+def _drill(
+    world: World,
+    tools: WorldTools,
+    anchor: str,
+    hops: int,
+    rng: random.Random,
+    excluded: set[str],
+    search_top_k: int,
+    group_id: int,
+    visual: bool,
+    guessable: set[tuple[str, str]],
+) -> Trajectory | None:
     """One chain from ``anchor`` (named, or ``visual``: its image, identified by image_search), or
     None when the tools would not make it unambiguous or its answer is ``guessable``."""
     graph = world.graph
@@ -49,8 +58,15 @@ def _drill(world: World, tools: WorldTools, anchor: str, hops: int, rng: random.
     path, relations = [anchor], []
     for _ in range(hops):
         links = [(link.relation, graph.resolve(link.target)) for link in graph[path[-1]].links]
-        links = [(r, t) for r, t in links if t is not None and t not in excluded and t not in path
-                 and graph[t].domain is not None and len(graph.edges(path[-1], r)) == 1]
+        links = [
+            (r, t)
+            for r, t in links
+            if t is not None
+            and t not in excluded
+            and t not in path
+            and graph[t].domain is not None
+            and len(graph.edges(path[-1], r)) == 1
+        ]
         if not links:
             return None
         relation, target = rng.choice(links)
@@ -64,7 +80,9 @@ def _drill(world: World, tools: WorldTools, anchor: str, hops: int, rng: random.
     question = f"What is the {attribute}"
     for relation in reversed(relations):
         question += f" of the {relation}"
-    question += f" of the {graph[anchor].kind or 'entity'} shown in the image?" if visual else f" of {graph[anchor].title}?"
+    question += (
+        f" of the {graph[anchor].kind or 'entity'} shown in the image?" if visual else f" of {graph[anchor].title}?"
+    )
     images = [world.load_image(anchor)] if visual else []
 
     steps = []
@@ -93,25 +111,42 @@ def _drill(world: World, tools: WorldTools, anchor: str, hops: int, rng: random.
         return None
     steps.append(answer_step(attribute, title, answer, answer))
     kind = "image" if visual else "named"
-    prompt = Prompt(id=f"drill-{kind}-{anchor}-{'-'.join(relations)}-{attribute}", question=question, images=images,
-                    answer=answer)
-    return Trajectory(prompt=prompt, steps=steps, finish_reason=FinishReason.RESPONSE, group_id=group_id,
-                      sample_index=0)
+    prompt = Prompt(
+        id=f"drill-{kind}-{anchor}-{'-'.join(relations)}-{attribute}", question=question, images=images, answer=answer
+    )
+    return Trajectory(
+        prompt=prompt, steps=steps, finish_reason=FinishReason.RESPONSE, group_id=group_id, sample_index=0
+    )
 
 
-def lookup_drills(world: World, count: int, seed: int = 0, excluded: Iterable[str] = (),
-                  search_top_k: int = 1, max_hops: int = 2, visual_fraction: float = 0.5,
-                  anchors: Iterable[str] | None = None, max_guess_rate: float = 1.0) -> list[Trajectory]:
+def lookup_drills(
+    world: World,
+    count: int,
+    seed: int = 0,
+    excluded: Iterable[str] = (),
+    search_top_k: int = 1,
+    max_hops: int = 2,
+    visual_fraction: float = 0.5,
+    anchors: Iterable[str] | None = None,
+    max_guess_rate: float = 1.0,
+) -> list[Trajectory]:
     """``count`` distinct drills of 1..``max_hops`` relation hops plus one attribute lookup; a
     ``visual_fraction`` of them start from the anchor's image, as curated questions do. Chains
     start from ``anchors`` (default: every entity) and never touch an ``excluded`` one. An answer
     that a blind guess would get right more often than ``max_guess_rate`` (``guess_rates``: a
     country's area when the world has three countries) is never asked."""
-    if count < 0 or max_hops < 1 or search_top_k < 0 or not 0.0 <= visual_fraction <= 1.0 \
-            or not 0.0 < max_guess_rate <= 1.0:
-        raise ValueError(f"lookup_drills needs count >= 0, max_hops >= 1, search_top_k >= 0; got "
-                         f"{count}, {max_hops}, {search_top_k} (and visual_fraction in [0, 1], got {visual_fraction}; "
-                         f"max_guess_rate in (0, 1], got {max_guess_rate})")
+    if (
+        count < 0
+        or max_hops < 1
+        or search_top_k < 0
+        or not 0.0 <= visual_fraction <= 1.0
+        or not 0.0 < max_guess_rate <= 1.0
+    ):
+        raise ValueError(
+            f"lookup_drills needs count >= 0, max_hops >= 1, search_top_k >= 0; got "
+            f"{count}, {max_hops}, {search_top_k} (and visual_fraction in [0, 1], got {visual_fraction}; "
+            f"max_guess_rate in (0, 1], got {max_guess_rate})"
+        )
     excluded = set(excluded)
     pool = {p.id for p in world.graph.entities()} if anchors is None else set(anchors)
     unknown = sorted(a for a in pool if a not in world.graph)
@@ -127,20 +162,47 @@ def lookup_drills(world: World, count: int, seed: int = 0, excluded: Iterable[st
     while len(drills) < count:
         attempts += 1
         if attempts > 50 * count + 100:
-            raise ValueError(f"lookup_drills: only {len(drills)} distinct drills of {count} after {attempts - 1} "
-                             "attempts; the world is too small or too excluded")
-        drill = _drill(world, tools, rng.choice(anchors), rng.randint(1, max_hops), rng, excluded, search_top_k,
-                       group_id=len(drills), visual=rng.random() < visual_fraction, guessable=guessable)
+            raise ValueError(
+                f"lookup_drills: only {len(drills)} distinct drills of {count} after {attempts - 1} "
+                "attempts; the world is too small or too excluded"
+            )
+        drill = _drill(
+            world,
+            tools,
+            rng.choice(anchors),
+            rng.randint(1, max_hops),
+            rng,
+            excluded,
+            search_top_k,
+            group_id=len(drills),
+            visual=rng.random() < visual_fraction,
+            guessable=guessable,
+        )
         if drill is not None and drill.prompt.id not in drills:
             drills[drill.prompt.id] = drill
     return list(drills.values())
 
 
-def held_out_prompts(world: World, anchors: Iterable[str], count: int, seed: int = 0,
-                     search_top_k: int = 1, max_hops: int = 2, max_guess_rate: float = 1.0) -> list[Prompt]:
+def held_out_prompts(
+    world: World,
+    anchors: Iterable[str],
+    count: int,
+    seed: int = 0,
+    search_top_k: int = 1,
+    max_hops: int = 2,
+    max_guess_rate: float = 1.0,
+) -> list[Prompt]:
     """Short visual questions (1..``max_hops`` hops) about entities SFT drills leave out: RL
     prompts a policy trained from scratch can already answer sometimes, so GRPO gets a signal
     that the curated 3-5 hop items do not give it. Each is checked the way a drill is."""
-    drills = lookup_drills(world, count, seed, search_top_k=search_top_k, max_hops=max_hops, visual_fraction=1.0,
-                           anchors=anchors, max_guess_rate=max_guess_rate)
+    drills = lookup_drills(
+        world,
+        count,
+        seed,
+        search_top_k=search_top_k,
+        max_hops=max_hops,
+        visual_fraction=1.0,
+        anchors=anchors,
+        max_guess_rate=max_guess_rate,
+    )
     return [drill.prompt for drill in drills]

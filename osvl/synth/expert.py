@@ -56,8 +56,10 @@ SUPER_RESOLUTION_ARGS = {"scale": 4}
 
 def read_passages(text: str) -> list[tuple[str | None, str, str]]:
     """(page id or None, title, summary) of each passage in a text_search observation."""
-    return [(url.removeprefix(WORLD_URL) if url.startswith(WORLD_URL) else None, title, summary)
-            for title, url, summary in _PASSAGE.findall(text)]
+    return [
+        (url.removeprefix(WORLD_URL) if url.startswith(WORLD_URL) else None, title, summary)
+        for title, url, summary in _PASSAGE.findall(text)
+    ]
 
 
 def top_match_page(text: str) -> str | None:
@@ -81,12 +83,22 @@ class WorldTools:
         self.docs = []  # (id, title, title words, text words, [(sentence, sentence words)])
         for doc in world.corpus():
             sentences = [(s.strip(), set(normalize_answer(s).split())) for s in _SENTENCE.findall(doc["text"])]
-            self.docs.append((doc["id"], doc["title"], set(normalize_answer(doc["title"]).split()),
-                              set().union(*(w for _, w in sentences)) if sentences else set(), sentences))
+            self.docs.append(
+                (
+                    doc["id"],
+                    doc["title"],
+                    set(normalize_answer(doc["title"]).split()),
+                    set().union(*(w for _, w in sentences)) if sentences else set(),
+                    sentences,
+                )
+            )
         self.searches: dict[tuple[str, int], str] = {}  # the world never changes; drills repeat queries
         self.records = list(world.images())
-        self.thumbs = np.stack([_thumbnail(world.load_image(r.page_id)) for r in self.records]) \
-            if self.records else np.zeros((0, _THUMB, _THUMB), np.float32)
+        self.thumbs = (
+            np.stack([_thumbnail(world.load_image(r.page_id)) for r in self.records])
+            if self.records
+            else np.zeros((0, _THUMB, _THUMB), np.float32)
+        )
 
     def __call__(self, call: ToolCall, images: list[np.ndarray]) -> ToolResult:
         try:
@@ -95,7 +107,9 @@ class WorldTools:
                 return ToolResult(ToolStatus.OK, call.name, self.text_search(str(call.arguments["query"]), top_k))
             image = images[int(call.arguments["image"])]
             if call.name == "image_search":
-                return ToolResult(ToolStatus.OK, call.name, self.image_search(image, int(call.arguments.get("top_k", 3))))
+                return ToolResult(
+                    ToolStatus.OK, call.name, self.image_search(image, int(call.arguments.get("top_k", 3)))
+                )
             if call.name == "sharpen":
                 amount, sigma = float(call.arguments.get("amount", 1.0)), float(call.arguments.get("sigma", 1.0))
                 return ToolResult(ToolStatus.OK, call.name, "sharpened image added", [sharpen(image, amount, sigma)])
@@ -136,8 +150,18 @@ class WorldTools:
         """Nearest thumbnails; the score is the thumbnails' correlation (1 - MSE / 2 when z-scored)."""
         distances = ((self.thumbs - _thumbnail(image)[None]) ** 2).mean(axis=(1, 2))
         order = np.argsort(distances, kind="stable")[:top_k]
-        return render_matches([Match(self.records[i].title, self.records[i].caption, self.records[i].page_id,
-                                     "near_duplicate", round(1.0 - float(distances[i]) / 2.0, 4)) for i in order])
+        return render_matches(
+            [
+                Match(
+                    self.records[i].title,
+                    self.records[i].caption,
+                    self.records[i].page_id,
+                    "near_duplicate",
+                    round(1.0 - float(distances[i]) / 2.0, 4),
+                )
+                for i in order
+            ]
+        )
 
 
 @dataclass(frozen=True)
@@ -163,9 +187,17 @@ def expert_step(think: str, call: ToolCall | None, result: ToolResult | None, re
         text = f"<think>{think}</think>\n<tool_call>{body}</tool_call>"
     else:
         text = f"<think>{think}</think>\n<response>{response}</response>"
-    return Step(token_ids=[], logprobs=[], text=text, think=think, tool_call=call, response=response,
-                tool_result=result, observation_text=result.text if result is not None else "",
-                observation_images=list(result.images) if result is not None else [])
+    return Step(
+        token_ids=[],
+        logprobs=[],
+        text=text,
+        think=think,
+        tool_call=call,
+        response=response,
+        tool_result=result,
+        observation_text=result.text if result is not None else "",
+        observation_images=list(result.images) if result is not None else [],
+    )
 
 
 def answer_step(attribute: str, title: str, stated: str, answer: str) -> Step:
@@ -204,8 +236,11 @@ class ScriptedExpert:
 
         values = stated(call(think, "text_search", query=f"{title} {' '.join(keys)}"), keys)
         for key in [k for k in keys if k not in values]:
-            narrow = call(f"The result does not state the {key} of {title}; search more narrowly.", "text_search",
-                          query=f"{self._rarest_title_word(page_id)} its {key}")
+            narrow = call(
+                f"The result does not state the {key} of {title}; search more narrowly.",
+                "text_search",
+                query=f"{self._rarest_title_word(page_id)} its {key}",
+            )
             values.update(stated(narrow, [key]))
         return values
 
@@ -225,10 +260,15 @@ class ScriptedExpert:
         if item.degradation is not None:
             tool = item.degradation["repair_tool"]
             extra = {"sharpen": SHARPEN_ARGS, "super_resolution": SUPER_RESOLUTION_ARGS}.get(tool, {})
-            call(f"The image looks degraded ({item.degradation['kind']}); repair it before searching.",
-                 tool, image=0, **extra)
-        found = call("Identify what the image shows with a reverse image search.", "image_search",
-                     image=len(images) - 1, top_k=1)  # only the best match is read
+            call(
+                f"The image looks degraded ({item.degradation['kind']}); repair it before searching.",
+                tool,
+                image=0,
+                **extra,
+            )
+        found = call(
+            "Identify what the image shows with a reverse image search.", "image_search", image=len(images) - 1, top_k=1
+        )  # only the best match is read
         top = top_match_page(found.text)
         current = self.graph.resolve(top) if top is not None else None
         for index in range(1, len(item.path)):
@@ -240,14 +280,16 @@ class ScriptedExpert:
             if rng.random() < self.config.repeat_prob:
                 result = call("Search again to be sure.", "text_search", query=query)
             pattern = re.compile(rf"The {re.escape(relation)} of {re.escape(title)} is ([^.]+)\.")
-            names = list(dict.fromkeys(n for _, _, summary in read_passages(result.text)
-                                       for n in pattern.findall(summary)))
+            names = list(
+                dict.fromkeys(n for _, _, summary in read_passages(result.text) for n in pattern.findall(summary))
+            )
             candidates = [p.id for n in names for p in self.graph.entities() if p.title == n.strip()]
             current = self._choose(candidates, item, index, rng, call)
         if current is not None:
             title = self.graph[current].title
-            stated = self._read_attributes(call, current, [item.attribute],
-                                           f"Look up the {item.attribute} of {title}.").get(item.attribute)
+            stated = self._read_attributes(
+                call, current, [item.attribute], f"Look up the {item.attribute} of {title}."
+            ).get(item.attribute)
             answer = obfuscate(stated, item.question.obfuscation) if stated else None
             if answer:
                 steps.append(answer_step(item.attribute, title, stated, answer))
@@ -262,8 +304,12 @@ class ScriptedExpert:
         if not qualifiers or rng.random() < self.config.slip_prob:
             return rng.choice(candidates)
         for candidate in candidates:
-            values = self._read_attributes(call, candidate, [q.key for q in qualifiers],
-                                           f"Check which candidate matches: {self.graph[candidate].title}.")
+            values = self._read_attributes(
+                call,
+                candidate,
+                [q.key for q in qualifiers],
+                f"Check which candidate matches: {self.graph[candidate].title}.",
+            )
             if all(values.get(q.key) == str(q.value) for q in qualifiers):
                 return candidate
         return None
@@ -285,9 +331,18 @@ class SynthesisReport:
     unscored: int = 0
 
 
-def synthesize(item: QAItem, image: np.ndarray, expert: Expert, rollouts: int, rng: random.Random,
-               answer_judge: AccuracyJudge, process_judge: QueryJudge, min_process_score: float,
-               report: SynthesisReport, group_id: int) -> list[Trajectory]:
+def synthesize(
+    item: QAItem,
+    image: np.ndarray,
+    expert: Expert,
+    rollouts: int,
+    rng: random.Random,
+    answer_judge: AccuracyJudge,
+    process_judge: QueryJudge,
+    min_process_score: float,
+    report: SynthesisReport,
+    group_id: int,
+) -> list[Trajectory]:
     """``rollouts`` expert attempts; keep those that end with a response the answer judge accepts
     and the process judge rates at least ``min_process_score`` (a judge outage rejects: SFT data
     is never unverified)."""
@@ -314,6 +369,9 @@ def synthesize(item: QAItem, image: np.ndarray, expert: Expert, rollouts: int, r
             report.rejected_process += 1
             continue
         report.kept += 1
-        kept.append(Trajectory(prompt=prompt, steps=steps, finish_reason=FinishReason.RESPONSE,
-                               group_id=group_id, sample_index=sample))
+        kept.append(
+            Trajectory(
+                prompt=prompt, steps=steps, finish_reason=FinishReason.RESPONSE, group_id=group_id, sample_index=sample
+            )
+        )
     return kept

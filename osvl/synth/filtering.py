@@ -48,8 +48,11 @@ class KnownFacts:
     attributes: set[tuple[str, str]] = field(default_factory=set)
 
     def successors(self, source: str, relation: str) -> set[str]:
-        return {t for t in self.graph.edges(source, relation)
-                if (source in self.famous and t in self.famous) or (source, relation, t) in self.edges}
+        return {
+            t
+            for t in self.graph.edges(source, relation)
+            if (source in self.famous and t in self.famous) or (source, relation, t) in self.edges
+        }
 
     def attribute(self, entity: str, key: str) -> str | None:
         if entity in self.famous or (entity, key) in self.attributes:
@@ -60,7 +63,7 @@ class KnownFacts:
         """These facts plus everything one page states (its links both ways, its infobox)."""
         page = self.graph[page_id]
         edges = set(self.edges)
-        edges |= {(page_id, l.relation, t) for l in page.links if (t := self.graph.resolve(l.target))}
+        edges |= {(page_id, link.relation, t) for link in page.links if (t := self.graph.resolve(link.target))}
         edges |= {(source, relation, page_id) for relation, source in incoming.get(page_id, [])}
         attributes = self.attributes | {(page_id, key) for key in page.infobox}
         return KnownFacts(self.graph, self.famous, edges, attributes)
@@ -80,8 +83,9 @@ def incoming_links(graph: Graph) -> dict[str, list[tuple[str, str]]]:
     return incoming
 
 
-def exact_answer(facts: KnownFacts, item: QAItem, image_entity: str | None,
-                 names: dict[str, set[str]] | None = None) -> str | None:
+def exact_answer(
+    facts: KnownFacts, item: QAItem, image_entity: str | None, names: dict[str, set[str]] | None = None
+) -> str | None:
     """The answer when the known facts pin down one entity with a known attribute, else None."""
     resolver = Resolver(facts, image_entity=image_entity, names=names)
     targets = resolver.resolve(item.question, len(item.question.mentions) - 1)
@@ -108,8 +112,9 @@ def _useful_pages(graph: Graph, item: QAItem) -> list[str]:
     """Pages whose facts could complete the chain. A fact is stated only by the pages of its own
     entities, so for a chain of path-relative descriptors only the path nodes' pages matter;
     nested descriptors reach beyond the path, and then every page is tried."""
-    nested = any(isinstance(c, Rel) and not isinstance(c.target, int)
-                 for m in item.question.mentions for c in m.constraints)
+    nested = any(
+        isinstance(c, Rel) and not isinstance(c.target, int) for m in item.question.mentions for c in m.constraints
+    )
     return [p.id for p in graph.entities()] if nested else list(dict.fromkeys(item.path))
 
 
@@ -133,8 +138,12 @@ class ImageSearchSolver:
 
     def solve(self, item: QAItem) -> SolverAnswer:
         anchor = item.path[0]
-        edges = {(anchor, relation, resolved) for record in self.images_by_page.get(anchor, [])
-                 for relation, target in record.facts if (resolved := self.graph.resolve(target))}
+        edges = {
+            (anchor, relation, resolved)
+            for record in self.images_by_page.get(anchor, [])
+            for relation, target in record.facts
+            if (resolved := self.graph.resolve(target))
+        }
         facts = KnownFacts(self.graph, self._famous, edges)
         answer = exact_answer(facts, item, image_entity=anchor, names=self._names)
         if answer is not None or not self.text_search:
@@ -201,4 +210,3 @@ def images_by_page(images) -> dict[str, list[ImageRecord]]:
     for record in images:
         grouped.setdefault(record.page_id, []).append(record)
     return grouped
-

@@ -49,8 +49,9 @@ class AnchorGrounder:
     min_side: int = 512
 
     @classmethod
-    def for_collection(cls, graph: Graph, images: Iterable[ImageRecord], root: Path,
-                       scorer: ImageTextScorer, **kwargs) -> AnchorGrounder:
+    def for_collection(
+        cls, graph: Graph, images: Iterable[ImageRecord], root: Path, scorer: ImageTextScorer, **kwargs
+    ) -> AnchorGrounder:
         by_page: dict[str, list[ImageRecord]] = {}
         for record in images:
             by_page.setdefault(record.page_id, []).append(record)
@@ -70,8 +71,9 @@ class AnchorGrounder:
         forms = [f for node in item.path for f in self.graph.surface_forms(node)]
         if leaked_forms(render_question(question), forms):
             return Drop("masking_leak")
-        return replace(item, question=question, image=str(best.image.relative_to(self.root)),
-                       grounding_score=round(score, 4))
+        return replace(
+            item, question=question, image=str(best.image.relative_to(self.root)), grounding_score=round(score, 4)
+        )
 
 
 def degrade(image: np.ndarray, kind: str, rng: random.Random) -> np.ndarray:
@@ -85,13 +87,28 @@ def degrade(image: np.ndarray, kind: str, rng: random.Random) -> np.ndarray:
         height, width = image.shape[:2]
         pad = int(0.25 * max(height, width))
         canvas_w, canvas_h = width + 2 * pad, height + 2 * pad
-        jitter = lambda: rng.uniform(0.0, 0.6) * pad
-        target = np.float32([[pad - jitter(), pad - jitter()], [pad + width + jitter(), pad + jitter()],
-                             [pad + width - jitter(), pad + height + jitter()], [pad + jitter(), pad + height - jitter()]])
+
+        def jitter():
+            return rng.uniform(0.0, 0.6) * pad
+
+        target = np.float32(
+            [
+                [pad - jitter(), pad - jitter()],
+                [pad + width + jitter(), pad + jitter()],
+                [pad + width - jitter(), pad + height + jitter()],
+                [pad + jitter(), pad + height - jitter()],
+            ]
+        )
         source = np.float32([[0, 0], [width, 0], [width, height], [0, height]])
         matrix = cv2.getPerspectiveTransform(source, target)
-        return cv2.warpPerspective(image, matrix, (canvas_w, canvas_h), flags=cv2.INTER_LINEAR,
-                                   borderMode=cv2.BORDER_CONSTANT, borderValue=(235, 235, 235))
+        return cv2.warpPerspective(
+            image,
+            matrix,
+            (canvas_w, canvas_h),
+            flags=cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_CONSTANT,
+            borderValue=(235, 235, 235),
+        )
     raise ValueError(f"unknown degradation {kind!r}; expected one of {sorted(REPAIR_TOOL)}")
 
 
@@ -124,5 +141,7 @@ class Degrader:
         if not ok:
             raise ValueError(f"PNG encoding failed for {target}")
         target.write_bytes(png.tobytes())
-        return replace(item, degradation={"kind": kind, "repair_tool": REPAIR_TOOL[kind],
-                                          "image": str(target.relative_to(self.base))})
+        return replace(
+            item,
+            degradation={"kind": kind, "repair_tool": REPAIR_TOOL[kind], "image": str(target.relative_to(self.base))},
+        )

@@ -58,8 +58,12 @@ class LLMDescriptorProposer:
     def propose(self, question: Question, path: SampledPath, index: int) -> list[Mention]:
         page = self.graph[path.nodes[index]]
         prompt = PROPOSER_PROMPT_V1.format(
-            title=page.title, context=self.page_context(page.id), relation=path.relations[index - 1],
-            n=self.max_candidates, forms=", ".join(self.graph.surface_forms(page.id)))
+            title=page.title,
+            context=self.page_context(page.id),
+            relation=path.relations[index - 1],
+            n=self.max_candidates,
+            forms=", ".join(self.graph.surface_forms(page.id)),
+        )
         outcome = self.client.complete([{"role": "user", "content": prompt}])
         if outcome.text is None:
             self.last_error = outcome.error
@@ -70,8 +74,11 @@ class LLMDescriptorProposer:
             self.last_error = "unparsable_descriptors"
             return []
         self.last_error = None
-        return [Mention(noun=page.kind, text=d) for d in descriptors[: self.max_candidates]
-                if isinstance(d, str) and d.strip()]
+        return [
+            Mention(noun=page.kind, text=d)
+            for d in descriptors[: self.max_candidates]
+            if isinstance(d, str) and d.strip()
+        ]
 
 
 @dataclass
@@ -80,8 +87,7 @@ class LLMUniquenessEvaluator:
     graph: Graph
 
     def evaluate(self, question: Question, path: SampledPath, index: int, answer: str) -> UniquenessVerdict:
-        prompt = EVALUATOR_PROMPT_V1.format(question=render_question(question),
-                                            phrase=render_mention(question, index))
+        prompt = EVALUATOR_PROMPT_V1.format(question=render_question(question), phrase=render_mention(question, index))
         outcome = self.client.complete([{"role": "user", "content": prompt}])
         if outcome.text is None:
             return UniquenessVerdict(False, outcome.error or "no_reply")

@@ -46,14 +46,20 @@ class LLMUsage:
         return sum(self.calls.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"max_calls": self.max_calls, "calls": dict(sorted(self.calls.items())),
-                "cache_hits": dict(sorted(self.cache_hits.items())),
-                "failures": dict(sorted(self.failures.items()))}
+        return {
+            "max_calls": self.max_calls,
+            "calls": dict(sorted(self.calls.items())),
+            "cache_hits": dict(sorted(self.cache_hits.items())),
+            "failures": dict(sorted(self.failures.items())),
+        }
 
 
 def request_key(config: ChatJudgeConfig, messages: list[dict[str, Any]]) -> str:
-    body = json.dumps([config.base_url, config.model, config.temperature, config.max_tokens, messages],
-                      sort_keys=True, ensure_ascii=False)
+    body = json.dumps(
+        [config.base_url, config.model, config.temperature, config.max_tokens, messages],
+        sort_keys=True,
+        ensure_ascii=False,
+    )
     return hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
@@ -89,8 +95,9 @@ class MeteredChat:
         if outcome.text is None:
             self.usage.failures[self.stage] += 1
             if outcome.error not in REQUEST_ERRORS:
-                raise LLMUnavailable(f"LLM endpoint {self.config.base_url} failed in stage {self.stage}: "
-                                     f"{outcome.error}")
+                raise LLMUnavailable(
+                    f"LLM endpoint {self.config.base_url} failed in stage {self.stage}: {outcome.error}"
+                )
             return outcome
         if key is not None:
             self._cache[key] = outcome.text

@@ -102,14 +102,21 @@ class CurationConfig:
 
 def world_sampling(world: World) -> SamplingConfig:
     """The paper's rules with the world's scaled thresholds."""
-    return SamplingConfig(hub_threshold=world.sampling.hub_threshold,
-                          min_seed_in_degree=world.sampling.min_seed_in_degree,
-                          min_image_side=world.sampling.min_image_side)
+    return SamplingConfig(
+        hub_threshold=world.sampling.hub_threshold,
+        min_seed_in_degree=world.sampling.min_seed_in_degree,
+        min_image_side=world.sampling.min_image_side,
+    )
 
 
-def sample_items(world: World, out: Path, config: CurationConfig, sampling: SamplingConfig,
-                 proposer: ProposerFactory | None = None, evaluator: UniquenessEvaluator | None = None
-                 ) -> dict[str, Any]:
+def sample_items(
+    world: World,
+    out: Path,
+    config: CurationConfig,
+    sampling: SamplingConfig,
+    proposer: ProposerFactory | None = None,
+    evaluator: UniquenessEvaluator | None = None,
+) -> dict[str, Any]:
     """Stage 1: seeds -> rewritten QA items (path sampling with retries + fuzzy rewriting); the
     graph proposer and the exact evaluator unless others are given."""
     graph = world.graph
@@ -117,8 +124,9 @@ def sample_items(world: World, out: Path, config: CurationConfig, sampling: Samp
     evaluator = evaluator or ExactGraphEvaluator(graph)
     proposer = proposer or (lambda rng: GraphDescriptorProposer(graph, rng))
     attempts_path = out / "candidates.attempts.json"  # failed attempts per seed, kept across resumes
-    failures: dict[str, dict[str, int]] = (json.loads(attempts_path.read_text(encoding="utf-8"))
-                                           if attempts_path.exists() else {})
+    failures: dict[str, dict[str, int]] = (
+        json.loads(attempts_path.read_text(encoding="utf-8")) if attempts_path.exists() else {}
+    )
 
     def build(seed: str) -> QAItem | Drop:
         rng = random.Random(stable_seed(config.seed, "sample", seed))  # per seed: resumable + order-free
@@ -127,9 +135,16 @@ def sample_items(world: World, out: Path, config: CurationConfig, sampling: Samp
             result = rewrite(graph, path, proposer(rng), evaluator, rng, config.obfuscate_prob)
             if result.question is None:
                 return Rejection("no_unique_descriptor")
-            return QAItem(seed, list(path.nodes), list(path.relations), path.attribute, result.answer,
-                          result.question, canonical=render_question(canonical_question(graph, path)),
-                          rewrite_log=[asdict(e) for e in result.log])
+            return QAItem(
+                seed,
+                list(path.nodes),
+                list(path.relations),
+                path.attribute,
+                result.answer,
+                result.question,
+                canonical=render_question(canonical_question(graph, path)),
+                rewrite_log=[asdict(e) for e in result.log],
+            )
 
         outcome = sample_with_retries(graph, seed, rng, sampling, accept)
         failures[seed] = dict(outcome.failures)
@@ -160,17 +175,24 @@ def question_image(world: World, out: Path, item: QAItem) -> np.ndarray:
     return load_rgb(world.root / item.image)
 
 
-STAGE_NAMES = ("sample", "ground", "no_tools", "single_image_search", "image_plus_text_search", "degrade",
-               "synthesize")
+STAGE_NAMES = ("sample", "ground", "no_tools", "single_image_search", "image_plus_text_search", "degrade", "synthesize")
 
 
 STOPS = (LLMUnavailable, SolverUnavailable, BudgetExhausted)  # a backend cannot decide now: stop, resume later
 
 
-def curate(world: World, out: str | Path, config: CurationConfig = CurationConfig(), *,
-           closed_book: Solver | None = None, image_search: Solver | None = None,
-           expert: Expert | None = None, proposer: ProposerFactory | None = None,
-           evaluator: UniquenessEvaluator | None = None, llm_usage: LLMUsage | None = None) -> dict[str, Any]:
+def curate(
+    world: World,
+    out: str | Path,
+    config: CurationConfig = CurationConfig(),
+    *,
+    closed_book: Solver | None = None,
+    image_search: Solver | None = None,
+    expert: Expert | None = None,
+    proposer: ProposerFactory | None = None,
+    evaluator: UniquenessEvaluator | None = None,
+    llm_usage: LLMUsage | None = None,
+) -> dict[str, Any]:
     """Run (or resume) every stage; returns and writes ``curation.json`` with all counts.
 
     ``proposer`` / ``evaluator`` replace the graph rewriter and the exact uniqueness evaluator
@@ -185,8 +207,9 @@ def curate(world: World, out: str | Path, config: CurationConfig = CurationConfi
     try:
         _run_stages(world, out, config, counts, closed_book, image_search, expert, proposer, evaluator)
     except STOPS as error:
-        stage = next(s for s in STAGE_NAMES if s not in counts
-                     and (config.text_search_filter or s != "image_plus_text_search"))
+        stage = next(
+            s for s in STAGE_NAMES if s not in counts and (config.text_search_filter or s != "image_plus_text_search")
+        )
         counts["stopped"] = {"stage": stage, "error": f"{type(error).__name__}: {error}"}
     if llm_usage is not None:
         counts["llm"] = llm_usage.to_dict()
@@ -194,32 +217,60 @@ def curate(world: World, out: str | Path, config: CurationConfig = CurationConfi
     return counts
 
 
-def _run_stages(world: World, out: Path, config: CurationConfig, counts: dict[str, Any],
-                closed_book: Solver | None, image_search: Solver | None, expert: Expert | None,
-                proposer: ProposerFactory | None, evaluator: UniquenessEvaluator | None) -> None:
+def _run_stages(
+    world: World,
+    out: Path,
+    config: CurationConfig,
+    counts: dict[str, Any],
+    closed_book: Solver | None,
+    image_search: Solver | None,
+    expert: Expert | None,
+    proposer: ProposerFactory | None,
+    evaluator: UniquenessEvaluator | None,
+) -> None:
     graph = world.graph
     sampling = world_sampling(world)
     by_page = images_by_page(world.images())
     counts["sample"] = sample_items(world, out, config, sampling, proposer, evaluator)
-    grounder = AnchorGrounder(graph, by_page, world.root, MetadataScorer(), config.min_grounding_score,
-                              sampling.min_image_side)
+    grounder = AnchorGrounder(
+        graph, by_page, world.root, MetadataScorer(), config.min_grounding_score, sampling.min_image_side
+    )
     counts["ground"] = run_stage("ground", read_items(out / "candidates.jsonl"), out / "grounded.jsonl", grounder)
-    closed = CachedSolver(closed_book or ClosedBookSolver(graph, config.fame_in_degree),
-                          out / "cache" / "closed_book.jsonl", config.solver_budget)
-    one_search = CachedSolver(image_search or ImageSearchSolver(graph, by_page, config.fame_in_degree),
-                              out / "cache" / "image_search.jsonl", config.solver_budget)
-    counts["no_tools"] = run_stage("no_tools", read_items(out / "grounded.jsonl"), out / "no_tools.jsonl",
-                                   SolverFilter(closed, "answerable_without_tools"))
+    closed = CachedSolver(
+        closed_book or ClosedBookSolver(graph, config.fame_in_degree),
+        out / "cache" / "closed_book.jsonl",
+        config.solver_budget,
+    )
+    one_search = CachedSolver(
+        image_search or ImageSearchSolver(graph, by_page, config.fame_in_degree),
+        out / "cache" / "image_search.jsonl",
+        config.solver_budget,
+    )
+    counts["no_tools"] = run_stage(
+        "no_tools",
+        read_items(out / "grounded.jsonl"),
+        out / "no_tools.jsonl",
+        SolverFilter(closed, "answerable_without_tools"),
+    )
     counts["single_image_search"] = run_stage(
-        "single_image_search", read_items(out / "no_tools.jsonl"), out / "one_image_search.jsonl",
-        SolverFilter(one_search, "solvable_with_one_image_search"))
+        "single_image_search",
+        read_items(out / "no_tools.jsonl"),
+        out / "one_image_search.jsonl",
+        SolverFilter(one_search, "solvable_with_one_image_search"),
+    )
     kept_from = out / "one_image_search.jsonl"
     if config.text_search_filter:
-        two_calls = CachedSolver(ImageSearchSolver(graph, by_page, config.fame_in_degree, text_search=True),
-                                 out / "cache" / "image_plus_text_search.jsonl", config.solver_budget)
+        two_calls = CachedSolver(
+            ImageSearchSolver(graph, by_page, config.fame_in_degree, text_search=True),
+            out / "cache" / "image_plus_text_search.jsonl",
+            config.solver_budget,
+        )
         counts["image_plus_text_search"] = run_stage(
-            "image_plus_text_search", read_items(kept_from), out / "kept.jsonl",
-            SolverFilter(two_calls, "solvable_with_image_search_plus_text_search"))
+            "image_plus_text_search",
+            read_items(kept_from),
+            out / "kept.jsonl",
+            SolverFilter(two_calls, "solvable_with_image_search_plus_text_search"),
+        )
         kept_from = out / "kept.jsonl"
     degrader = Degrader(world.root, out, load_rgb, config.degrade_fraction, config.seed)
     counts["degrade"] = run_stage("degrade", read_items(kept_from), out / "items.jsonl", degrader)
@@ -233,9 +284,13 @@ def _split_and_synthesize(world: World, out: Path, config: CurationConfig, exper
     if marker.exists():
         return json.loads(marker.read_text(encoding="utf-8"))
     real_tools = expert is None and config.expert_tools == "environment"
-    environment = (world_environment(world, PoolConfig(num_workers=config.tool_workers),
-                                     index_path=out / "cache" / "corpus.fts5.sqlite") if real_tools
-                   else nullcontext(None))
+    environment = (
+        world_environment(
+            world, PoolConfig(num_workers=config.tool_workers), index_path=out / "cache" / "corpus.fts5.sqlite"
+        )
+        if real_tools
+        else nullcontext(None)
+    )
     with environment as env:
         if expert is None:
             tools = EnvironmentTools(env) if env is not None else WorldTools(world)
@@ -247,7 +302,10 @@ def _split_and_synthesize(world: World, out: Path, config: CurationConfig, exper
 
 
 SYNTHESIS_PROGRESS = "synthesis.progress.jsonl"
-_SPLIT_FILES = (("sft/trajectories.jsonl", lambda row: row["prompt"]["id"]), ("rl/prompts.jsonl", lambda row: row["id"]))
+_SPLIT_FILES = (
+    ("sft/trajectories.jsonl", lambda row: row["prompt"]["id"]),
+    ("rl/prompts.jsonl", lambda row: row["id"]),
+)
 
 
 def _resume_synthesis(out: Path) -> dict[str, dict[str, Any]]:
@@ -280,15 +338,26 @@ def _synthesize_all(world: World, out: Path, config: CurationConfig, expert: Exp
             continue
         image = question_image(world, out, item)
         if is_rl(item.id, config):
-            write_prompts(out / "rl" / "prompts.jsonl",
-                          [Prompt(id=item.id, question=item.text, images=[image], answer=item.answer,
-                                  aliases=item.aliases)])
+            write_prompts(
+                out / "rl" / "prompts.jsonl",
+                [Prompt(id=item.id, question=item.text, images=[image], answer=item.answer, aliases=item.aliases)],
+            )
             item_counts = {"rl_items": 1}
         else:
             report = SynthesisReport()
             rng = random.Random(stable_seed(config.seed, "expert", item.id))
-            trajectories = synthesize(item, image, expert, config.rollouts_per_item, rng, ExactMatchAccuracyJudge(),
-                                      HeuristicQueryJudge(), config.min_process_score, report, group)
+            trajectories = synthesize(
+                item,
+                image,
+                expert,
+                config.rollouts_per_item,
+                rng,
+                ExactMatchAccuracyJudge(),
+                HeuristicQueryJudge(),
+                config.min_process_score,
+                report,
+                group,
+            )
             append_jsonl(out / "sft" / "trajectories.jsonl", trajectories)
             item_counts = {"sft_items": 1, **asdict(report)}
         totals.update(item_counts)
@@ -298,5 +367,8 @@ def _synthesize_all(world: World, out: Path, config: CurationConfig, expert: Exp
     (out / "sft" / "trajectories.jsonl").touch()
     (out / "rl").mkdir(parents=True, exist_ok=True)
     (out / "rl" / "prompts.jsonl").touch()
-    return {"sft_items": totals["sft_items"], "rl_items": totals["rl_items"],
-            **{name: totals[name] for name in asdict(SynthesisReport())}}
+    return {
+        "sft_items": totals["sft_items"],
+        "rl_items": totals["rl_items"],
+        **{name: totals[name] for name in asdict(SynthesisReport())},
+    }

@@ -56,11 +56,18 @@ class Question:
 
 
 def mention_to_dict(mention: Mention) -> dict[str, Any]:
-    return {"name": mention.name, "noun": mention.noun, "visual": mention.visual, "text": mention.text,
-            "constraints": [
-                {"attr": c.key, "value": c.value} if isinstance(c, Attr) else
-                {"rel": c.relation, "target": c.target if isinstance(c.target, int) else mention_to_dict(c.target)}
-                for c in mention.constraints]}
+    return {
+        "name": mention.name,
+        "noun": mention.noun,
+        "visual": mention.visual,
+        "text": mention.text,
+        "constraints": [
+            {"attr": c.key, "value": c.value}
+            if isinstance(c, Attr)
+            else {"rel": c.relation, "target": c.target if isinstance(c.target, int) else mention_to_dict(c.target)}
+            for c in mention.constraints
+        ],
+    }
 
 
 def mention_from_dict(data: dict[str, Any]) -> Mention:
@@ -71,18 +78,29 @@ def mention_from_dict(data: dict[str, Any]) -> Mention:
         else:
             target = c["target"]
             constraints.append(Rel(c["rel"], target if isinstance(target, int) else mention_from_dict(target)))
-    return Mention(name=data.get("name"), noun=data.get("noun"), constraints=tuple(constraints),
-                   visual=bool(data.get("visual", False)), text=data.get("text"))
+    return Mention(
+        name=data.get("name"),
+        noun=data.get("noun"),
+        constraints=tuple(constraints),
+        visual=bool(data.get("visual", False)),
+        text=data.get("text"),
+    )
 
 
 def question_to_dict(question: Question) -> dict[str, Any]:
-    return {"mentions": [mention_to_dict(m) for m in question.mentions], "attribute": question.attribute,
-            "obfuscation": question.obfuscation}
+    return {
+        "mentions": [mention_to_dict(m) for m in question.mentions],
+        "attribute": question.attribute,
+        "obfuscation": question.obfuscation,
+    }
 
 
 def question_from_dict(data: dict[str, Any]) -> Question:
-    return Question(mentions=tuple(mention_from_dict(m) for m in data["mentions"]), attribute=data["attribute"],
-                    obfuscation=data.get("obfuscation"))
+    return Question(
+        mentions=tuple(mention_from_dict(m) for m in data["mentions"]),
+        attribute=data["attribute"],
+        obfuscation=data.get("obfuscation"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,8 +126,10 @@ def render_mention(question: Question, index: int | Mention) -> str:
     if not rels:
         return f"the {mention.noun or 'entity'}{qualifier}"
     # qualifiers sit right after the head they qualify, so nesting cannot misattach them
-    return " and ".join(f"the {r.relation}{qualifier if i == 0 else ''} of "
-                        f"{render_mention(question, r.target)}" for i, r in enumerate(rels))
+    return " and ".join(
+        f"the {r.relation}{qualifier if i == 0 else ''} of {render_mention(question, r.target)}"
+        for i, r in enumerate(rels)
+    )
 
 
 def render_question(question: Question) -> str:
@@ -203,8 +223,9 @@ class Resolver:
         for constraint in mention.constraints:
             if isinstance(constraint, Attr):
                 wanted = normalize_answer(constraint.value)
-                candidates = {c for c in candidates
-                              if normalize_answer(self.facts.attribute(c, constraint.key) or "") == wanted}
+                candidates = {
+                    c for c in candidates if normalize_answer(self.facts.attribute(c, constraint.key) or "") == wanted
+                }
             else:
                 reachable: set[str] = set()
                 for source in self.resolve(question, constraint.target):

@@ -58,8 +58,10 @@ def sentence_facts(title: str, sentence: str) -> list[tuple[str, str]]:
     if m := _ATTRIBUTE.match(sentence):
         return [(f"What is the {m['rel']} of {title}?", m["obj"])]
     if m := _INVERSE.match(sentence):
-        return [(f"{m['subj']} is the {m['rel']} of what?", m["obj"]),
-                (f"Who or what is the {m['rel']} of {m['obj']}?", m["subj"])]
+        return [
+            (f"{m['subj']} is the {m['rel']} of what?", m["obj"]),
+            (f"Who or what is the {m['rel']} of {m['obj']}?", m["subj"]),
+        ]
     return []
 
 
@@ -100,7 +102,7 @@ def reading_document(source: ReadingSource, rng: random.Random, config: ReadingC
         parts.append(render_matches([Match(image.title, image.caption, image.page_id, "near_duplicate", 1.0)]))
         qa.insert(0, ("What does match 1 show?", image.title))
     parts.append(render_passages(passages))
-    questions = "\n".join(f"Q: {q}\nA: {a}" for q, a in qa[:config.max_questions])
+    questions = "\n".join(f"Q: {q}\nA: {a}" for q, a in qa[: config.max_questions])
     return "\n\n".join(parts) + ("\n\n" + questions if questions else "")
 
 
@@ -114,14 +116,17 @@ def copy_document(source: ReadingSource, rng: random.Random, config: ReadingConf
     if rng.random() < 0.5:
         items = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4))).capitalize() for _ in range(count)]
     else:
-        items = [rng.choice(source.passages)["title"] if rng.random() < 0.8 else str(rng.randint(1, 99999))
-                 for _ in range(count)]
+        items = [
+            rng.choice(source.passages)["title"] if rng.random() < 0.8 else str(rng.randint(1, 99999))
+            for _ in range(count)
+        ]
     listed = "; ".join(items)
     return f"List: {listed}.\nRepeat: {listed}.\nAgain: {listed}."
 
 
-def reading_corpus(sources: Sequence[ReadingSource], count: int, seed: int = 0,
-                   config: ReadingConfig = ReadingConfig()) -> Iterator[str]:
+def reading_corpus(
+    sources: Sequence[ReadingSource], count: int, seed: int = 0, config: ReadingConfig = ReadingConfig()
+) -> Iterator[str]:
     """``count`` documents, each from one world drawn at random."""
     if not sources:
         raise ValueError("reading_corpus needs at least one world")

@@ -101,9 +101,13 @@ def drops_path(output: str | os.PathLike[str]) -> Path:
     return Path(f"{output}.drops.jsonl")
 
 
-def run_stage(name: str, source: Iterable[T], output: str | os.PathLike[str],
-              step: Callable[[T], QAItem | Drop], key: Callable[[T], str] = lambda item: item.id
-              ) -> dict[str, Any]:
+def run_stage(
+    name: str,
+    source: Iterable[T],
+    output: str | os.PathLike[str],
+    step: Callable[[T], QAItem | Drop],
+    key: Callable[[T], str] = lambda item: item.id,
+) -> dict[str, Any]:
     """Apply ``step`` to every input not yet decided; returns the stage's cumulative counts.
 
     Kept items are appended to ``output`` and drops to ``<output>.drops.jsonl`` (key and reason),
@@ -118,8 +122,10 @@ def run_stage(name: str, source: Iterable[T], output: str | os.PathLike[str],
     if drops.exists():
         for _, row in iter_jsonl(drops):
             dropped[row["key"]] = row["reason"]
-    with open(out, "a", encoding="utf-8", newline="\n") as kept_file, \
-            open(drops, "a", encoding="utf-8", newline="\n") as drop_file:
+    with (
+        open(out, "a", encoding="utf-8", newline="\n") as kept_file,
+        open(drops, "a", encoding="utf-8", newline="\n") as drop_file,
+    ):
         for entry in source:
             entry_key = key(entry)
             if entry_key in kept or entry_key in dropped:
@@ -135,14 +141,19 @@ def run_stage(name: str, source: Iterable[T], output: str | os.PathLike[str],
                 kept_file.write(json.dumps(result.to_dict(), ensure_ascii=False, sort_keys=True) + "\n")
                 kept_file.flush()
                 kept.add(entry_key)
-    counts = {"stage": name, "in": len(kept) + len(dropped), "kept": len(kept),
-              "dropped": dict(sorted(Counter(dropped.values()).items()))}
+    counts = {
+        "stage": name,
+        "in": len(kept) + len(dropped),
+        "kept": len(kept),
+        "dropped": dict(sorted(Counter(dropped.values()).items())),
+    }
     _write_counts(output, counts)
     return counts
 
 
-def write_prompts(path: str | os.PathLike[str], prompts: Iterable[Prompt],
-                  images_dir: str | os.PathLike[str] | None = None) -> int:
+def write_prompts(
+    path: str | os.PathLike[str], prompts: Iterable[Prompt], images_dir: str | os.PathLike[str] | None = None
+) -> int:
     """RL prompts as JSONL (``id, question, images, answer, aliases``), images by content hash
     beside the file, the same convention as trajectory JSONL."""
     store = ImageStore(images_dir if images_dir is not None else Path(path).parent / "images")
@@ -150,9 +161,19 @@ def write_prompts(path: str | os.PathLike[str], prompts: Iterable[Prompt],
     written = 0
     with open(path, "a", encoding="utf-8", newline="\n") as handle:
         for prompt in prompts:
-            handle.write(json.dumps({"id": prompt.id, "question": prompt.question,
-                                     "images": [store.put(i) for i in prompt.images], "answer": prompt.answer,
-                                     "aliases": list(prompt.aliases)}, ensure_ascii=False) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "id": prompt.id,
+                        "question": prompt.question,
+                        "images": [store.put(i) for i in prompt.images],
+                        "answer": prompt.answer,
+                        "aliases": list(prompt.aliases),
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
             written += 1
     return written
 
@@ -160,5 +181,10 @@ def write_prompts(path: str | os.PathLike[str], prompts: Iterable[Prompt],
 def read_prompts(path: str | os.PathLike[str], images_dir: str | os.PathLike[str] | None = None) -> Iterator[Prompt]:
     store = ImageStore(images_dir if images_dir is not None else Path(path).parent / "images")
     for _, data in iter_jsonl(path):
-        yield Prompt(id=data["id"], question=data["question"], images=[store.get(s) for s in data["images"]],
-                     answer=data["answer"], aliases=list(data["aliases"]))
+        yield Prompt(
+            id=data["id"],
+            question=data["question"],
+            images=[store.get(s) for s in data["images"]],
+            answer=data["answer"],
+            aliases=list(data["aliases"]),
+        )

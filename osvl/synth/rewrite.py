@@ -34,8 +34,9 @@ def canonical_question(graph: Graph, path: SampledPath) -> Question:
     mentions = [Mention(name=graph[path.nodes[0]].title, noun=graph[path.nodes[0]].kind)]
     for index in range(1, len(path.nodes)):
         page = graph[path.nodes[index]]
-        mentions.append(Mention(name=page.title, noun=page.kind,
-                                constraints=(Rel(path.relations[index - 1], index - 1),)))
+        mentions.append(
+            Mention(name=page.title, noun=page.kind, constraints=(Rel(path.relations[index - 1], index - 1),))
+        )
     return Question(tuple(mentions), path.attribute)
 
 
@@ -67,12 +68,17 @@ class GraphDescriptorProposer:
     def propose(self, question: Question, path: SampledPath, index: int) -> list[Mention]:
         page = self.graph[path.nodes[index]]
         link = Rel(path.relations[index - 1], index - 1)
-        qualifiers = [Attr(k, v) for k, v in sorted(page.infobox.items())
-                      if not (index == len(path.nodes) - 1 and k == path.attribute)]
+        qualifiers = [
+            Attr(k, v)
+            for k, v in sorted(page.infobox.items())
+            if not (index == len(path.nodes) - 1 and k == path.attribute)
+        ]
         candidates = [Mention(noun=page.kind, constraints=(link,))]
         for size in range(1, self.max_qualifiers + 1):
-            group = [Mention(noun=page.kind, constraints=(link, *combo))
-                     for combo in itertools.combinations(qualifiers, size)]
+            group = [
+                Mention(noun=page.kind, constraints=(link, *combo))
+                for combo in itertools.combinations(qualifiers, size)
+            ]
             self.rng.shuffle(group)
             candidates += group
         return candidates
@@ -118,8 +124,14 @@ def path_forms(graph: Graph, path: SampledPath, indices: range) -> list[str]:
     return [form for i in indices for form in graph.surface_forms(path.nodes[i])]
 
 
-def rewrite(graph: Graph, path: SampledPath, proposer: DescriptorProposer, evaluator: UniquenessEvaluator,
-            rng: random.Random, obfuscate_prob: float = 0.0) -> RewriteResult:
+def rewrite(
+    graph: Graph,
+    path: SampledPath,
+    proposer: DescriptorProposer,
+    evaluator: UniquenessEvaluator,
+    rng: random.Random,
+    obfuscate_prob: float = 0.0,
+) -> RewriteResult:
     """Fuzzy-rewrite nodes ``h .. 1`` of the canonical question; v0 is left for anchor grounding."""
     question = canonical_question(graph, path)
     answer, log = path.answer, []

@@ -41,8 +41,9 @@ class SourceConfig:
         if self.world and (self.images or self.corpus):
             raise ValueError("images and corpus apply to a graph source; a world directory has its own")
         defaults = SourceConfig.__dataclass_fields__
-        if self.world and any(getattr(self, k) != defaults[k].default
-                              for k in ("hub_threshold", "min_seed_in_degree", "min_image_side")):
+        if self.world and any(
+            getattr(self, k) != defaults[k].default for k in ("hub_threshold", "min_seed_in_degree", "min_image_side")
+        ):
             raise ValueError("sampling thresholds apply to a graph source; a world carries its own in world.json")
         if min(self.hub_threshold, self.min_seed_in_degree, self.min_image_side) < 1:
             raise ValueError("hub_threshold, min_seed_in_degree and min_image_side must be >= 1")
@@ -86,18 +87,26 @@ class StagesConfig:
 
     def __post_init__(self) -> None:
         if self.rewrite == "llm" and (self.uniqueness, self.closed_book, self.image_search) != ("llm",) * 3:
-            raise ValueError("rewrite = 'llm' needs uniqueness, closed_book and image_search = 'llm': exact "
-                             "evaluators and solvers cannot read free-text descriptors")
+            raise ValueError(
+                "rewrite = 'llm' needs uniqueness, closed_book and image_search = 'llm': exact "
+                "evaluators and solvers cannot read free-text descriptors"
+            )
         if self.expert_max_turns < 1:
             raise ValueError(f"expert_max_turns must be >= 1, got {self.expert_max_turns}")
 
     @property
     def llm_stages(self) -> tuple[str, ...]:
-        return tuple(name for name, uses in (("rewrite", self.rewrite == "llm"),
-                                             ("uniqueness", self.uniqueness == "llm"),
-                                             ("closed_book", self.closed_book == "llm"),
-                                             ("image_search", self.image_search == "llm"),
-                                             ("expert", self.expert == "llm")) if uses)
+        return tuple(
+            name
+            for name, uses in (
+                ("rewrite", self.rewrite == "llm"),
+                ("uniqueness", self.uniqueness == "llm"),
+                ("closed_book", self.closed_book == "llm"),
+                ("image_search", self.image_search == "llm"),
+                ("expert", self.expert == "llm"),
+            )
+            if uses
+        )
 
 
 @dataclass(frozen=True)
@@ -150,18 +159,27 @@ class SynthRunConfig:
         if self.stages.llm_stages and not (self.llm.url and self.llm.model):
             raise ValueError(f"stages {', '.join(self.stages.llm_stages)} use the LLM: set llm.url and llm.model")
         if self.stages.rewrite == "llm" and self.curation.text_search_filter:
-            raise ValueError("rewrite = 'llm' needs curation.text_search_filter = false: that stage resolves "
-                             "questions exactly")
+            raise ValueError(
+                "rewrite = 'llm' needs curation.text_search_filter = false: that stage resolves questions exactly"
+            )
         uses_environment = self.tools.mode == "environment" or self.stages.image_search == "tools"
         if not uses_environment and (self.tools.text_search, self.tools.image_search) != ("offline", "offline"):
-            raise ValueError("online tool back-ends need the tool pool: set tools.mode = 'environment' or "
-                             "stages.image_search = 'tools'")
+            raise ValueError(
+                "online tool back-ends need the tool pool: set tools.mode = 'environment' or "
+                "stages.image_search = 'tools'"
+            )
         if self.tools.text_search == "online" and not (self.tools.summarizer_url or self.llm.url):
             raise ValueError("tools.text_search = 'online' needs a summarizer: tools.summarizer_url or llm.url")
 
 
-SECTIONS: dict[str, type] = {"source": SourceConfig, "llm": LLMConfig, "stages": StagesConfig,
-                             "tools": ToolBackendsConfig, "budget": BudgetConfig, "curation": CurationConfig}
+SECTIONS: dict[str, type] = {
+    "source": SourceConfig,
+    "llm": LLMConfig,
+    "stages": StagesConfig,
+    "tools": ToolBackendsConfig,
+    "budget": BudgetConfig,
+    "curation": CurationConfig,
+}
 _TOOLS_OWNED = {"expert_tools": "tools.mode", "tool_workers": "tools.workers"}
 
 
@@ -179,8 +197,9 @@ def build_run_config(raw: Mapping[str, Any]) -> SynthRunConfig:
         if not isinstance(value, Mapping):
             raise ValueError(f"{name}: expected a table, got {value!r}")  # noqa: TRY004 - bad input is a ValueError
         sections[name] = build(cls, value, name)
-    sections["curation"] = dataclasses.replace(sections["curation"], expert_tools=sections["tools"].mode,
-                                               tool_workers=sections["tools"].workers)
+    sections["curation"] = dataclasses.replace(
+        sections["curation"], expert_tools=sections["tools"].mode, tool_workers=sections["tools"].workers
+    )
     return SynthRunConfig(**sections)
 
 

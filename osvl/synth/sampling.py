@@ -82,8 +82,9 @@ def skip_reason(graph: Graph, page_id: str, config: SamplingConfig) -> str | Non
     return None
 
 
-def next_steps(graph: Graph, node: str, visited: set[str], config: SamplingConfig
-               ) -> tuple[list[tuple[str, str]], Counter]:
+def next_steps(
+    graph: Graph, node: str, visited: set[str], config: SamplingConfig
+) -> tuple[list[tuple[str, str]], Counter]:
     """Eligible ``(target, relation)`` steps out of ``node`` and a count of skipped links by reason."""
     steps, skipped, seen = [], Counter(), set()
     for link in graph[node].links:
@@ -102,17 +103,20 @@ def next_steps(graph: Graph, node: str, visited: set[str], config: SamplingConfi
     return steps, skipped
 
 
-def short_answer(page: Page, banned_forms: list[str], config: SamplingConfig,
-                 rng: random.Random) -> tuple[str, str] | None:
+def short_answer(
+    page: Page, banned_forms: list[str], config: SamplingConfig, rng: random.Random
+) -> tuple[str, str] | None:
     """A random infobox attribute with a value of at most ``max_answer_tokens`` tokens that names
     no node of the path."""
-    options = [(k, v) for k, v in page.infobox.items()
-               if 0 < len(v.split()) <= config.max_answer_tokens and not leaked_forms(v, banned_forms)]
+    options = [
+        (k, v)
+        for k, v in page.infobox.items()
+        if 0 < len(v.split()) <= config.max_answer_tokens and not leaked_forms(v, banned_forms)
+    ]
     return rng.choice(options) if options else None
 
 
-def walk(graph: Graph, seed: str, hops: int, rng: random.Random, config: SamplingConfig
-         ) -> SampledPath | WalkFailure:
+def walk(graph: Graph, seed: str, hops: int, rng: random.Random, config: SamplingConfig) -> SampledPath | WalkFailure:
     nodes, relations, skipped = [seed], [], Counter()
     for _ in range(hops):
         steps, why = next_steps(graph, nodes[-1], set(nodes), config)
@@ -174,8 +178,9 @@ class SeedOutcome:
     failures: Counter  # failure reason -> attempts
 
 
-def sample_with_retries(graph: Graph, seed: str, rng: random.Random, config: SamplingConfig,
-                        accept: Callable[[SampledPath], T | Rejection]) -> SeedOutcome:
+def sample_with_retries(
+    graph: Graph, seed: str, rng: random.Random, config: SamplingConfig, accept: Callable[[SampledPath], T | Rejection]
+) -> SeedOutcome:
     """Walk from ``seed`` until ``accept`` returns a record rather than a :class:`Rejection`."""
     failures: Counter = Counter()
     for attempt in range(1, config.max_retries + 1):

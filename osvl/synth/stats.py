@@ -21,8 +21,9 @@ def leaks(world: World, item: QAItem) -> list[str]:
 
 def is_unique(resolver: Resolver, item: QAItem) -> bool:
     """With the image identifying v0, every mention denotes exactly its node and the answer is one."""
-    return (all(resolver.resolve(item.question, i) == {node} for i, node in enumerate(item.path))
-            and resolver.answers(item.question) == {item.answer})
+    return all(resolver.resolve(item.question, i) == {node} for i, node in enumerate(item.path)) and resolver.answers(
+        item.question
+    ) == {item.answer}
 
 
 def curation_stats(world: World, out: str | Path, fame_in_degree: int = 6) -> dict[str, Any]:

@@ -91,8 +91,11 @@ class ToolImageSearchSolver:
         """What famous facts plus the recognised anchor and its caption facts pin down."""
         if anchor is None:
             return SolverAnswer(None, 1)
-        edges = {(anchor, relation, target) for relation, name in stated
-                 for target in self._names.get(normalize_answer(name), ())}
+        edges = {
+            (anchor, relation, target)
+            for relation, name in stated
+            for target in self._names.get(normalize_answer(name), ())
+        }
         facts = KnownFacts(self.graph, self._famous, edges)
         return SolverAnswer(exact_answer(facts, item, image_entity=anchor, names=self._names), 1)
 
@@ -147,5 +150,9 @@ class ChatImageSearchSolver:
         if result.status is ToolStatus.INFRA_ERROR:
             raise SolverUnavailable(f"image_search failed for item {item.id}: {result.error}")
         observation = result.text if result.ok else f"Error ({result.status.value}): {result.error}"
-        return ask_for_answer(self.client, ONE_IMAGE_SEARCH_PROMPT_V1.format(observation=observation,
-                                                                             question=item.text), item, tool_calls=1)
+        return ask_for_answer(
+            self.client,
+            ONE_IMAGE_SEARCH_PROMPT_V1.format(observation=observation, question=item.text),
+            item,
+            tool_calls=1,
+        )

@@ -51,8 +51,9 @@ class ToolEnvironment:
         self.pool = pool
         self.cache = cache
 
-    def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
-                end_to_end_s: float | None = None) -> Job | ToolResult:
+    def prepare(
+        self, raw: RawCall, context: VisualContext, deadline_s: float | None = None, end_to_end_s: float | None = None
+    ) -> Job | ToolResult:
         """A job ready for the pool, or the ``parse_error``/``invalid_arguments``/``tool_error`` that stops
         the call here. ``deadline_s`` bounds the run; ``end_to_end_s``, when given, also the time queued."""
         if deadline_s is not None and not deadline_s > 0:
@@ -76,8 +77,9 @@ class ToolEnvironment:
             end_to_end_s=end_to_end_s,
         )
 
-    async def execute(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
-                      end_to_end_s: float | None = None) -> ToolResult:
+    async def execute(
+        self, raw: RawCall, context: VisualContext, deadline_s: float | None = None, end_to_end_s: float | None = None
+    ) -> ToolResult:
         started = time.monotonic()
         job = self.prepare(raw, context, deadline_s, end_to_end_s)
         if isinstance(job, ToolResult):
@@ -88,8 +90,9 @@ class ToolEnvironment:
             self._store(job, result)
         return self._finish(result, context, started)
 
-    def execute_sync(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
-                     end_to_end_s: float | None = None) -> ToolResult:
+    def execute_sync(
+        self, raw: RawCall, context: VisualContext, deadline_s: float | None = None, end_to_end_s: float | None = None
+    ) -> ToolResult:
         started = time.monotonic()
         job = self.prepare(raw, context, deadline_s, end_to_end_s)
         if isinstance(job, ToolResult):

@@ -86,9 +86,11 @@ class OutageModel:
     def result(seed: int, call: CallIdentity, tool: str, deadline_s: float) -> ToolResult:
         """What the agent sees from a down back-end: one of 503, 429 or a timeout, drawn per call."""
         kind = OUTAGE_KINDS[int(_uniform(f"{seed}/outage-kind/{call.group_id}/{call.sample_index}/{call.turn}") * 3)]
-        error = {"http_503": f"{tool} back-end failed with HTTP 503 (Service Unavailable)",
-                 "http_429": f"{tool} back-end rate-limited the call (HTTP 429 Too Many Requests)",
-                 "timeout": f"{tool} back-end did not answer within {deadline_s:g}s"}[kind]
+        error = {
+            "http_503": f"{tool} back-end failed with HTTP 503 (Service Unavailable)",
+            "http_429": f"{tool} back-end rate-limited the call (HTTP 429 Too Many Requests)",
+            "timeout": f"{tool} back-end did not answer within {deadline_s:g}s",
+        }[kind]
         return ToolResult(status=ToolStatus.INFRA_ERROR, tool=tool, error=error)
 
 
@@ -115,8 +117,10 @@ class FaultInjectingRunner:
     def _identity() -> CallIdentity:
         call = current_call.get()
         if call is None:
-            raise ValueError("fault injection needs the identity of the tool call: run calls through the agent loop "
-                             "(osvl.rollout.run_trajectory) or set osvl.tools.environment.current_call")
+            raise ValueError(
+                "fault injection needs the identity of the tool call: run calls through the agent loop "
+                "(osvl.rollout.run_trajectory) or set osvl.tools.environment.current_call"
+            )
         return call
 
     def _maybe_fault(self, result: ToolResult, call: CallIdentity) -> ToolResult:

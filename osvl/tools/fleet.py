@@ -37,8 +37,15 @@ class _Member:
 class ToolServerFleet:
     """``ToolPool``'s calling interface over several tool servers; ``close`` when done."""
 
-    def __init__(self, urls: tuple[str, ...] | list[str], *, max_image_pixels: int = 24_000_000,
-                 retry_after_s: float = 5.0, probe_timeout_s: float = 5.0, max_concurrency: int = 64) -> None:
+    def __init__(
+        self,
+        urls: tuple[str, ...] | list[str],
+        *,
+        max_image_pixels: int = 24_000_000,
+        retry_after_s: float = 5.0,
+        probe_timeout_s: float = 5.0,
+        max_concurrency: int = 64,
+    ) -> None:
         if not urls:
             raise ValueError("a tool server fleet needs at least one URL")
         self.members = [_Member(u.rstrip("/"), RemoteToolPool(u, max_image_pixels)) for u in urls]

@@ -6,7 +6,6 @@ and only then does OpenCV decode. Every refusal is a ``ValueError`` naming the l
 
 from __future__ import annotations
 
-import io
 import os
 
 import cv2

@@ -127,7 +127,8 @@ def sharpen_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config:
     return ToolOutput(text=f"sharpened with amount={arguments['amount']:g} sigma={arguments['sigma']:g}", images=[out])
 
 
-def perspective_correct_tool(arguments: Mapping[str, Any], images: list[np.ndarray],
-                             config: ToolBackendsConfig) -> ToolOutput:
+def perspective_correct_tool(
+    arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig
+) -> ToolOutput:
     result = perspective_correct(images[0])
     return ToolOutput(text=result.note, images=[result.image])

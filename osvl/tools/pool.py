@@ -144,8 +144,9 @@ class _Worker:
         if not parent_conn.poll(timeout):
             self.kill()
             imports = f" (importing {len(preload)} tool targets)" if preload else ""
-            raise RuntimeError(f"tool worker did not start within {timeout}s{imports}; "
-                               "raise PoolConfig.startup_timeout_s")
+            raise RuntimeError(
+                f"tool worker did not start within {timeout}s{imports}; raise PoolConfig.startup_timeout_s"
+            )
         try:
             _, (_, self.import_errors) = parent_conn.recv()
         except (EOFError, OSError):
@@ -280,14 +281,22 @@ class ToolPool:
             pid = worker.process.pid if worker.process is not None else None
             if job.end_to_end_s is not None and queue_s >= job.end_to_end_s:
                 status, text, images, replace = ToolStatus.INFRA_ERROR, "", [], False
-                error = (f"{job.tool} waited {queue_s:.2f}s for a worker; its end-to-end deadline of "
-                         f"{job.end_to_end_s:g}s passed before it could run")
+                error = (
+                    f"{job.tool} waited {queue_s:.2f}s for a worker; its end-to-end deadline of "
+                    f"{job.end_to_end_s:g}s passed before it could run"
+                )
                 pid = None
             else:
                 try:
                     status, text, images, error, replace, pid = self._run(worker, job, queue_s)
                 except Exception as err:  # the dispatcher itself must never die
-                    status, text, images, error, replace = ToolStatus.INFRA_ERROR, "", [], f"tool pool error: {err}", True
+                    status, text, images, error, replace = (
+                        ToolStatus.INFRA_ERROR,
+                        "",
+                        [],
+                        f"tool pool error: {err}",
+                        True,
+                    )
             run_s = time.monotonic() - started
             future.set_result(
                 ToolResult(
@@ -317,16 +326,18 @@ class ToolPool:
             return False
         return True
 
-    def _run(self, worker: _Worker, job: Job,
-             queue_s: float) -> tuple[ToolStatus, str, list[np.ndarray], str | None, bool, int | None]:
+    def _run(
+        self, worker: _Worker, job: Job, queue_s: float
+    ) -> tuple[ToolStatus, str, list[np.ndarray], str | None, bool, int | None]:
         """(status, text, images, error, replace the worker, pid of the worker that ran it)."""
         if not worker.alive() and not self._replace(worker):
             return ToolStatus.INFRA_ERROR, "", [], "no tool worker could be started for this call", True, None
         pid = worker.process.pid
         return (*self._exchange(worker, job, queue_s), pid)
 
-    def _exchange(self, worker: _Worker, job: Job,
-                  queue_s: float) -> tuple[ToolStatus, str, list[np.ndarray], str | None, bool]:
+    def _exchange(
+        self, worker: _Worker, job: Job, queue_s: float
+    ) -> tuple[ToolStatus, str, list[np.ndarray], str | None, bool]:
         job_id = next(self._ids)
         try:
             worker.conn.send((job_id, job.target, job.arguments, job.images, job.options))
@@ -343,8 +354,14 @@ class ToolPool:
             if remaining <= 0:
                 self._count("timeouts")
                 if allowed < job.deadline_s:  # cut short by time our queue took, not by the call itself
-                    return (ToolStatus.INFRA_ERROR, "", [], f"{job.tool} waited {queue_s:.2f}s for a worker and "
-                            f"could not finish within its end-to-end deadline of {job.end_to_end_s:g}s", True)
+                    return (
+                        ToolStatus.INFRA_ERROR,
+                        "",
+                        [],
+                        f"{job.tool} waited {queue_s:.2f}s for a worker and "
+                        f"could not finish within its end-to-end deadline of {job.end_to_end_s:g}s",
+                        True,
+                    )
                 return ToolStatus.TIMEOUT, "", [], f"{job.tool} did not finish within {job.deadline_s:g}s", True
             if worker.conn.poll(min(remaining, self.config.watch_interval_s)):
                 try:

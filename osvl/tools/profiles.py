@@ -24,8 +24,8 @@ from osvl.tools.errors import CallParseError, InvalidArguments, ToolError, error
 from osvl.tools.limits import ToolLimits
 from osvl.tools.pool import Job
 from osvl.tools.python_interpreter import python_interpreter_spec
-from osvl.tools.sandbox import SandboxConfig
 from osvl.tools.registry import ToolRegistry, ToolSpec, parse_tool_call
+from osvl.tools.sandbox import SandboxConfig
 from osvl.tools.schema import check_arguments
 from osvl.tools.visit import visit_spec
 from osvl.tools.visual_context import VisualContext
@@ -60,10 +60,18 @@ class ReleaseTool:
     fixed: dict[str, Any] = field(default_factory=dict)  # osvl arguments the mapping sets
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "function", "function": {
-            "name": self.name, "description": self.description,
-            "parameters": {"type": "object", "properties": {k: dict(a.schema) for k, a in self.args.items()},
-                           "required": list(self.required)}}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": {
+                    "type": "object",
+                    "properties": {k: dict(a.schema) for k, a in self.args.items()},
+                    "required": list(self.required),
+                },
+            },
+        }
 
 
 def _s(kind: str, description: str = "", **extra: Any) -> dict[str, Any]:
@@ -74,46 +82,107 @@ _REF = "Image reference: 'img_1' is the question image, tool results are img_2, 
 _LANG = "the osvl search backends are language-agnostic"
 
 RELEASE_TOOLS: tuple[ReleaseTool, ...] = (
-    ReleaseTool("crop", "crop", "Cut a rectangle out of an image (pixels); the cut becomes a new image.",
-                {"image": Arg(_s("string", _REF), "image", "image"),
-                 "x": Arg(_s("integer", "Left edge."), "boxes", "box"),
-                 "y": Arg(_s("integer", "Top edge."), "boxes", "box"),
-                 "width": Arg(_s("integer", "Width."), "boxes", "box"),
-                 "height": Arg(_s("integer", "Height."), "boxes", "box")},
-                required=("image", "x", "y", "width", "height"), fixed={"coordinates": "pixel"}),
-    ReleaseTool("layout_parsing", "ocr", "Read the text of a document image as layout blocks.",
-                {"image": Arg(_s("string", _REF), "image", "image"),
-                 "file_path": Arg(_s("string", "Not supported: use image."), kind="refuse",
-                                  why="tools never read the host file system; pass an image reference"),
-                 "use_chart_recognition": Arg(_s("boolean", default=False), "chart_recognition"),
-                 "use_doc_orientation_classify": Arg(_s("boolean", default=False), "doc_orientation")},
-                required=("image",)),
-    ReleaseTool("text_search", "text_search", "Search the web; returns titles, URLs and short summaries.",
-                {"q": Arg(_s("string", "Search query."), "query"),
-                 "query": Arg(_s("string", "Same as q."), "query"),
-                 "hl": Arg(_s("string", default="en"), why=_LANG),
-                 "lang": Arg(_s("string", default="en"), why=_LANG),
-                 "top_k": Arg(_s("integer", "Number of results.", default=5), "top_k")},
-                one_of=("q", "query")),
-    ReleaseTool("web_search", "text_search", "Search the web for up-to-date information.",
-                {"q": Arg(_s("string", "Search query."), "query"),
-                 "hl": Arg(_s("string", default="en"), why=_LANG)},
-                required=("q",)),
-    ReleaseTool("image_search", "image_search", "Find web pages showing an image (reverse image search).",
-                {"url": Arg(_s("string", _REF), "image", "image")}, required=("url",)),
-    ReleaseTool("perspective_correct", "perspective_correct", "Rectify a skewed photo of a document.",
-                {"image": Arg(_s("string", _REF), "image", "image")}, required=("image",)),
-    ReleaseTool("super_resolution", "super_resolution", "Upscale a low-resolution image.",
-                {"image": Arg(_s("string", _REF), "image", "image"),
-                 "scale": Arg(_s("integer", "2 or 4.", default=4), "scale")}, required=("image",)),
-    ReleaseTool("sharpen", "sharpen", "Sharpen a blurry image.",
-                {"image": Arg(_s("string", _REF), "image", "image"),
-                 "amount": Arg(_s("number", "Strength.", default=1.5), "amount")}, required=("image",)),
-    ReleaseTool("visit", "visit", "Open a web page and read its text.",
-                {"url": Arg(_s("string", "The page URL."), "url"),
-                 "goal": Arg(_s("string", "What to look for on the page."), "goal")}, required=("url",)),
-    ReleaseTool("python_interpreter", "python_interpreter", "Run Python code; returns what it prints.",
-                {"code": Arg(_s("string", "Python source; print() the results."), "code")}, required=("code",)),
+    ReleaseTool(
+        "crop",
+        "crop",
+        "Cut a rectangle out of an image (pixels); the cut becomes a new image.",
+        {
+            "image": Arg(_s("string", _REF), "image", "image"),
+            "x": Arg(_s("integer", "Left edge."), "boxes", "box"),
+            "y": Arg(_s("integer", "Top edge."), "boxes", "box"),
+            "width": Arg(_s("integer", "Width."), "boxes", "box"),
+            "height": Arg(_s("integer", "Height."), "boxes", "box"),
+        },
+        required=("image", "x", "y", "width", "height"),
+        fixed={"coordinates": "pixel"},
+    ),
+    ReleaseTool(
+        "layout_parsing",
+        "ocr",
+        "Read the text of a document image as layout blocks.",
+        {
+            "image": Arg(_s("string", _REF), "image", "image"),
+            "file_path": Arg(
+                _s("string", "Not supported: use image."),
+                kind="refuse",
+                why="tools never read the host file system; pass an image reference",
+            ),
+            "use_chart_recognition": Arg(_s("boolean", default=False), "chart_recognition"),
+            "use_doc_orientation_classify": Arg(_s("boolean", default=False), "doc_orientation"),
+        },
+        required=("image",),
+    ),
+    ReleaseTool(
+        "text_search",
+        "text_search",
+        "Search the web; returns titles, URLs and short summaries.",
+        {
+            "q": Arg(_s("string", "Search query."), "query"),
+            "query": Arg(_s("string", "Same as q."), "query"),
+            "hl": Arg(_s("string", default="en"), why=_LANG),
+            "lang": Arg(_s("string", default="en"), why=_LANG),
+            "top_k": Arg(_s("integer", "Number of results.", default=5), "top_k"),
+        },
+        one_of=("q", "query"),
+    ),
+    ReleaseTool(
+        "web_search",
+        "text_search",
+        "Search the web for up-to-date information.",
+        {"q": Arg(_s("string", "Search query."), "query"), "hl": Arg(_s("string", default="en"), why=_LANG)},
+        required=("q",),
+    ),
+    ReleaseTool(
+        "image_search",
+        "image_search",
+        "Find web pages showing an image (reverse image search).",
+        {"url": Arg(_s("string", _REF), "image", "image")},
+        required=("url",),
+    ),
+    ReleaseTool(
+        "perspective_correct",
+        "perspective_correct",
+        "Rectify a skewed photo of a document.",
+        {"image": Arg(_s("string", _REF), "image", "image")},
+        required=("image",),
+    ),
+    ReleaseTool(
+        "super_resolution",
+        "super_resolution",
+        "Upscale a low-resolution image.",
+        {
+            "image": Arg(_s("string", _REF), "image", "image"),
+            "scale": Arg(_s("integer", "2 or 4.", default=4), "scale"),
+        },
+        required=("image",),
+    ),
+    ReleaseTool(
+        "sharpen",
+        "sharpen",
+        "Sharpen a blurry image.",
+        {
+            "image": Arg(_s("string", _REF), "image", "image"),
+            "amount": Arg(_s("number", "Strength.", default=1.5), "amount"),
+        },
+        required=("image",),
+    ),
+    ReleaseTool(
+        "visit",
+        "visit",
+        "Open a web page and read its text.",
+        {
+            "url": Arg(_s("string", "The page URL."), "url"),
+            "goal": Arg(_s("string", "What to look for on the page."), "goal"),
+        },
+        required=("url",),
+    ),
+    ReleaseTool(
+        "python_interpreter",
+        "python_interpreter",
+        "Run Python code; returns what it prints.",
+        {"code": Arg(_s("string", "Python source; print() the results."), "code")},
+        required=("code",),
+    ),
 )
 
 
@@ -128,8 +197,9 @@ def image_index(reference: Any) -> int:
 def translate_release_call(tool: ReleaseTool, arguments: Mapping[str, Any]) -> ToolCall:
     """A validated release call as the osvl call that executes it."""
     properties = {k: a.schema for k, a in tool.args.items()}
-    given = check_arguments({"type": "object", "properties": properties, "required": list(tool.required)},
-                            dict(arguments))
+    given = check_arguments(
+        {"type": "object", "properties": properties, "required": list(tool.required)}, dict(arguments)
+    )
     if tool.one_of:
         present = [k for k in tool.one_of if k in arguments]
         if len(present) != 1:
@@ -158,8 +228,13 @@ def translate_release_call(tool: ReleaseTool, arguments: Mapping[str, Any]) -> T
 class ToolProfile:
     """What the model sees (``tool_schemas``) and how its calls reach osvl's tools (``translate``)."""
 
-    def __init__(self, name: str, limits: ToolLimits | None = None, python_interpreter: bool = False,
-                 sandbox: SandboxConfig | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        limits: ToolLimits | None = None,
+        python_interpreter: bool = False,
+        sandbox: SandboxConfig | None = None,
+    ) -> None:
         if name not in PROFILES:
             raise ValueError(f"unknown tool profile {name!r}; expected one of {PROFILES}")
         self.name = name
@@ -185,8 +260,9 @@ class ToolProfile:
         tool = self.release_tools.get(call.name)
         if tool is None:
             if any(t.name == call.name for t in RELEASE_TOOLS):
-                raise CallParseError(f"tool {call.name!r} is not enabled here; available tools: "
-                                     f"{', '.join(self.release_tools)}")
+                raise CallParseError(
+                    f"tool {call.name!r} is not enabled here; available tools: {', '.join(self.release_tools)}"
+                )
             raise CallParseError(f"unknown tool {call.name!r}; available tools: {', '.join(self.release_tools)}")
         return self.registry.parse(translate_release_call(tool, call.arguments))
 
@@ -205,7 +281,8 @@ class ToolProfile:
         if self.name == "paper" or not result.text:
             return result
         result.text = _INDEX_NOTE.sub(
-            lambda m: "New image ID: " + ", ".join(f"img_{int(i) + 1}" for i in m[1].split(", ")) + ".", result.text)
+            lambda m: "New image ID: " + ", ".join(f"img_{int(i) + 1}" for i in m[1].split(", ")) + ".", result.text
+        )
         return result
 
 
@@ -225,8 +302,9 @@ def _arguments_key(raw: str | Mapping[str, Any] | ToolCall) -> str | Mapping[str
 _INDEX_NOTE = re.compile(r"New images? at index ([0-9]+(?:, [0-9]+)*)\.")
 
 
-def tool_profile(name: str, limits: ToolLimits | None = None, python_interpreter: bool = False,
-                 sandbox: SandboxConfig | None = None) -> ToolProfile:
+def tool_profile(
+    name: str, limits: ToolLimits | None = None, python_interpreter: bool = False, sandbox: SandboxConfig | None = None
+) -> ToolProfile:
     return ToolProfile(name, limits, python_interpreter, sandbox)
 
 
@@ -241,19 +319,22 @@ class ProfiledEnvironment(ToolEnvironment):
     def tool_schemas(self) -> list[dict[str, Any]]:
         return self.profile.tool_schemas()
 
-    def prepare(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
-                end_to_end_s: float | None = None) -> Job | ToolResult:
+    def prepare(
+        self, raw: RawCall, context: VisualContext, deadline_s: float | None = None, end_to_end_s: float | None = None
+    ) -> Job | ToolResult:
         call = self.profile.prepare(raw)
         if isinstance(call, ToolResult):
             return call
         return super().prepare(call, context, deadline_s, end_to_end_s)
 
-    async def execute(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
-                      end_to_end_s: float | None = None) -> ToolResult:
+    async def execute(
+        self, raw: RawCall, context: VisualContext, deadline_s: float | None = None, end_to_end_s: float | None = None
+    ) -> ToolResult:
         return self.profile.present(await super().execute(raw, context, deadline_s, end_to_end_s))
 
-    def execute_sync(self, raw: RawCall, context: VisualContext, deadline_s: float | None = None,
-                     end_to_end_s: float | None = None) -> ToolResult:
+    def execute_sync(
+        self, raw: RawCall, context: VisualContext, deadline_s: float | None = None, end_to_end_s: float | None = None
+    ) -> ToolResult:
         return self.profile.present(super().execute_sync(raw, context, deadline_s, end_to_end_s))
 
 

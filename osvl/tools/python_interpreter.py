@@ -19,17 +19,29 @@ from osvl.tools.errors import BackendError, ToolError
 from osvl.tools.registry import ToolOutput, ToolSpec
 from osvl.tools.sandbox import SandboxConfig, SandboxLimits, SandboxRun, SandboxUnavailable, run_sandboxed
 
-__all__ = ["SandboxConfig", "SandboxLimits", "SandboxRun", "python_interpreter_spec", "python_interpreter_tool",
-           "run_sandboxed"]
+__all__ = [
+    "SandboxConfig",
+    "SandboxLimits",
+    "SandboxRun",
+    "python_interpreter_spec",
+    "python_interpreter_tool",
+    "run_sandboxed",
+]
 
-REFUSAL = ("python_interpreter refuses to run without its sandbox: {reason}. Install what is missing, choose "
-           "another boundary (recipe key tools.python_sandbox = 'sandbox_fusion' with tools.sandbox_fusion_url), "
-           "or accept running without one by setting tools.python_sandbox = 'unsafe_no_boundary'")
+REFUSAL = (
+    "python_interpreter refuses to run without its sandbox: {reason}. Install what is missing, choose "
+    "another boundary (recipe key tools.python_sandbox = 'sandbox_fusion' with tools.sandbox_fusion_url), "
+    "or accept running without one by setting tools.python_sandbox = 'unsafe_no_boundary'"
+)
 
 
-def python_interpreter_tool(arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig,
-                            limits: SandboxLimits = SandboxLimits(),
-                            sandbox: SandboxConfig = SandboxConfig()) -> ToolOutput:
+def python_interpreter_tool(
+    arguments: Mapping[str, Any],
+    images: list[np.ndarray],
+    config: ToolBackendsConfig,
+    limits: SandboxLimits = SandboxLimits(),
+    sandbox: SandboxConfig = SandboxConfig(),
+) -> ToolOutput:
     try:
         run = run_sandboxed(arguments["code"], limits, sandbox)
     except SandboxUnavailable as err:
@@ -42,19 +54,29 @@ def python_interpreter_tool(arguments: Mapping[str, Any], images: list[np.ndarra
     return ToolOutput(text=text)
 
 
-def python_interpreter_spec(limits: SandboxLimits = SandboxLimits(),
-                            sandbox: SandboxConfig = SandboxConfig()) -> ToolSpec:
+def python_interpreter_spec(
+    limits: SandboxLimits = SandboxLimits(), sandbox: SandboxConfig = SandboxConfig()
+) -> ToolSpec:
     """The spec a profile registers when the interpreter is enabled (it never is by default)."""
-    isolation = ("in an isolated sandbox without network, other processes or file system access beyond a "
-                 "scratch directory" if sandbox.backend != "unsafe_no_boundary" else "in a child process")
+    isolation = (
+        "in an isolated sandbox without network, other processes or file system access beyond a scratch directory"
+        if sandbox.backend != "unsafe_no_boundary"
+        else "in a child process"
+    )
     return ToolSpec(
         name="python_interpreter",
         description=f"Run Python 3 code {isolation}; the standard library and numpy are available. Only what "
         "the code prints is returned.",
         parameters={
             "type": "object",
-            "properties": {"code": {"type": "string", "minLength": 1, "maxLength": limits.max_code_chars,
-                                    "description": "Python source; use print() for results."}},
+            "properties": {
+                "code": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": limits.max_code_chars,
+                    "description": "Python source; use print() for results.",
+                }
+            },
             "required": ["code"],
         },
         target="osvl.tools.python_interpreter:python_interpreter_tool",

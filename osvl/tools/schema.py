@@ -122,8 +122,7 @@ def _check_value(schema: Mapping[str, Any], value: Any, path: str) -> Any:
         if len(value) > schema.get("maxItems", math.inf):
             raise InvalidArguments(f"argument '{path}' has {len(value)} items; the limit is {schema['maxItems']}")
         if len(value) < schema.get("minItems", 0):
-            raise InvalidArguments(
-                f"argument '{path}' needs at least {schema['minItems']} item(s), got {len(value)}")
+            raise InvalidArguments(f"argument '{path}' needs at least {schema['minItems']} item(s), got {len(value)}")
         value = [_check_value(schema["items"], item, f"{path}[{i}]") for i, item in enumerate(value)]
     elif kind == "object":
         value = _check_nested_object(schema, value, path)
@@ -134,8 +133,9 @@ def _check_text(value: str, path: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as err:
-        raise InvalidArguments(f"argument '{path}' is not valid Unicode text (a lone surrogate at character "
-                               f"{err.start})") from None
+        raise InvalidArguments(
+            f"argument '{path}' is not valid Unicode text (a lone surrogate at character {err.start})"
+        ) from None
 
 
 def _check_nested_object(schema: Mapping[str, Any], value: Mapping[str, Any], path: str) -> dict[str, Any]:

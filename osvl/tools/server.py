@@ -70,8 +70,13 @@ class ServerLimits:
     max_deadline_factor: float = 4.0  # a client may ask for at most this multiple of a tool's own deadline
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "body_timeout_s", "write_timeout_s", "max_queue_wait_s",
-                     "max_deadline_factor"):
+        for name in (
+            "header_timeout_s",
+            "body_timeout_s",
+            "write_timeout_s",
+            "max_queue_wait_s",
+            "max_deadline_factor",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"ServerLimits.{name} must be a positive number, got {value}")
@@ -150,8 +155,15 @@ def _positive_seconds(body: dict[str, Any], key: str) -> float | None:
 
 
 class ToolServer:
-    def __init__(self, registry: ToolRegistry, pool: ToolPool, host: str = "127.0.0.1", port: int = 0,
-                 max_request_bytes: int | None = None, limits: ServerLimits | None = None) -> None:
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        pool: ToolPool,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_request_bytes: int | None = None,
+        limits: ServerLimits | None = None,
+    ) -> None:
         limits = limits or ServerLimits()
         if max_request_bytes is not None:
             limits = ServerLimits(**{**asdict(limits), "max_request_bytes": max_request_bytes})
@@ -202,9 +214,15 @@ class ToolServer:
         app.router.add_get("/v1/tools", self._tools)
         app.router.add_get("/v1/stats", self._stats)
         app.router.add_post("/v1/call", self._call)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, auto_decompress=False,
-                                     keepalive_timeout=self.limits.header_timeout_s, lingering_time=1.0,
-                                     logger=_HTTP_LOG)
+        self._runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            auto_decompress=False,
+            keepalive_timeout=self.limits.header_timeout_s,
+            lingering_time=1.0,
+            logger=_HTTP_LOG,
+        )
         await self._runner.setup()
         self._server = await self._loop.create_server(self._protocol, sock=self._socket)
 
@@ -231,8 +249,12 @@ class ToolServer:
         except web.HTTPException as err:
             if err.status < 400:
                 raise
-            return await self._error(request, err.status, _KINDS.get(err.status, "bad_request"),
-                                     f"{err.reason}: {request.method} {request.path[:200]}")
+            return await self._error(
+                request,
+                err.status,
+                _KINDS.get(err.status, "bad_request"),
+                f"{err.reason}: {request.method} {request.path[:200]}",
+            )
 
     async def _reply(self, request: web.Request, status: int, payload: Any) -> web.StreamResponse:
         """Write the answer here, under the write timeout: a client that does not read is dropped."""
@@ -285,12 +307,15 @@ class ToolServer:
         if request.content_length is None and "chunked" not in request.headers.get("Transfer-Encoding", "").lower():
             raise _BadRequest(411, "length_required", "a POST needs a Content-Length (or chunked encoding)")
         if request.content_length is not None and request.content_length > self.limits.max_request_bytes:
-            raise _BadRequest(413, "too_large", f"a body of {request.content_length} bytes exceeds "
-                                                f"{self.limits.max_request_bytes}")
+            raise _BadRequest(
+                413, "too_large", f"a body of {request.content_length} bytes exceeds {self.limits.max_request_bytes}"
+            )
         try:
             raw = await asyncio.wait_for(request.read(), self.limits.body_timeout_s)
         except asyncio.TimeoutError:
-            raise _BadRequest(408, "timeout", f"the body did not arrive within {self.limits.body_timeout_s:g}s") from None
+            raise _BadRequest(
+                408, "timeout", f"the body did not arrive within {self.limits.body_timeout_s:g}s"
+            ) from None
         except web.HTTPRequestEntityTooLarge:
             raise _BadRequest(413, "too_large", f"the body exceeds {self.limits.max_request_bytes} bytes") from None
         except (RequestPayloadError, ConnectionError) as err:  # the body broke off, or its chunked framing is wrong
@@ -298,7 +323,9 @@ class ToolServer:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise _BadRequest(400, "malformed_body", f"the body is not UTF-8: {err.reason} at byte {err.start}") from None
+            raise _BadRequest(
+                400, "malformed_body", f"the body is not UTF-8: {err.reason} at byte {err.start}"
+            ) from None
         try:
             return loads_call_json(text, "the body")
         except (CallParseError, InvalidArguments) as err:
@@ -315,8 +342,9 @@ class ToolServer:
         deadline_s = _positive_seconds(body, "deadline_s")
         end_to_end_s = _positive_seconds(body, "end_to_end_s")
         try:
-            images = _decode_images(body.get("images", []), self.registry.limits.max_image_pixels,
-                                    self.registry.limits.max_image_bytes)
+            images = _decode_images(
+                body.get("images", []), self.registry.limits.max_image_pixels, self.registry.limits.max_image_bytes
+            )
         except ValueError as err:
             raise _BadRequest(400, "bad_images", str(err)) from None
         name = body["tool"]
@@ -329,8 +357,15 @@ class ToolServer:
             raise _BadRequest(400, "bad_images", f"{name} takes {len(spec.image_args)} image(s), got {len(images)}")
         deadline = min(deadline_s or spec.deadline_s, spec.deadline_s * self.limits.max_deadline_factor)
         queue_bound = deadline + self.limits.max_queue_wait_s
-        return Job(tool=name, target=spec.target, arguments=call.arguments, images=images, deadline_s=deadline,
-                   options=dict(spec.options), end_to_end_s=min(end_to_end_s or queue_bound, queue_bound))
+        return Job(
+            tool=name,
+            target=spec.target,
+            arguments=call.arguments,
+            images=images,
+            deadline_s=deadline,
+            options=dict(spec.options),
+            end_to_end_s=min(end_to_end_s or queue_bound, queue_bound),
+        )
 
     def handle_call(self, body: Any) -> tuple[int, dict[str, Any]]:
         """One call without HTTP (same checks, blocking): protocol mistakes are 4xx, tool outcomes 200."""
@@ -348,9 +383,10 @@ class _Overloaded(asyncio.Protocol):
 
     def __init__(self, limit: int) -> None:
         body = _dumps({"error": f"the tool server has {limit} open connections; retry later", "kind": "overloaded"})
-        self._answer = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                        b"Connection: close\r\nRetry-After: 1\r\nContent-Length: " + str(len(body)).encode() +
-                        b"\r\n\r\n" + body)
+        self._answer = (
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nRetry-After: 1\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.write(self._answer)
@@ -360,8 +396,13 @@ class _Overloaded(asyncio.Protocol):
 class RemoteToolPool:
     """``ToolPool``'s calling interface over HTTP; transport failures become ``infra_error``."""
 
-    def __init__(self, url: str, max_image_pixels: int = 24_000_000, grace_s: float = 10.0,
-                 max_image_bytes: int | None = 32 << 20) -> None:
+    def __init__(
+        self,
+        url: str,
+        max_image_pixels: int = 24_000_000,
+        grace_s: float = 10.0,
+        max_image_bytes: int | None = 32 << 20,
+    ) -> None:
         self.url = url.rstrip("/")
         self.max_image_pixels, self.max_image_bytes = max_image_pixels, max_image_bytes
         self.grace_s = grace_s  # transport allowance on top of the call's deadline
@@ -373,22 +414,34 @@ class RemoteToolPool:
         started = time.monotonic()
         with self._lock:
             self.stats.submitted += 1
-        body = {"tool": job.tool, "arguments": job.arguments, "images": _encode_images(job.images),
-                "deadline_s": job.deadline_s}
+        body = {
+            "tool": job.tool,
+            "arguments": job.arguments,
+            "images": _encode_images(job.images),
+            "deadline_s": job.deadline_s,
+        }
         budget = job.deadline_s + self.grace_s
         if job.end_to_end_s is not None:
             body["end_to_end_s"] = job.end_to_end_s
             budget = min(budget, job.end_to_end_s + self.grace_s)
         try:
-            response = self._client.post(f"{self.url}/v1/call", content=_dumps(body),
-                                         headers={"content-type": "application/json"}, timeout=budget)
+            response = self._client.post(
+                f"{self.url}/v1/call",
+                content=_dumps(body),
+                headers={"content-type": "application/json"},
+                timeout=budget,
+            )
             if response.status_code != 200:
                 raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
             result = result_from_json(response.json(), self.max_image_pixels, self.max_image_bytes)
             result.worker = f"{self.url} {result.worker}".strip()
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
-            result = ToolResult(ToolStatus.INFRA_ERROR, job.tool, error=f"tool server failed: {err}",
-                                elapsed_s=time.monotonic() - started)
+            result = ToolResult(
+                ToolStatus.INFRA_ERROR,
+                job.tool,
+                error=f"tool server failed: {err}",
+                elapsed_s=time.monotonic() - started,
+            )
         with self._lock:
             self.stats.completed += 1
         return result
@@ -419,8 +472,12 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--world", help="the embedded mini-world directory (offline back-ends)")
     source.add_argument("--tools", help="online back-ends: a TOML as `osvl.eval --tools` reads (*_key_env for keys)")
     parser.add_argument("--python-interpreter", action="store_true", help="also serve the sandboxed python tool")
-    parser.add_argument("--python-sandbox", choices=BACKENDS, default="namespaces",
-                        help="the boundary python_interpreter runs behind (unsafe_no_boundary: none)")
+    parser.add_argument(
+        "--python-sandbox",
+        choices=BACKENDS,
+        default="namespaces",
+        help="the boundary python_interpreter runs behind (unsafe_no_boundary: none)",
+    )
     parser.add_argument("--sandbox-fusion-url", default="", help="SandboxFusion base URL for sandbox_fusion")
     parser.add_argument("--workers", type=int, default=4, help="tool worker processes")
     parser.add_argument("--host", default="127.0.0.1")

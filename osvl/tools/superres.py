@@ -123,8 +123,9 @@ def super_resolve(image: np.ndarray, scale: int, config: SuperResolutionConfig) 
     raise BackendError("no super-resolution backend worked: " + "; ".join(failures))
 
 
-def super_resolution_tool(arguments: Mapping[str, Any], images: list[np.ndarray],
-                          config: ToolBackendsConfig) -> ToolOutput:
+def super_resolution_tool(
+    arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig
+) -> ToolOutput:
     image, scale = images[0], arguments["scale"]
     pixels = image.shape[0] * image.shape[1] * scale * scale
     if pixels > config.limits.max_image_pixels:

@@ -81,10 +81,18 @@ def visit_spec(limits: ToolLimits | None = None) -> ToolSpec:
         parameters={
             "type": "object",
             "properties": {
-                "url": {"type": "string", "minLength": 1, "maxLength": limits.max_text_chars,
-                        "description": "The page URL."},
-                "goal": {"type": "string", "maxLength": limits.max_text_chars, "default": "",
-                         "description": "What you are looking for on the page."},
+                "url": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": limits.max_text_chars,
+                    "description": "The page URL.",
+                },
+                "goal": {
+                    "type": "string",
+                    "maxLength": limits.max_text_chars,
+                    "default": "",
+                    "description": "What you are looking for on the page.",
+                },
             },
             "required": ["url"],
         },

@@ -54,8 +54,13 @@ def preload_targets(targets: Iterable[str]) -> dict[str, str]:
     return failed
 
 
-def run_job(target: str, arguments: Mapping[str, Any], images: list[np.ndarray], config: ToolBackendsConfig,
-            options: Mapping[str, Any] | None = None) -> Reply:
+def run_job(
+    target: str,
+    arguments: Mapping[str, Any],
+    images: list[np.ndarray],
+    config: ToolBackendsConfig,
+    options: Mapping[str, Any] | None = None,
+) -> Reply:
     """Run one tool call; every failure becomes a status with a message, never an exception."""
     try:
         output = resolve_target(target)(arguments, images, config, **(options or {}))

@@ -32,27 +32,34 @@ def world_files(world: str | os.PathLike[str] | World) -> tuple[Path, Path, Path
     return Path(world.root), Path(world.corpus_path), Path(world.images_path)
 
 
-def world_tools_config(world: str | os.PathLike[str] | World, index_path: str | Path | None = None,
-                       limits: ToolLimits | None = None) -> ToolBackendsConfig:
+def world_tools_config(
+    world: str | os.PathLike[str] | World, index_path: str | Path | None = None, limits: ToolLimits | None = None
+) -> ToolBackendsConfig:
     """Offline back-ends over the world's files; the FTS5 index goes to ``index_path`` (default:
     beside the corpus), built on first use and rebuilt when the corpus changes."""
     root, corpus, collection = world_files(world)
     for path in (corpus, collection):
         if not path.is_file():
-            raise ValueError(f"world {root} has no {path.name}; build it with "
-                             f"`python -m osvl.world build --out {root}`")
+            raise ValueError(
+                f"world {root} has no {path.name}; build it with `python -m osvl.world build --out {root}`"
+            )
     return ToolBackendsConfig(
         limits=limits or ToolLimits(),
-        text_search=TextSearchConfig(corpus_path=str(corpus),
-                                     index_path=None if index_path is None else str(index_path)),
+        text_search=TextSearchConfig(
+            corpus_path=str(corpus), index_path=None if index_path is None else str(index_path)
+        ),
         image_search=ImageSearchConfig(collection_path=str(collection)),
     )
 
 
 @contextmanager
-def world_environment(world: str | os.PathLike[str] | World, pool: PoolConfig | None = None,
-                      index_path: str | Path | None = None, limits: ToolLimits | None = None,
-                      config: ToolBackendsConfig | None = None) -> Iterator[ToolEnvironment]:
+def world_environment(
+    world: str | os.PathLike[str] | World,
+    pool: PoolConfig | None = None,
+    index_path: str | Path | None = None,
+    limits: ToolLimits | None = None,
+    config: ToolBackendsConfig | None = None,
+) -> Iterator[ToolEnvironment]:
     """osvl's tools in a spawned pool over the world (or over ``config``'s back-ends, e.g. online
     search) for the duration of the block, every tool preloaded (start-up takes seconds: share one
     environment across many episodes)."""

@@ -10,10 +10,19 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "latest_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint",
-    "run_grpo": "grpo", "sft_loss": "loss", "MetricsWriter": "metrics", "progress_line": "metrics",
-    "read_metrics": "metrics", "build_optimizer": "optim", "build_scheduler": "optim", "lr_factor": "optim",
-    "StageResult": "sft", "run_sft": "sft",
+    "latest_checkpoint": "checkpoint",
+    "load_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "run_grpo": "grpo",
+    "sft_loss": "loss",
+    "MetricsWriter": "metrics",
+    "progress_line": "metrics",
+    "read_metrics": "metrics",
+    "build_optimizer": "optim",
+    "build_scheduler": "optim",
+    "lr_factor": "optim",
+    "StageResult": "sft",
+    "run_sft": "sft",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -96,15 +96,18 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         if self.steps < 1 or not self.seeds or not self.rates or not self.lr > 0:
-            raise ValueError(f"the study needs steps >= 1, seeds, rates and lr > 0, got {self.steps}, {self.seeds}, "
-                             f"{self.rates}, {self.lr}")
+            raise ValueError(
+                f"the study needs steps >= 1, seeds, rates and lr > 0, got {self.steps}, {self.seeds}, "
+                f"{self.rates}, {self.lr}"
+            )
         unknown = [m for m in (*self.modes, *self.choice_modes) if m not in MODES]
         if unknown:
             raise ValueError(f"unknown fatal modes {unknown}; expected some of {MODES}")
         for errors, infra in self.choices:
             if (errors, infra) not in (("policy", "drop"), ("policy", "keep"), ("all", "keep")):
-                raise ValueError(f"unknown error-counting choice {errors}/{infra}: expected policy/drop, "
-                                 "policy/keep or all/keep")
+                raise ValueError(
+                    f"unknown error-counting choice {errors}/{infra}: expected policy/drop, policy/keep or all/keep"
+                )
 
 
 QUICK = StudyConfig(out="runs/ablation_quick", steps=2, seeds=(0, 1), eval_limit=8, choice_modes=("fatal_clamp",))
@@ -127,29 +130,54 @@ def run_dir(study: StudyConfig, spec: RunSpec | str) -> Path:
 
 def check_inputs(study: StudyConfig) -> None:
     """The demo's artifacts the study starts from, named with the command that makes them."""
-    needed = {"--sft": Path(study.sft) / "config.json", "--world": Path(study.world) / "corpus.jsonl",
-              "--tokenizer": Path(study.tokenizer), "--prompts": Path(study.prompts),
-              "--eval-prompts": Path(study.eval_prompts)}
+    needed = {
+        "--sft": Path(study.sft) / "config.json",
+        "--world": Path(study.world) / "corpus.jsonl",
+        "--tokenizer": Path(study.tokenizer),
+        "--prompts": Path(study.prompts),
+        "--eval-prompts": Path(study.eval_prompts),
+    }
     missing = [f"{flag} {path}" for flag, path in needed.items() if not path.is_file()]
     if missing:
         raise ValueError(f"missing inputs: {', '.join(missing)}; `make demo` makes them (or pass the flags)")
 
 
 def grpo_overrides(study: StudyConfig, spec: RunSpec) -> list[str]:
-    return [f"model.pretrained={study.sft}", f"data.tokenizer={study.tokenizer}", f"data.train_path={study.prompts}",
-            f"tools.world_dir={study.world}", f"job.run_dir={run_dir(study, spec)}", f"job.seed={spec.seed}",
-            f"grpo.fatal_mode={spec.mode}", f"grpo.fatal_errors={spec.errors}",
-            f"grpo.infra_rollouts={spec.infra_rollouts}", f"grpo.max_steps={study.steps}", f"optimizer.lr={study.lr}",
-            f"tools.outage_rate={spec.outage_rate}", "tools.fault_rate=0", "tools.workers=1",
-            f"checkpoint.every_steps={study.checkpoint_every}", "checkpoint.keep_last=1",
-            "metrics.tensorboard=false", "metrics.console=false", "rollout.max_in_flight=16",
-            f"rollout.trajectory_deadline_s={TRAJECTORY_DEADLINE_S}", *study.overrides]
+    return [
+        f"model.pretrained={study.sft}",
+        f"data.tokenizer={study.tokenizer}",
+        f"data.train_path={study.prompts}",
+        f"tools.world_dir={study.world}",
+        f"job.run_dir={run_dir(study, spec)}",
+        f"job.seed={spec.seed}",
+        f"grpo.fatal_mode={spec.mode}",
+        f"grpo.fatal_errors={spec.errors}",
+        f"grpo.infra_rollouts={spec.infra_rollouts}",
+        f"grpo.max_steps={study.steps}",
+        f"optimizer.lr={study.lr}",
+        f"tools.outage_rate={spec.outage_rate}",
+        "tools.fault_rate=0",
+        "tools.workers=1",
+        f"checkpoint.every_steps={study.checkpoint_every}",
+        "checkpoint.keep_last=1",
+        "metrics.tensorboard=false",
+        "metrics.console=false",
+        "rollout.max_in_flight=16",
+        f"rollout.trajectory_deadline_s={TRAJECTORY_DEADLINE_S}",
+        *study.overrides,
+    ]
 
 
 def eval_overrides(study: StudyConfig) -> list[str]:
-    return [f"data.tokenizer={study.tokenizer}", f"data.train_path={study.eval_prompts}",
-            f"tools.world_dir={study.world}", "tools.workers=1", "rollout.max_in_flight=32",
-            f"rollout.trajectory_deadline_s={TRAJECTORY_DEADLINE_S}", *study.overrides]
+    return [
+        f"data.tokenizer={study.tokenizer}",
+        f"data.train_path={study.eval_prompts}",
+        f"tools.world_dir={study.world}",
+        "tools.workers=1",
+        "rollout.max_in_flight=32",
+        f"rollout.trajectory_deadline_s={TRAJECTORY_DEADLINE_S}",
+        *study.overrides,
+    ]
 
 
 def prompt_row(trajectory: Trajectory) -> dict[str, Any]:
@@ -161,11 +189,20 @@ def prompt_row(trajectory: Trajectory) -> dict[str, Any]:
     reward = trajectory.reward
     statuses = Counter(step.tool_result.status.value for step in trajectory.steps if step.tool_result is not None)
     generated = json.dumps([step.token_ids for step in trajectory.steps]).encode()
-    return {"prompt": trajectory.prompt.id, "correct": reward.acc if reward is not None and reward.scored else None,
-            "answer": trajectory.final_answer, "rollout": hashlib.blake2b(generated, digest_size=8).hexdigest(),
-            "answered": answered, "tool_calls": calls, "no_tool_answer": answered and calls == 0,
-            "grounded": answer_is_grounded(trajectory), "fatal": trajectory.fatal_step >= 0,
-            "turns": len(trajectory.steps), "finish": trajectory.finish_reason.value, "statuses": dict(statuses)}
+    return {
+        "prompt": trajectory.prompt.id,
+        "correct": reward.acc if reward is not None and reward.scored else None,
+        "answer": trajectory.final_answer,
+        "rollout": hashlib.blake2b(generated, digest_size=8).hexdigest(),
+        "answered": answered,
+        "tool_calls": calls,
+        "no_tool_answer": answered and calls == 0,
+        "grounded": answer_is_grounded(trajectory),
+        "fatal": trajectory.fatal_step >= 0,
+        "turns": len(trajectory.steps),
+        "finish": trajectory.finish_reason.value,
+        "statuses": dict(statuses),
+    }
 
 
 def _cpu_seconds() -> float:
@@ -180,8 +217,7 @@ def _write_json(path: Path, value: Any) -> None:
     partial.replace(path)
 
 
-def run_one(study: StudyConfig, spec: RunSpec | None, threads: int = 1,
-            engine_wrapper: Callable | None = None) -> None:
+def run_one(study: StudyConfig, spec: RunSpec | None, threads: int = 1, engine_wrapper: Callable | None = None) -> None:
     """Train (or resume) one run, then evaluate it; ``spec=None`` evaluates the SFT checkpoint.
     Writes ``eval.jsonl`` and finally ``done.json`` (wall and CPU seconds of this process and its tool
     workers), each atomically."""
@@ -202,17 +238,30 @@ def run_one(study: StudyConfig, spec: RunSpec | None, threads: int = 1,
             run_grpo(load_recipe(study.recipe, grpo_overrides(study, spec)), engine_wrapper=engine_wrapper)
     trained, trained_cpu = time.perf_counter(), _cpu_seconds()
     (directory / "evaluating").touch()
-    rows = [prompt_row(t) for t in evaluation_rollouts(load_recipe(study.recipe, eval_overrides(study)), checkpoint,
-                                                       study.eval_limit, engine_wrapper)]
+    rows = [
+        prompt_row(t)
+        for t in evaluation_rollouts(
+            load_recipe(study.recipe, eval_overrides(study)), checkpoint, study.eval_limit, engine_wrapper
+        )
+    ]
     partial = directory / (ROWS + ".partial")
     partial.write_text("".join(json.dumps(row) + "\n" for row in rows))
     partial.replace(directory / ROWS)
     (directory / "evaluating").unlink()
     finished = time.perf_counter()
-    _write_json(directory / DONE, {
-        "spec": asdict(spec) if spec is not None else None, "steps": study.steps if spec is not None else 0,
-        "prompts": len(rows), "train_wall_s": trained - started, "eval_wall_s": finished - trained,
-        "train_cpu_s": trained_cpu - cpu, "eval_cpu_s": _cpu_seconds() - trained_cpu, "threads": threads})
+    _write_json(
+        directory / DONE,
+        {
+            "spec": asdict(spec) if spec is not None else None,
+            "steps": study.steps if spec is not None else 0,
+            "prompts": len(rows),
+            "train_wall_s": trained - started,
+            "eval_wall_s": finished - trained,
+            "train_cpu_s": trained_cpu - cpu,
+            "eval_cpu_s": _cpu_seconds() - trained_cpu,
+            "threads": threads,
+        },
+    )
 
 
 def _child(study: StudyConfig, spec: RunSpec | None, threads: int, engine_wrapper: Callable | None, log: str) -> None:
@@ -253,8 +302,16 @@ def _steps_done(study: StudyConfig, spec: RunSpec | None) -> str:
     return f"step {len(steps)}/{study.steps}"
 
 
-def _progress(study: StudyConfig, total: int, finished: int, running: list[_Running], failed: int, started: float,
-              walls: list[float], jobs: int) -> str:
+def _progress(
+    study: StudyConfig,
+    total: int,
+    finished: int,
+    running: list[_Running],
+    failed: int,
+    started: float,
+    walls: list[float],
+    jobs: int,
+) -> str:
     width = 24
     filled = int(width * finished / total) if total else width
     elapsed = time.perf_counter() - started
@@ -269,8 +326,14 @@ def _progress(study: StudyConfig, total: int, finished: int, running: list[_Runn
     return line + (f"  | {shown}" if shown else "")
 
 
-def run_study(study: StudyConfig, jobs: int = 2, threads: int = 1, engine_wrapper: Callable | None = None,
-              stream: TextIO = sys.stdout, poll_s: float = 2.0) -> StudyResult:
+def run_study(
+    study: StudyConfig,
+    jobs: int = 2,
+    threads: int = 1,
+    engine_wrapper: Callable | None = None,
+    stream: TextIO = sys.stdout,
+    poll_s: float = 2.0,
+) -> StudyResult:
     """Every run not yet done (the SFT evaluation first), ``jobs`` processes at a time."""
     if jobs < 1 or threads < 1:
         raise ValueError(f"jobs and threads must be >= 1, got {jobs} and {threads}")
@@ -296,8 +359,17 @@ def run_study(study: StudyConfig, jobs: int = 2, threads: int = 1, engine_wrappe
     return result
 
 
-def _schedule(study: StudyConfig, pending: list[RunSpec | None], running: list[_Running], result: StudyResult,
-              jobs: int, threads: int, engine_wrapper: Callable | None, stream: TextIO, poll_s: float) -> None:
+def _schedule(
+    study: StudyConfig,
+    pending: list[RunSpec | None],
+    running: list[_Running],
+    result: StudyResult,
+    jobs: int,
+    threads: int,
+    engine_wrapper: Callable | None,
+    stream: TextIO,
+    poll_s: float,
+) -> None:
     """Start runs while fewer than ``jobs`` are in flight, collect the finished ones, print the progress."""
     context = multiprocessing.get_context("spawn")
     total = len(pending) + len(result.skipped)
@@ -308,8 +380,11 @@ def _schedule(study: StudyConfig, pending: list[RunSpec | None], running: list[_
             spec = pending.pop(0)
             directory = run_dir(study, spec or SFT_RUN)
             directory.mkdir(parents=True, exist_ok=True)
-            process = context.Process(target=_child, args=(study, spec, threads, engine_wrapper,
-                                                           str(directory / "log.txt")), name=_label(spec))
+            process = context.Process(
+                target=_child,
+                args=(study, spec, threads, engine_wrapper, str(directory / "log.txt")),
+                name=_label(spec),
+            )
             process.start()
             running.append(_Running(spec, process, time.perf_counter()))
         time.sleep(poll_s)
@@ -322,8 +397,9 @@ def _schedule(study: StudyConfig, pending: list[RunSpec | None], running: list[_
                 if item.spec is not None:
                     walls.append(time.perf_counter() - item.started)
             else:
-                result.failed.append(f"{_label(item.spec)} (exit code {item.process.exitcode}; see "
-                                     f"{directory / 'log.txt'})")
+                result.failed.append(
+                    f"{_label(item.spec)} (exit code {item.process.exitcode}; see {directory / 'log.txt'})"
+                )
         finished = len(result.done) + len(result.skipped)
         line = _progress(study, total, finished, running, len(result.failed), started, walls, jobs)
         if line != last_line and (time.perf_counter() - last_print > 30 or not running or finished > last_done):
@@ -333,8 +409,11 @@ def _schedule(study: StudyConfig, pending: list[RunSpec | None], running: list[_
 
 def _study(args: argparse.Namespace) -> StudyConfig:
     base = QUICK if args.quick else StudyConfig()
-    given = {key: getattr(args, key) for key in ("out", "sft", "world", "tokenizer", "prompts", "eval_prompts")
-             if getattr(args, key) is not None}
+    given = {
+        key: getattr(args, key)
+        for key in ("out", "sft", "world", "tokenizer", "prompts", "eval_prompts")
+        if getattr(args, key) is not None
+    }
     for key in ("steps", "lr"):
         if getattr(args, key) is not None:
             given[key] = getattr(args, key)
@@ -378,8 +457,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{spec.name}  {state}")
         elif args.command == "run":
             result = run_study(study, args.jobs, args.threads)
-            print(f"{len(result.done)} runs finished, {len(result.skipped)} already done, "
-                  f"{len(result.failed)} failed, in {result.wall_s / 60:.1f} min")
+            print(
+                f"{len(result.done)} runs finished, {len(result.skipped)} already done, "
+                f"{len(result.failed)} failed, in {result.wall_s / 60:.1f} min"
+            )
             for failure in result.failed:
                 print(f"FAILED {failure}")
             if result.failed:

@@ -25,14 +25,18 @@ import numpy as np
 from osvl.eval.interval import Estimate, Table, bootstrap_interval
 from osvl.jsonl import iter_jsonl
 from osvl.rl.advantages import MODES, AdvantageConfig, compute_advantages
-from osvl.rl.stats import batch_stats
 from osvl.rl.mechanism import ToyAgent, push_markdown, push_table
+from osvl.rl.stats import batch_stats
 from osvl.trainer.ablation import DONE, ROWS, SFT_RUN, StudyConfig, plan, run_dir
 
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
 MECHANISM = ("<!-- mechanism:begin -->", "<!-- mechanism:end -->")
-LABELS = {"vanilla": "+ Vanilla GRPO", "hard_mask": "+ GRPO w/ Hard Masking",
-          "fatal_mask": "+ GRPO w/ Fatal Masking only", "fatal_clamp": "+ Fatal Masking + One-sided Clamp"}
+LABELS = {
+    "vanilla": "+ Vanilla GRPO",
+    "hard_mask": "+ GRPO w/ Hard Masking",
+    "fatal_mask": "+ GRPO w/ Fatal Masking only",
+    "fatal_clamp": "+ Fatal Masking + One-sided Clamp",
+}
 PAPER_TABLE_3B = {"sft": 64.6, "vanilla": 67.6, "hard_mask": 67.7, "fatal_mask": 69.1, "fatal_clamp": 71.8}
 PAPER_FIGURE_5 = {"zeroed": 0.918, "preserved": 0.082, "mean_zeroed": -0.68, "mean_preserved": 0.57}
 MAIN_CHOICE = "all/keep"
@@ -48,9 +52,12 @@ class Metric:
 
 
 ACCURACY = Metric("accuracy", "correct")
-TOOL_USE = (Metric("tool calls per answer", "answer_calls", "answered"),
-            Metric("answers without a tool", "no_tool_answer", "answered"),
-            Metric("grounded answers", "grounded", "answered"), Metric("answered", "answered"))
+TOOL_USE = (
+    Metric("tool calls per answer", "answer_calls", "answered"),
+    Metric("answers without a tool", "no_tool_answer", "answered"),
+    Metric("grounded answers", "grounded", "answered"),
+    Metric("answered", "answered"),
+)
 
 
 def _value(row: dict, key: str) -> float:
@@ -77,8 +84,11 @@ class StudyRows:
         if not runs:
             return None
         numerator = np.array([[_value(r[p], metric.numerator) for p in self.prompts] for r in runs])
-        denominator = None if metric.denominator is None else np.array(
-            [[_value(r[p], metric.denominator) for p in self.prompts] for r in runs])
+        denominator = (
+            None
+            if metric.denominator is None
+            else np.array([[_value(r[p], metric.denominator) for p in self.prompts] for r in runs])
+        )
         return numerator, denominator
 
     def seeds(self, key: tuple[float, str, str]) -> int:
@@ -149,17 +159,23 @@ def table_3b(rows: StudyRows, rates: Sequence[float]) -> str:
     return "\n".join(lines)
 
 
-def tool_use_table(rows: StudyRows, rates: Sequence[float], choice: str = MAIN_CHOICE,
-                   modes: Sequence[str] = MODES) -> str:
-    lines = ["| Method | outage | " + " | ".join(m.name for m in TOOL_USE) + " |",
-             "|---|---:|" + "---:|" * len(TOOL_USE)]
+def tool_use_table(
+    rows: StudyRows, rates: Sequence[float], choice: str = MAIN_CHOICE, modes: Sequence[str] = MODES
+) -> str:
+    lines = [
+        "| Method | outage | " + " | ".join(m.name for m in TOOL_USE) + " |",
+        "|---|---:|" + "---:|" * len(TOOL_USE),
+    ]
     lines.append("| SFT only | – | " + " | ".join(_fmt(_estimate(rows, None, m), digits=2) for m in TOOL_USE) + " |")
     for rate in rates:
         for mode in modes:
             key = (rate, choice, mode)
             if rows.seeds(key):
-                lines.append(f"| {LABELS[mode]} | {rate:g} | " + " | ".join(
-                    _fmt(_estimate(rows, key, m), digits=2) for m in TOOL_USE) + " |")
+                lines.append(
+                    f"| {LABELS[mode]} | {rate:g} | "
+                    + " | ".join(_fmt(_estimate(rows, key, m), digits=2) for m in TOOL_USE)
+                    + " |"
+                )
     return "\n".join(lines)
 
 
@@ -168,9 +184,11 @@ def choices_table(rows: StudyRows, study: StudyConfig, training: dict) -> str:
     training met (outage-hit, kept and fatal shares of the rollouts)."""
     rate = study.choice_rate
     choices = [MAIN_CHOICE] + [f"{e}/{i}" for e, i in study.choices]
-    lines = ["| fatal_errors / infra_rollouts | mode | accuracy | Δ vs all/keep | tool calls per answer | "
-             "grounded answers | outage-hit rollouts | of them kept | fatal rollouts |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| fatal_errors / infra_rollouts | mode | accuracy | Δ vs all/keep | tool calls per answer | "
+        "grounded answers | outage-hit rollouts | of them kept | fatal rollouts |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for choice in choices:
         for mode in study.choice_modes:
             key = (rate, choice, mode)
@@ -178,10 +196,15 @@ def choices_table(rows: StudyRows, study: StudyConfig, training: dict) -> str:
                 continue
             delta = None if choice == MAIN_CHOICE else _estimate(rows, key, ACCURACY, (rate, MAIN_CHOICE, mode))
             t = training.get(key, {})
-            cells = [_fmt(_estimate(rows, key, ACCURACY)), _fmt(delta, signed=True),
-                     _fmt(_estimate(rows, key, TOOL_USE[0]), digits=2),
-                     _fmt(_estimate(rows, key, TOOL_USE[2]), digits=2), _share(t, "infra_hit", "rollouts"),
-                     _share(t, "infra_kept", "infra_hit"), _share(t, "fatal", "scored")]
+            cells = [
+                _fmt(_estimate(rows, key, ACCURACY)),
+                _fmt(delta, signed=True),
+                _fmt(_estimate(rows, key, TOOL_USE[0]), digits=2),
+                _fmt(_estimate(rows, key, TOOL_USE[2]), digits=2),
+                _share(t, "infra_hit", "rollouts"),
+                _share(t, "infra_kept", "infra_hit"),
+                _share(t, "fatal", "scored"),
+            ]
             lines.append(f"| {choice} | {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -220,9 +243,16 @@ def training_sums(study: StudyConfig) -> dict[tuple[float, str, str], dict[str, 
         for path in sorted((directory / "rollouts").glob("rollouts_step*.jsonl")):
             records = _step_rollouts(path)
             rewards = [None if r["reward"] is None else r["reward"]["total"] for r in records]
-            reasons = [None if r["reward"] is not None and r["reward"]["total"] is not None else
-                       ("infra_error" if r["reward"] is not None and r["reward"]["unscored_reason"] == "infra_error"
-                        else "unscored") for r in records]
+            reasons = [
+                None
+                if r["reward"] is not None and r["reward"]["total"] is not None
+                else (
+                    "infra_error"
+                    if r["reward"] is not None and r["reward"]["unscored_reason"] == "infra_error"
+                    else "unscored"
+                )
+                for r in records
+            ]
             groups, fatal = [r["group_id"] for r in records], [r["fatal_step"] for r in records]
             z = batch_stats(compute_advantages(rewards, groups, fatal, AdvantageConfig(estimator="grpo"), reasons))
             out["rollouts"] += len(records)
@@ -245,25 +275,34 @@ def training_sums(study: StudyConfig) -> dict[tuple[float, str, str], dict[str, 
     return {key: dict(value) for key, value in sums.items()}
 
 
+def _ratio(totals: dict[str, float], total: str, count: str) -> str:
+    """A signed mean of ``total`` over ``count``; a dash when nothing was counted."""
+    return f"{totals[total] / totals[count]:+.2f}" if totals.get(count) else "–"
+
+
 def clamp_table(training: dict, study: StudyConfig) -> str:
     """The Figure 5 split of fatal training rollouts: zeroed (negative group score) vs preserved."""
-    lines = ["| setting | fatal rollouts | zeroed / preserved (z) | mean z: zeroed / preserved | "
-             "zeroed / preserved (run's RLOO score) | mean RLOO score: zeroed / preserved |",
-             "|---|---:|---:|---:|---:|---:|",
-             f"| paper (Fig. 5, 47,978 fatal of 10,000 groups of 16) | 47,978 | {PAPER_FIGURE_5['zeroed']:.1%} / "
-             f"{PAPER_FIGURE_5['preserved']:.1%} | {PAPER_FIGURE_5['mean_zeroed']:+.2f} / "
-             f"{PAPER_FIGURE_5['mean_preserved']:+.2f} | – | – |"]
+    lines = [
+        "| setting | fatal rollouts | zeroed / preserved (z) | mean z: zeroed / preserved | "
+        "zeroed / preserved (run's RLOO score) | mean RLOO score: zeroed / preserved |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| paper (Fig. 5, 47,978 fatal of 10,000 groups of 16) | 47,978 | {PAPER_FIGURE_5['zeroed']:.1%} / "
+        f"{PAPER_FIGURE_5['preserved']:.1%} | {PAPER_FIGURE_5['mean_zeroed']:+.2f} / "
+        f"{PAPER_FIGURE_5['mean_preserved']:+.2f} | – | – |",
+    ]
     for (rate, choice, mode), t in sorted(training.items()):
         fatal = t.get("zeroed", 0) + t.get("preserved", 0)
         rloo = t.get("rloo_zeroed", 0) + t.get("rloo_preserved", 0)
         if not fatal:
             lines.append(f"| outage {rate:g}, {choice}, {mode} | 0 | – | – | – | – |")
             continue
-        mean = lambda s, n: f"{t[s] / t[n]:+.2f}" if t.get(n) else "–"  # noqa: E731
-        cells = [str(int(fatal)), f"{t['zeroed'] / fatal:.1%} / {t['preserved'] / fatal:.1%}",
-                 f"{mean('sum_zeroed', 'zeroed')} / {mean('sum_preserved', 'preserved')}",
-                 f"{t['rloo_zeroed'] / rloo:.1%} / {t['rloo_preserved'] / rloo:.1%}" if rloo else "–",
-                 f"{mean('rloo_sum_zeroed', 'rloo_zeroed')} / {mean('rloo_sum_preserved', 'rloo_preserved')}"]
+        cells = [
+            str(int(fatal)),
+            f"{t['zeroed'] / fatal:.1%} / {t['preserved'] / fatal:.1%}",
+            f"{_ratio(t, 'sum_zeroed', 'zeroed')} / {_ratio(t, 'sum_preserved', 'preserved')}",
+            f"{t['rloo_zeroed'] / rloo:.1%} / {t['rloo_preserved'] / rloo:.1%}" if rloo else "–",
+            f"{_ratio(t, 'rloo_sum_zeroed', 'rloo_zeroed')} / {_ratio(t, 'rloo_sum_preserved', 'rloo_preserved')}",
+        ]
         lines.append(f"| outage {rate:g}, {choice}, {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -291,8 +330,11 @@ def plot_curves(study: StudyConfig, figures: Path) -> list[Path]:
     data = curves(study)
     figures.mkdir(parents=True, exist_ok=True)
     written = []
-    titles = {"accuracy": "training-rollout accuracy", "tool_calls_mean": "tool calls per rollout",
-              "fatal_rate": "fatal share of rollouts"}
+    titles = {
+        "accuracy": "training-rollout accuracy",
+        "tool_calls_mean": "tool calls per rollout",
+        "fatal_rate": "fatal share of rollouts",
+    }
     for metric, title in titles.items():
         fig, axes = plt.subplots(1, len(study.rates), figsize=(5 * len(study.rates), 3.5), squeeze=False)
         for ax, rate in zip(axes[0], study.rates):
@@ -302,7 +344,7 @@ def plot_curves(study: StudyConfig, figures: Path) -> list[Path]:
                     continue
                 steps = np.arange(1, values.shape[1] + 1)
                 smooth = _moving_average(values, 4)
-                line, = ax.plot(steps, smooth.mean(axis=0), label=f"{mode} ({values.shape[0]} seeds)")
+                (line,) = ax.plot(steps, smooth.mean(axis=0), label=f"{mode} ({values.shape[0]} seeds)")
                 ax.fill_between(steps, smooth.min(axis=0), smooth.max(axis=0), color=line.get_color(), alpha=0.15)
             ax.set_title(f"outage {rate:g} ({MAIN_CHOICE})")
             ax.set_xlabel("GRPO step")
@@ -321,7 +363,7 @@ def _moving_average(values: np.ndarray, width: int) -> np.ndarray:
     """Trailing mean over up to ``width`` steps (each row a seed): training rollouts are 16 a step."""
     out = np.empty_like(values)
     for step in range(values.shape[1]):
-        out[:, step] = np.nanmean(values[:, max(0, step - width + 1):step + 1], axis=1)
+        out[:, step] = np.nanmean(values[:, max(0, step - width + 1) : step + 1], axis=1)
     return out
 
 
@@ -334,13 +376,18 @@ def study_summary(study: StudyConfig, rows: StudyRows) -> str:
             cpu += record["train_cpu_s"] + record["eval_cpu_s"]
             wall += record["train_wall_s"] + record["eval_wall_s"]
     cut, evaluated = rows.cut_short()
-    warning = (f" **{cut} of {evaluated} evaluation rollouts were cut short by the trajectory deadline or the engine "
-               "and count as unanswered.**" if cut else "")
-    return (f"{rows.done} of {rows.planned} GRPO runs finished (plus the SFT evaluation: "
-            f"{'done' if rows.sft else 'not yet'}); {study.steps} GRPO steps each, seeds {list(study.seeds)}, "
-            f"{len(rows.prompts)} held-out prompts evaluated greedily. The finished runs took {cpu / 3600:.2f} "
-            f"CPU-hours ({wall / 3600:.2f} h of wall time summed over runs, on whatever load the machine had)."
-            + warning)
+    warning = (
+        f" **{cut} of {evaluated} evaluation rollouts were cut short by the trajectory deadline or the engine "
+        "and count as unanswered.**"
+        if cut
+        else ""
+    )
+    return (
+        f"{rows.done} of {rows.planned} GRPO runs finished (plus the SFT evaluation: "
+        f"{'done' if rows.sft else 'not yet'}); {study.steps} GRPO steps each, seeds {list(study.seeds)}, "
+        f"{len(rows.prompts)} held-out prompts evaluated greedily. The finished runs took {cpu / 3600:.2f} "
+        f"CPU-hours ({wall / 3600:.2f} h of wall time summed over runs, on whatever load the machine had)." + warning
+    )
 
 
 def write_report(study: StudyConfig, doc: str | None = None, figures: str | None = None) -> str:
@@ -353,29 +400,36 @@ def write_report(study: StudyConfig, doc: str | None = None, figures: str | None
     written = plot_curves(study, figures_dir)
     base = Path(doc).parent if doc else Path(study.out)
     links = " ".join(f"![{p.stem}]({_relative(p, base)})" for p in written)
-    block = "\n\n".join([
-        study_summary(study, rows) + (f" Tool calls in training rollouts: {int(calls)}, of which {int(timeouts)} "
-                                      "timed out (a timeout counts as the policy's error)." if calls else ""),
-        "**Held-out accuracy (greedy, no faults or outages), Table 3b layout.** Mean over seeds and prompts; "
-        "[95% two-level bootstrap interval over seeds and prompts]; Δ: against vanilla GRPO at the same outage "
-        "rate, paired by prompt and by seed (seed k of every setting draws the same sampling and outage streams). "
-        "The paper's column is its 3-benchmark average for Qwen3-VL-8B, for the layout only.",
-        table_3b(rows, study.rates),
-        "**Tool use on the held-out prompts.** Tool calls per answer: calls made by rollouts that answered, per "
-        "answer; answers without a tool: share of answers given with no tool call; grounded: share of answers "
-        "stated word for word by one of the rollout's observations; answered: share of prompts answered.",
-        tool_use_table(rows, study.rates),
-        f"**Which errors count, at outage {study.choice_rate:g}.** Held-out accuracy and tool use, and what the "
-        "training rollouts met (shares over all training steps and seeds).",
-        choices_table(rows, study, training),
-        "**The one-sided clamp's bookkeeping** (every fatal training rollout of every finished run; the split is "
-        "computed in every mode, so the non-clamping modes show what the clamp would have done). z: the paper's "
-        "standardised group score, recomputed from the recorded rewards; RLOO: the score the runs trained with.",
-        clamp_table(training, study),
-        "**Training curves** (training rollouts, 16 a step, at temperature 0.7 and under the run's outages; "
-        "mean over seeds, band: min to max over seeds).",
-        links,
-    ])
+    block = "\n\n".join(
+        [
+            study_summary(study, rows)
+            + (
+                f" Tool calls in training rollouts: {int(calls)}, of which {int(timeouts)} "
+                "timed out (a timeout counts as the policy's error)."
+                if calls
+                else ""
+            ),
+            "**Held-out accuracy (greedy, no faults or outages), Table 3b layout.** Mean over seeds and prompts; "
+            "[95% two-level bootstrap interval over seeds and prompts]; Δ: against vanilla GRPO at the same outage "
+            "rate, paired by prompt and by seed (seed k of every setting draws the same sampling and outage streams). "
+            "The paper's column is its 3-benchmark average for Qwen3-VL-8B, for the layout only.",
+            table_3b(rows, study.rates),
+            "**Tool use on the held-out prompts.** Tool calls per answer: calls made by rollouts that answered, per "
+            "answer; answers without a tool: share of answers given with no tool call; grounded: share of answers "
+            "stated word for word by one of the rollout's observations; answered: share of prompts answered.",
+            tool_use_table(rows, study.rates),
+            f"**Which errors count, at outage {study.choice_rate:g}.** Held-out accuracy and tool use, and what the "
+            "training rollouts met (shares over all training steps and seeds).",
+            choices_table(rows, study, training),
+            "**The one-sided clamp's bookkeeping** (every fatal training rollout of every finished run; the split is "
+            "computed in every mode, so the non-clamping modes show what the clamp would have done). z: the paper's "
+            "standardised group score, recomputed from the recorded rewards; RLOO: the score the runs trained with.",
+            clamp_table(training, study),
+            "**Training curves** (training rollouts, 16 a step, at temperature 0.7 and under the run's outages; "
+            "mean over seeds, band: min to max over seeds).",
+            links,
+        ]
+    )
     mechanism = push_markdown(push_table(ToyAgent()), ToyAgent())
     if doc is None:
         target = Path(study.out) / "report.md"
@@ -404,4 +458,3 @@ def _relative(path: Path, base: Path) -> str:
         return str(path.resolve().relative_to(base.resolve()))
     except ValueError:
         return str(path)
-

@@ -59,8 +59,14 @@ def discard_checkpoints_after(root: str | Path, step: int) -> list[str]:
     return removed
 
 
-def save_checkpoint(root: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    trainer_state: dict[str, Any], keep_last: int = 2) -> Path:
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict[str, Any],
+    keep_last: int = 2,
+) -> Path:
     """Collective: every rank calls it. ``trainer_state`` is this rank's (scheduler, cursor, ...)."""
     path = step_dir(Path(root), step)
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -99,8 +105,14 @@ def stage_state(scheduler: Stateful, stream: Stateful, **extra: Any) -> dict[str
     return {"scheduler": scheduler.state_dict(), "cursor": stream.state_dict(), **extra}
 
 
-def resume_state(root: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Stateful,
-                 stream: Stateful, resume: bool = True) -> dict[str, Any]:
+def resume_state(
+    root: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Stateful,
+    stream: Stateful,
+    resume: bool = True,
+) -> dict[str, Any]:
     """Continues from the newest complete checkpoint under ``root`` (when ``resume``): restores the
     model, optimizer, RNG, scheduler and data stream in place and returns the trainer state, whose
     ``step``, ``checkpoint`` (its path) and stage-specific keys the caller reads; ``{}`` means a fresh start."""
@@ -113,8 +125,17 @@ def resume_state(root: str | Path, model: torch.nn.Module, optimizer: torch.opti
     return {**state, "checkpoint": str(latest)}
 
 
-def finish_stage(save: Callable[[int], None], step: int, resumed: int, total: int, recipe: Any,
-                 model: torch.nn.Module, tokenizer: Any, image_config: ImageConfig, run_dir: Path) -> None:
+def finish_stage(
+    save: Callable[[int], None],
+    step: int,
+    resumed: int,
+    total: int,
+    recipe: Any,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    image_config: ImageConfig,
+    run_dir: Path,
+) -> None:
     """End-of-stage bookkeeping shared by the SFT and GRPO loops: a final checkpoint unless the
     loop has just written one, and the whole HF model directory (``osvl.trainer.export``: weights,
     tokenizer, chat template, generation and processor configs) once the stage ran to completion."""

@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from osvl_kernels import RolloutCorrection, linear_token_logprobs
 
 from osvl.config.recipe import GRPOConfig
 from osvl.data.packing import PackedBatch
 from osvl.model import Qwen3VLModel
 from osvl.trainer.policy import lm_head_weight
+from osvl_kernels import RolloutCorrection, linear_token_logprobs
 
 DELTA_EDGES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # |old_trainer - engine| histogram bins (nats), open above
 DELTA_NAMES = ("lt_1e-4", "1e-4_1e-3", "1e-3_1e-2", "1e-2_1e-1", "1e-1_1", "ge_1")
@@ -30,24 +30,38 @@ def rollout_correction(config: GRPOConfig) -> RolloutCorrection | None:
     """The recipe's correction for the fused loss; None when ``grpo.rollout_correction = "off"``."""
     if config.rollout_correction == "off":
         return None
-    return RolloutCorrection(level=config.rollout_correction, mode=config.rollout_correction_mode,
-                             high=config.rollout_correction_cap)
+    return RolloutCorrection(
+        level=config.rollout_correction, mode=config.rollout_correction_mode, high=config.rollout_correction_cap
+    )
 
 
 @torch.no_grad()
-def old_policy_logprobs(model: Qwen3VLModel, batches: Sequence[PackedBatch], temperature: float,
-                        chunk_size: int | None = None) -> list[torch.Tensor]:
+def old_policy_logprobs(
+    model: Qwen3VLModel, batches: Sequence[PackedBatch], temperature: float, chunk_size: int | None = None
+) -> list[torch.Tensor]:
     """fp32 log-probs of every micro-batch's target tokens under the model's current weights (no grad;
     collective under FSDP: every rank passes the same number of micro-batches)."""
     out = []
     device = next(model.parameters()).device
     for b in batches:
         b = b.to(device)
-        hidden = model(b.input_ids, cu_seqlens=b.cu_seqlens, position_ids=b.position_ids,
-                       pixel_values=b.pixel_values, image_grid_thw=b.image_grid_thw, return_hidden=True)
-        logprobs = linear_token_logprobs(hidden, lm_head_weight(model), b.target_ids, temperature=temperature,
-                                         chunk_size=chunk_size, backend="auto" if hidden.is_cuda else "torch",
-                                         validate=False)
+        hidden = model(
+            b.input_ids,
+            cu_seqlens=b.cu_seqlens,
+            position_ids=b.position_ids,
+            pixel_values=b.pixel_values,
+            image_grid_thw=b.image_grid_thw,
+            return_hidden=True,
+        )
+        logprobs = linear_token_logprobs(
+            hidden,
+            lm_head_weight(model),
+            b.target_ids,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            backend="auto" if hidden.is_cuda else "torch",
+            validate=False,
+        )
         out.append(torch.where(b.loss_mask, logprobs, torch.zeros_like(logprobs)))
     return out
 

@@ -52,21 +52,33 @@ def policy_defaults(recipe: Recipe) -> PolicyDefaults:
     return PolicyDefaults(system_prompt, tuple(tools), recipe.grpo.temperature, recipe.grpo.top_p)
 
 
-def model_files(tokenizer: Tokenizer, image_config: ImageConfig, defaults: PolicyDefaults,
-                max_length: int) -> dict[str, str]:
+def model_files(
+    tokenizer: Tokenizer, image_config: ImageConfig, defaults: PolicyDefaults, max_length: int
+) -> dict[str, str]:
     """File name -> text of every file of the directory besides the weights and ``config.json``."""
     s = tokenizer.special
     template = chat_template(defaults.system_prompt, defaults.tools)
     tokenizer_config = {
-        "tokenizer_class": "Qwen2Tokenizer", "model_max_length": max_length,
-        "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None,
-        "errors": "replace", "add_prefix_space": False, "clean_up_tokenization_spaces": False,
-        "split_special_tokens": False, "chat_template": template,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "model_max_length": max_length,
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "errors": "replace",
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": False,
+        "chat_template": template,
     }
     # no top_k: transformers would take 0 as "off" but SGLang refuses it; osvl samples with none
     generation_config = {
-        "bos_token_id": s.endoftext, "pad_token_id": s.endoftext, "eos_token_id": [s.im_end, s.endoftext],
-        "do_sample": True, "temperature": defaults.temperature, "top_p": defaults.top_p,
+        "bos_token_id": s.endoftext,
+        "pad_token_id": s.endoftext,
+        "eos_token_id": [s.im_end, s.endoftext],
+        "do_sample": True,
+        "temperature": defaults.temperature,
+        "top_p": defaults.top_p,
     }
     files = {
         TOKENIZER_FILE: tokenizer.backend.to_str(pretty=True),
@@ -76,19 +88,29 @@ def model_files(tokenizer: Tokenizer, image_config: ImageConfig, defaults: Polic
         PREPROCESSOR_FILE: image_config.to_preprocessor_config(),
         VIDEO_PREPROCESSOR_FILE: image_config.to_video_preprocessor_config(),
     }
-    return {name: body if isinstance(body, str) else json.dumps(body, indent=2, ensure_ascii=False) + "\n"
-            for name, body in files.items()}
+    return {
+        name: body if isinstance(body, str) else json.dumps(body, indent=2, ensure_ascii=False) + "\n"
+        for name, body in files.items()
+    }
 
 
-def export_model_dir(model: Qwen3VLModel, path: str | Path, tokenizer: Tokenizer, image_config: ImageConfig,
-                     defaults: PolicyDefaults, *, dtype: torch.dtype | None = None,
-                     max_shard_bytes: int = 5 * 2**30) -> list[ShardFile]:
+def export_model_dir(
+    model: Qwen3VLModel,
+    path: str | Path,
+    tokenizer: Tokenizer,
+    image_config: ImageConfig,
+    defaults: PolicyDefaults,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = 5 * 2**30,
+) -> list[ShardFile]:
     """Write the whole HF directory. Collective like :func:`osvl.model.save_pretrained` (every rank
     calls it and writes its shards; rank 0 writes the other files); returns once all are on disk."""
     path = Path(path)
     if tokenizer.vocab_size > model.arch.text.vocab_size:
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is "
-                         f"{model.arch.text.vocab_size}")
+        raise ValueError(
+            f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is {model.arch.text.vocab_size}"
+        )
     files = model_files(tokenizer, image_config, defaults, model.arch.text.max_position_embeddings)
     plan = save_pretrained(model, path, dtype=dtype, max_shard_bytes=max_shard_bytes)
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -99,9 +121,16 @@ def export_model_dir(model: Qwen3VLModel, path: str | Path, tokenizer: Tokenizer
     return plan
 
 
-def export_stage(recipe: Recipe, model: Qwen3VLModel, tokenizer: Tokenizer, image_config: ImageConfig,
-                 path: str | Path) -> list[ShardFile]:
+def export_stage(
+    recipe: Recipe, model: Qwen3VLModel, tokenizer: Tokenizer, image_config: ImageConfig, path: str | Path
+) -> list[ShardFile]:
     """A finished stage's ``run_dir/hf``: weights in ``checkpoint.export_dtype``, the stage's prompt
     and sampling as the defaults. Collective."""
-    return export_model_dir(model, path, tokenizer, image_config, policy_defaults(recipe),
-                            dtype=getattr(torch, recipe.checkpoint.export_dtype))
+    return export_model_dir(
+        model,
+        path,
+        tokenizer,
+        image_config,
+        policy_defaults(recipe),
+        dtype=getattr(torch, recipe.checkpoint.export_dtype),
+    )

@@ -69,8 +69,9 @@ def vision_forward_flops(vision: VisionConfig, grids: Iterable[tuple[int, int, i
     return total
 
 
-def train_flops(arch: Qwen3VLConfig, seq_lens: Sequence[int], grids: Iterable[tuple[int, int, int]] = (),
-                train_vision: bool = True) -> float:
+def train_flops(
+    arch: Qwen3VLConfig, seq_lens: Sequence[int], grids: Iterable[tuple[int, int, int]] = (), train_vision: bool = True
+) -> float:
     """Forward + backward of one packed micro-batch. A trained tower skips one matmul: pixels need
     no gradient, so the patch embedding's backward is its weight gradient alone."""
     grids = list(grids)
@@ -125,8 +126,9 @@ def mfu(flops: float, seconds: float, num_devices: int, peak_tflops: float | Non
     if peak_tflops is None:
         return None
     if seconds <= 0 or num_devices < 1 or peak_tflops <= 0:
-        raise ValueError(f"mfu needs seconds > 0, num_devices >= 1 and peak > 0, got {seconds}, {num_devices}, "
-                         f"{peak_tflops}")
+        raise ValueError(
+            f"mfu needs seconds > 0, num_devices >= 1 and peak > 0, got {seconds}, {num_devices}, {peak_tflops}"
+        )
     return flops / (seconds * num_devices * peak_tflops * 1e12)
 
 
@@ -141,8 +143,9 @@ def packed_forward_flops(arch: Qwen3VLConfig, batch: PackedBatch) -> float:
     """One no-grad forward of a packed micro-batch (the old policy's log-probs)."""
     bounds = batch.cu_seqlens.tolist()
     grids = [tuple(g) for g in batch.image_grid_thw.tolist()]
-    return text_forward_flops(arch.text, [b - a for a, b in itertools.pairwise(bounds)]) \
-        + vision_forward_flops(arch.vision, grids)
+    return text_forward_flops(arch.text, [b - a for a, b in itertools.pairwise(bounds)]) + vision_forward_flops(
+        arch.vision, grids
+    )
 
 
 def device_name() -> str | None:

@@ -18,6 +18,7 @@ version = optimizer steps taken) the weights go to the engines, which must repor
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +26,6 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
-from osvl_kernels import RolloutCorrection, linear_grpo_loss
 from torchtitan.distributed.utils import clip_grad_norm_
 
 from osvl.config.recipe import Recipe
@@ -53,6 +53,7 @@ from osvl.trainer.serving import EngineWrapper, build_serving
 from osvl.trainer.stage import Stage, StageResult, all_reduce_sums, stage_inputs, start_stage
 from osvl.trainer.tool_env import EnvironmentFactory, stage_environment
 from osvl.trainer.validation import Validator
+from osvl_kernels import RolloutCorrection, linear_grpo_loss
 
 __all__ = ["run_grpo"]
 
@@ -88,8 +89,12 @@ def rollout_step(generator: RolloutGenerator, scorer: GroupScorer) -> RolloutBat
     return RolloutBatch([t for g in mine for t in g.trajectories], groups, scored, [s for _, s, _ in parts], judges)
 
 
-def old_policy(stage: Stage, minibatches: Sequence[Sequence[PackedBatch]], router_losses: RouterLosses,
-               sums: dict[str, torch.Tensor | float]) -> list[list[torch.Tensor]]:
+def old_policy(
+    stage: Stage,
+    minibatches: Sequence[Sequence[PackedBatch]],
+    router_losses: RouterLosses,
+    sums: dict[str, torch.Tensor | float],
+) -> list[list[torch.Tensor]]:
     """The trainer's log-probs of every micro-batch on the weights before the step's first update
     (``grpo.old_logprobs = "trainer"``), and the histogram of their distance to the engine's."""
     g = stage.recipe.grpo
@@ -105,9 +110,15 @@ def old_policy(stage: Stage, minibatches: Sequence[Sequence[PackedBatch]], route
     return out
 
 
-def train_minibatch(stage: Stage, batches: Sequence[PackedBatch], sums: dict[str, torch.Tensor | float],
-                    router_losses: RouterLosses, first: bool, old_logprobs: Sequence[torch.Tensor] | None = None,
-                    correction: RolloutCorrection | None = None) -> None:
+def train_minibatch(
+    stage: Stage,
+    batches: Sequence[PackedBatch],
+    sums: dict[str, torch.Tensor | float],
+    router_losses: RouterLosses,
+    first: bool,
+    old_logprobs: Sequence[torch.Tensor] | None = None,
+    correction: RolloutCorrection | None = None,
+) -> None:
     """Forward, fused loss (and the MoE router losses) and backward of this rank's micro-batches of one
     mini-batch, then the optimizer step. The PPO ratio is taken against ``old_logprobs`` (the trainer's)
     when given, else against the engine's; ``correction`` weighs tokens by exp(trainer - engine).
@@ -121,17 +132,38 @@ def train_minibatch(stage: Stage, batches: Sequence[PackedBatch], sums: dict[str
         router_losses.prepare(b)  # reads host-side counts
         b = b.to(device)  # packed on the host; the forward runs where the shards live
         old = b.old_logprobs if old_logprobs is None else old_logprobs[i].to(device)
-        hidden = model(b.input_ids, cu_seqlens=b.cu_seqlens, position_ids=b.position_ids,
-                       pixel_values=b.pixel_values, image_grid_thw=b.image_grid_thw, return_hidden=True)
+        hidden = model(
+            b.input_ids,
+            cu_seqlens=b.cu_seqlens,
+            position_ids=b.position_ids,
+            pixel_values=b.pixel_values,
+            image_grid_thw=b.image_grid_thw,
+            return_hidden=True,
+        )
         out = linear_grpo_loss(
-            hidden, lm_head_weight(model), b.target_ids, b.cu_seqlens, b.loss_mask,
-            old_logprobs=old, behavior_logprobs=None if correction is None else b.old_logprobs,
-            rollout_correction=correction, fatal_step=b.fatal_step, token_step=b.token_step,
-            advantages=b.advantages, eps_low=g.eps_low, eps_high=g.eps_high, kl_coef=g.kl_coef,
-            entropy_coef=g.entropy_coef, temperature=g.temperature, loss_agg=g.loss_agg,
-            num_seqs=norms.num_seqs.clamp_min(1), num_tokens=norms.num_valid_tokens.clamp_min(1),
-            max_response_len=g.max_response_tokens, chunk_size=g.loss_chunk,
-            backend="auto" if hidden.is_cuda else "torch")  # Triton on CPU is the test interpreter
+            hidden,
+            lm_head_weight(model),
+            b.target_ids,
+            b.cu_seqlens,
+            b.loss_mask,
+            old_logprobs=old,
+            behavior_logprobs=None if correction is None else b.old_logprobs,
+            rollout_correction=correction,
+            fatal_step=b.fatal_step,
+            token_step=b.token_step,
+            advantages=b.advantages,
+            eps_low=g.eps_low,
+            eps_high=g.eps_high,
+            kl_coef=g.kl_coef,
+            entropy_coef=g.entropy_coef,
+            temperature=g.temperature,
+            loss_agg=g.loss_agg,
+            num_seqs=norms.num_seqs.clamp_min(1),
+            num_tokens=norms.num_valid_tokens.clamp_min(1),
+            max_response_len=g.max_response_tokens,
+            chunk_size=g.loss_chunk,
+            backend="auto" if hidden.is_cuda else "torch",
+        )  # Triton on CPU is the test interpreter
         out.loss.backward()
         n = out.metrics["num_valid_tokens"].double()
         scored = out.logprobs != 0
@@ -164,9 +196,15 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int | None = None, *,
-             environment: EnvironmentFactory = stage_environment,
-             engine_wrapper: EngineWrapper | None = None) -> StageResult:
+def run_grpo(
+    recipe: Recipe,
+    rank: int = 0,
+    world_size: int = 1,
+    stop_after: int | None = None,
+    *,
+    environment: EnvironmentFactory = stage_environment,
+    engine_wrapper: EngineWrapper | None = None,
+) -> StageResult:
     """Train to ``grpo.max_steps`` rollout steps (or ``stop_after`` of them, to simulate an interruption)."""
     g = recipe.grpo
     recipe.check_stage(recipe.data_parallel_size(world_size))
@@ -175,8 +213,17 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
     if g.batch_prompts > len(prompts):
         raise ValueError(f"grpo.batch_prompts {g.batch_prompts} exceeds the {len(prompts)} RL prompts")
     minis = g.batch_prompts // g.mini_batch_prompts
-    stage = start_stage(recipe, rank, world_size, arch, num_items=len(prompts), batch_size=g.batch_prompts,
-                        max_steps=g.max_steps, epochs=g.epochs, updates_per_step=minis)
+    stage = start_stage(
+        recipe,
+        rank,
+        world_size,
+        arch,
+        num_items=len(prompts),
+        batch_size=g.batch_prompts,
+        max_steps=g.max_steps,
+        epochs=g.epochs,
+        updates_per_step=minis,
+    )
     version = stage.state.get("policy_version", 0)  # optimizer steps taken: the engines' weight version
     recorder = RolloutRecorder(stage.run_dir / "rollouts")
     stale_recorder = RolloutRecorder(stage.run_dir / "rollouts" / "stale")  # groups dropped past the bound
@@ -191,8 +238,9 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
         serving = build_serving(recipe, arch, tokenizer, renderer.image_config, loop.run, engine_wrapper)
         scorer = stage_scorer(recipe)
         roller = GroupRoller(recipe, prompts, serving, env, scorer, renderer, rank)
-        generator = stage_generator(recipe, roller, loop, stage.stream, stage.dp_size, stage.dp_rank, version,
-                                    stage.state.get("replay"))
+        generator = stage_generator(
+            recipe, roller, loop, stage.stream, stage.dp_size, stage.dp_rank, version, stage.state.get("replay")
+        )
         try:
             sync = serving.sync.sync(stage.model, version)  # the engines serve the resumed (or initial) weights
             for line in preflight(recipe, stage.model, serving, env, scorer, renderer, prompts[0], loop):
@@ -206,20 +254,35 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
                 advantages = trajectory_advantages(rolled.scored, advantage_config)
                 stats = batch_stats(advantages, rolled.scored)
                 sequences = training_sequences(rolled.scored, advantages, renderer)
-                minibatches, padding = zip(*[
-                    rank_minibatch([s for s in sequences if s.group_id // g.mini_batch_prompts == m],
-                                   recipe.data.max_tokens, stage.dp_size, stage.dp_rank, renderer)
-                    for m in range(minis)])
+                minibatches, padding = zip(
+                    *[
+                        rank_minibatch(
+                            [s for s in sequences if s.group_id // g.mini_batch_prompts == m],
+                            recipe.data.max_tokens,
+                            stage.dp_size,
+                            stage.dp_rank,
+                            renderer,
+                        )
+                        for m in range(minis)
+                    ]
+                )
                 t2 = time.perf_counter()
                 sums: dict[str, torch.Tensor | float] = {"rollout_flops": _rollout_flops(rolled.mine, renderer, arch)}
                 old = old_policy(stage, minibatches, router_losses, sums) if g.old_logprobs == "trainer" else None
                 stage.model.train()
                 for m, batches in enumerate(minibatches):
-                    train_minibatch(stage, batches, sums, router_losses, first=m == 0,
-                                    old_logprobs=None if old is None else old[m], correction=correction)
+                    train_minibatch(
+                        stage,
+                        batches,
+                        sums,
+                        router_losses,
+                        first=m == 0,
+                        old_logprobs=None if old is None else old[m],
+                        correction=correction,
+                    )
                     version += 1
                 t3 = time.perf_counter()
-                sync = generator.update_weights(lambda: serving.sync.sync(stage.model, version), version)
+                sync = generator.update_weights(functools.partial(serving.sync.sync, stage.model, version), version)
                 t4 = time.perf_counter()
                 stage.step += 1
                 sums["tool_s"] = sum(s.tool_result.elapsed_s for t in rolled.mine for s in t.steps if s.tool_result)
@@ -247,8 +310,16 @@ def run_grpo(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int
     return stage.finish(tokenizer, renderer, final_loss)
 
 
-def step_record(stage: Stage, summed: dict[str, float], rolled: RolloutBatch, stats, padding: list[float],
-                version: int, sync, times: tuple[float, ...]) -> dict[str, float]:
+def step_record(
+    stage: Stage,
+    summed: dict[str, float],
+    rolled: RolloutBatch,
+    stats,
+    padding: list[float],
+    version: int,
+    sync,
+    times: tuple[float, ...],
+) -> dict[str, float]:
     """The step's metrics line (every value reduced over ranks where it is a sum). ``version`` is the
     policy version after the step's updates; the step trained from ``version - updates``."""
     t0, t1, t2, t3, t4 = times
@@ -259,32 +330,51 @@ def step_record(stage: Stage, summed: dict[str, float], rolled: RolloutBatch, st
     generated = rolled.generated
     ranks = len(generated)
     record = {
-        "loss": summed.get("loss", 0.0) / max(recipe.parallel.tp, 1), "grad_norm": summed["grad_norm"] / minis,
-        "lr": stage.scheduler.get_last_lr()[0], "policy_version": version,
-        "reward": _mean(p.total for p in parts), "reward_fmt": _mean(p.fmt for p in parts),
-        "reward_acc": _mean(p.acc for p in parts), "reward_query": _mean(p.query for p in parts),
+        "loss": summed.get("loss", 0.0) / max(recipe.parallel.tp, 1),
+        "grad_norm": summed["grad_norm"] / minis,
+        "lr": stage.scheduler.get_last_lr()[0],
+        "policy_version": version,
+        "reward": _mean(p.total for p in parts),
+        "reward_fmt": _mean(p.fmt for p in parts),
+        "reward_acc": _mean(p.acc for p in parts),
+        "reward_query": _mean(p.query for p in parts),
         "accuracy": _mean(p.acc for p in parts),
-        "fatal_rate": stats.fatal_fraction or 0.0, "clamped_frac": stats.clamped_fraction or 0.0,
-        "fatal": stats.fatal, "clamped": stats.clamped, "preserved": stats.preserved,
+        "fatal_rate": stats.fatal_fraction or 0.0,
+        "clamped_frac": stats.clamped_fraction or 0.0,
+        "fatal": stats.fatal,
+        "clamped": stats.clamped,
+        "preserved": stats.preserved,
         "dropped": stats.infra_dropped + stats.unscored + stats.hard_masked,
-        "unscored": stats.unscored, "infra_dropped": stats.infra_dropped, "infra_kept": stats.infra_kept,
+        "unscored": stats.unscored,
+        "infra_dropped": stats.infra_dropped,
+        "infra_kept": stats.infra_kept,
         "infra_hit": sum(map(has_infra_error, rolled.scored)),
         "tool_calls_mean": _mean(sum(s.tool_result is not None for s in t.steps) for t in rolled.scored),
-        "clip_frac": summed.get("clip", 0.0) / valid, "entropy": summed.get("entropy", 0.0) / valid,
+        "clip_frac": summed.get("clip", 0.0) / valid,
+        "entropy": summed.get("entropy", 0.0) / valid,
         "kl": summed.get("kl_old", 0.0) / valid,
         "logprob_abs_diff": summed.get("lp_diff", 0.0) / max(summed.get("valid_first", 0.0), 1.0),
         "train_tokens": summed.get("valid", 0.0),
-        "tokens_per_s": summed.get("tokens", 0.0) / max(t3 - t2, 1e-9), "padding_frac": _mean(padding),
+        "tokens_per_s": summed.get("tokens", 0.0) / max(t3 - t2, 1e-9),
+        "padding_frac": _mean(padding),
         "turns_mean": _mean(len(t.steps) for t in rolled.scored),
-        "time_rollout_s": t1 - t0, "time_tools_s": summed["tool_s"], "time_scoring_s": t2 - t1,
-        "time_train_s": t3 - t2, "time_sync_s": t4 - t3, "step_time_s": t4 - t0,
-        "sync_s": sync.seconds, "sync_bytes": float(sync.bytes),
+        "time_rollout_s": t1 - t0,
+        "time_tools_s": summed["tool_s"],
+        "time_scoring_s": t2 - t1,
+        "time_train_s": t3 - t2,
+        "time_sync_s": t4 - t3,
+        "step_time_s": t4 - t0,
+        "sync_s": sync.seconds,
+        "sync_bytes": float(sync.bytes),
         "memory_peak_gib": peak_memory_gib(),
-        "model_tflops": summed.get("train_flops", 0.0) / 1e12, "rollout_tflops": summed["rollout_flops"] / 1e12,
-        "is_weight_mean": summed.get("is_weight", 0.0) / valid, "is_capped_frac": summed.get("is_capped", 0.0) / valid,
+        "model_tflops": summed.get("train_flops", 0.0) / 1e12,
+        "rollout_tflops": summed["rollout_flops"] / 1e12,
+        "is_weight_mean": summed.get("is_weight", 0.0) / valid,
+        "is_capped_frac": summed.get("is_capped", 0.0) / valid,
         "stale_groups": float(sum(s.stale for s in generated)),
         "regenerated": float(sum(s.regenerated for s in generated)),
-        "restarts": summed["restarts"], "time_wait_s": sum(s.wait_s for s in generated) / ranks,
+        "restarts": summed["restarts"],
+        "time_wait_s": sum(s.wait_s for s in generated) / ranks,
         "trainer_idle_frac": sum(s.wait_s / max(s.elapsed_s, 1e-9) for s in generated) / ranks,
         "generator_idle_frac": sum(s.idle_s / max(s.elapsed_s, 1e-9) for s in generated) / ranks,
         **staleness_metrics(rolled.groups, version - minis, minis),
@@ -294,8 +384,9 @@ def step_record(stage: Stage, summed: dict[str, float], rolled: RolloutBatch, st
     for key in ("mean_pre_clamp_zeroed", "mean_pre_clamp_preserved"):
         if getattr(stats, key) is not None:
             record[key] = getattr(stats, key)
-    utilisation = mfu(summed.get("train_flops", 0.0) + summed["rollout_flops"], t4 - t0, stage.world_size,
-                      stage.peak_tflops)
+    utilisation = mfu(
+        summed.get("train_flops", 0.0) + summed["rollout_flops"], t4 - t0, stage.world_size, stage.peak_tflops
+    )
     if utilisation is not None:
         record["mfu"] = utilisation
     return record

@@ -79,9 +79,15 @@ def recipe_fatal(recipe: Recipe) -> FatalConfig:
     return FatalConfig(k=recipe.grpo.fatal_k, errors=recipe.grpo.fatal_errors)
 
 
-def rollout_configs(recipe: Recipe, *, greedy: bool = False, group_size: int | None = None,
-                    max_retries: int | None = None, temperature: float | None = None,
-                    top_p: float | None = None) -> tuple[AgentConfig, RolloutWorkerConfig]:
+def rollout_configs(
+    recipe: Recipe,
+    *,
+    greedy: bool = False,
+    group_size: int | None = None,
+    max_retries: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+) -> tuple[AgentConfig, RolloutWorkerConfig]:
     """The agent loop and rollout workers of the recipe's GRPO stage. Evaluation reuses them with its
     own sampling (``greedy``: temperature 0, no top-p; or ``temperature`` / ``top_p``), group size and
     retry budget, so its prompts, tools and turn budget are the training ones."""
@@ -91,12 +97,20 @@ def rollout_configs(recipe: Recipe, *, greedy: bool = False, group_size: int | N
     temperature = 0.0 if greedy else g.temperature if temperature is None else temperature
     top_p = 1.0 if greedy else g.top_p if top_p is None else top_p
     sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=g.max_response_tokens)
-    agent = AgentConfig(max_turns=r.max_turns, max_total_tokens=g.max_prompt_tokens + g.max_response_tokens,
-                        sampling=sampling, fatal=recipe_fatal(recipe))
-    workers = RolloutWorkerConfig(group_size=g.group_size if group_size is None else group_size,
-                            max_in_flight=r.max_in_flight, trajectory_deadline_s=r.trajectory_deadline_s,
-                            max_retries=r.max_retries if max_retries is None else max_retries,
-                            base_seed=recipe.job.seed, infra_rollouts=g.infra_rollouts)
+    agent = AgentConfig(
+        max_turns=r.max_turns,
+        max_total_tokens=g.max_prompt_tokens + g.max_response_tokens,
+        sampling=sampling,
+        fatal=recipe_fatal(recipe),
+    )
+    workers = RolloutWorkerConfig(
+        group_size=g.group_size if group_size is None else group_size,
+        max_in_flight=r.max_in_flight,
+        trajectory_deadline_s=r.trajectory_deadline_s,
+        max_retries=r.max_retries if max_retries is None else max_retries,
+        base_seed=recipe.job.seed,
+        infra_rollouts=g.infra_rollouts,
+    )
     return agent, workers
 
 
@@ -107,19 +121,26 @@ def reward_scoring(recipe: Recipe) -> tuple[AccuracyJudge, QueryJudge, RewardCon
     client = None
     if "llm" in (j.accuracy, j.query):
         key = os.environ.get(j.api_key_env) if j.api_key_env else None
-        client = ChatCompletionsClient(ChatJudgeConfig(base_url=j.url, model=j.model, api_key=key or None,
-                                                       timeout_s=j.timeout_s, max_attempts=j.max_attempts))
+        client = ChatCompletionsClient(
+            ChatJudgeConfig(
+                base_url=j.url, model=j.model, api_key=key or None, timeout_s=j.timeout_s, max_attempts=j.max_attempts
+            )
+        )
     accuracy = LLMAccuracyJudge(client) if j.accuracy == "llm" else ExactMatchAccuracyJudge()
     query = LLMQueryJudge(client) if j.query == "llm" else HeuristicQueryJudge()
-    return accuracy, query, RewardConfig(alpha=j.alpha, fatal=recipe_fatal(recipe),
-                                         infra_rollouts=recipe.grpo.infra_rollouts)
+    return (
+        accuracy,
+        query,
+        RewardConfig(alpha=j.alpha, fatal=recipe_fatal(recipe), infra_rollouts=recipe.grpo.infra_rollouts),
+    )
 
 
 def stage_scorer(recipe: Recipe) -> GroupScorer:
     """The GRPO stage's scorer: the recipe's judges behind a verdict cache and ``judges.max_concurrency`` threads."""
     accuracy, query, config = reward_scoring(recipe)
-    return GroupScorer(accuracy, query, config, max_concurrency=recipe.judges.max_concurrency,
-                       cache_size=recipe.judges.cache_size)
+    return GroupScorer(
+        accuracy, query, config, max_concurrency=recipe.judges.max_concurrency, cache_size=recipe.judges.cache_size
+    )
 
 
 def rank_share(batch: Sequence[int], dp_size: int, dp_rank: int) -> list[tuple[int, int]]:
@@ -129,8 +150,9 @@ def rank_share(batch: Sequence[int], dp_size: int, dp_rank: int) -> list[tuple[i
     return [(g, batch[g]) for g in range(dp_rank, len(batch), dp_size)]
 
 
-def training_sequences(trajectories: Sequence[Trajectory], advantages: AdvantageBatch,
-                       renderer: ChatRenderer) -> list[TrainSequence]:
+def training_sequences(
+    trajectories: Sequence[Trajectory], advantages: AdvantageBatch, renderer: ChatRenderer
+) -> list[TrainSequence]:
     """Kept trajectories, rendered from the engine's ids, with the mode's advantage and loss fatal step."""
     sequences = []
     for i, traj in enumerate(trajectories):
@@ -149,13 +171,17 @@ def with_grpo_filler(batch: PackedBatch, renderer: ChatRenderer) -> PackedBatch:
         return filled
     pad_long, pad_float = torch.full((extra,), -1, dtype=torch.int64), torch.zeros(extra)
     return dataclasses.replace(
-        filled, group_ids=torch.cat([filled.group_ids, pad_long]), fatal_step=torch.cat([filled.fatal_step, pad_long]),
+        filled,
+        group_ids=torch.cat([filled.group_ids, pad_long]),
+        fatal_step=torch.cat([filled.fatal_step, pad_long]),
         rewards=torch.cat([filled.rewards, pad_float]),
-        advantages=None if filled.advantages is None else torch.cat([filled.advantages, pad_float]))
+        advantages=None if filled.advantages is None else torch.cat([filled.advantages, pad_float]),
+    )
 
 
-def rank_minibatch(sequences: Sequence[TrainSequence], max_tokens: int, dp_size: int, dp_rank: int,
-                   renderer: ChatRenderer) -> tuple[list[PackedBatch], float]:
+def rank_minibatch(
+    sequences: Sequence[TrainSequence], max_tokens: int, dp_size: int, dp_rank: int, renderer: ChatRenderer
+) -> tuple[list[PackedBatch], float]:
     """This rank's micro-batches of one mini-batch and the plan's padding fraction.
 
     Too few sequences for every rank (e.g. hard_mask dropped most of them) gives filler batches, so
@@ -163,8 +189,9 @@ def rank_minibatch(sequences: Sequence[TrainSequence], max_tokens: int, dp_size:
     """
     if len(sequences) < dp_size:
         mine = [sequences[dp_rank]] if dp_rank < len(sequences) else []
-        return [with_grpo_filler(pack_microbatch(mine, renderer.image_config, renderer.tokenizer.special),
-                                 renderer)], 0.0
+        return [
+            with_grpo_filler(pack_microbatch(mine, renderer.image_config, renderer.tokenizer.special), renderer)
+        ], 0.0
     plan = plan_packing([s.num_tokens for s in sequences], PackingConfig(max_tokens=max_tokens, num_ranks=dp_size))
     batches = pack_rank(sequences, plan, dp_rank, renderer.image_config, renderer.tokenizer.special)
     return [with_grpo_filler(b, renderer) for b in batches], plan.padding_frac

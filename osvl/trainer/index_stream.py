@@ -42,7 +42,7 @@ class IndexStream:
             self.cursor = Cursor(self.cursor.epoch + 1, 0)
         start = self.cursor.index
         self.cursor = Cursor(self.cursor.epoch, start + self.global_batch)
-        return self._order(self.cursor.epoch)[start:start + self.global_batch].tolist()
+        return self._order(self.cursor.epoch)[start : start + self.global_batch].tolist()
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.cursor.epoch, "index": self.cursor.index}

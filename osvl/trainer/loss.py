@@ -37,17 +37,27 @@ class _ChunkedLinearCE(torch.autograd.Function):
         return grad_hidden, grad_weight.to(weight.dtype), None, None
 
 
-def sft_loss(hidden: torch.Tensor, weight: torch.Tensor, target_ids: torch.Tensor, loss_mask: torch.Tensor,
-             normalizer: int | torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+def sft_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    normalizer: int | torch.Tensor,
+    chunk: int = 4096,
+) -> torch.Tensor:
     """Sum of -log p(target) over ``loss_mask`` rows, divided by ``normalizer`` (global valid tokens).
 
     hidden [T, D] (any float dtype), weight [V, D] (the lm_head), target_ids [T], loss_mask [T] bool.
     """
     if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden [T, D] and weight [V, D] must share D, got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+        raise ValueError(
+            f"hidden [T, D] and weight [V, D] must share D, got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     if target_ids.shape != hidden.shape[:1] or loss_mask.shape != hidden.shape[:1]:
-        raise ValueError(f"target_ids and loss_mask must be [{hidden.shape[0]}], got "
-                         f"{tuple(target_ids.shape)} and {tuple(loss_mask.shape)}")
+        raise ValueError(
+            f"target_ids and loss_mask must be [{hidden.shape[0]}], got "
+            f"{tuple(target_ids.shape)} and {tuple(loss_mask.shape)}"
+        )
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     # Only loss rows reach the vocabulary GEMMs: tool observations and prompts (most of a

@@ -43,8 +43,16 @@ def _fmt(value: float) -> str:
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str | Path, *, enabled: bool, tensorboard: bool, console: bool,
-                 header: dict[str, Any] | None = None, stream: TextIO = sys.stdout) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        enabled: bool,
+        tensorboard: bool,
+        console: bool,
+        header: dict[str, Any] | None = None,
+        stream: TextIO = sys.stdout,
+    ) -> None:
         self.enabled, self.console, self.stream = enabled, console, stream
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tb = None
@@ -81,8 +89,13 @@ class MetricsWriter:
 
 def stage_metrics(recipe: Recipe, rank: int) -> MetricsWriter:
     """The stage's writer in ``job.run_dir``, headed by the full recipe; silent off rank 0."""
-    return MetricsWriter(recipe.job.run_dir, enabled=rank == 0, tensorboard=recipe.metrics.tensorboard,
-                         console=recipe.metrics.console, header=recipe_to_dict(recipe))
+    return MetricsWriter(
+        recipe.job.run_dir,
+        enabled=rank == 0,
+        tensorboard=recipe.metrics.tensorboard,
+        console=recipe.metrics.console,
+        header=recipe_to_dict(recipe),
+    )
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
@@ -144,8 +157,10 @@ def truncate_tensorboard(run_dir: str | Path, after: int) -> int:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.summary.writer.record_writer import RecordWriter
     except ImportError:
-        raise RuntimeError(f"{directory} holds TensorBoard events but tensorboard is not installed, so they cannot "
-                           f"be cut back to step {after}: install tensorboard or remove {directory}") from None
+        raise RuntimeError(
+            f"{directory} holds TensorBoard events but tensorboard is not installed, so they cannot "
+            f"be cut back to step {after}: install tensorboard or remove {directory}"
+        ) from None
 
     def beyond(record: bytes) -> bool:
         event = Event.FromString(record)

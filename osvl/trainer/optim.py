@@ -24,10 +24,12 @@ def lr_factor(step: int, total_steps: int, config: SchedulerConfig) -> float:
 
 
 def build_optimizer(params, config: OptimizerConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps,
-                             weight_decay=config.weight_decay, foreach=True)
+    return torch.optim.AdamW(
+        params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay, foreach=True
+    )
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int,
-                    config: SchedulerConfig) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, total_steps: int, config: SchedulerConfig
+) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, config))

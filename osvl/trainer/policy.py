@@ -46,16 +46,38 @@ def tiny_arch(vocab_size: int, special: SpecialTokens, size: str = "tiny") -> Qw
     hidden, heads, kv_heads, head_dim, intermediate = CPU_SIZES[size]
     moe = size == "tiny_moe"
     quarter = head_dim // 8  # mrope (t, h, w) sections of the head_dim / 2 rotary pairs, 2:1:1
-    text = TextConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate,
-                      num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                      head_dim=head_dim, mrope_section=(2 * quarter, quarter, quarter), rope_theta=10_000.0,
-                      num_experts=4 if moe else 0, num_experts_per_tok=2 if moe else 0,
-                      moe_intermediate_size=32 if moe else 0)
-    vision = VisionConfig(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8,
-                          out_hidden_size=hidden, num_position_embeddings=64, deepstack_visual_indexes=(0,))
-    return Qwen3VLConfig(text=text, vision=vision, image_token_id=special.image_pad,
-                         video_token_id=special.video_pad, vision_start_token_id=special.vision_start,
-                         vision_end_token_id=special.vision_end)
+    text = TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        mrope_section=(2 * quarter, quarter, quarter),
+        rope_theta=10_000.0,
+        num_experts=4 if moe else 0,
+        num_experts_per_tok=2 if moe else 0,
+        moe_intermediate_size=32 if moe else 0,
+    )
+    vision = VisionConfig(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        patch_size=8,
+        out_hidden_size=hidden,
+        num_position_embeddings=64,
+        deepstack_visual_indexes=(0,),
+    )
+    return Qwen3VLConfig(
+        text=text,
+        vision=vision,
+        image_token_id=special.image_pad,
+        video_token_id=special.video_pad,
+        vision_start_token_id=special.vision_start,
+        vision_end_token_id=special.vision_end,
+    )
 
 
 def policy_arch(recipe: Recipe, vocab_size: int, special: SpecialTokens) -> Qwen3VLConfig:
@@ -81,9 +103,13 @@ def policy_image_config(recipe: Recipe, arch: Qwen3VLConfig) -> ImageConfig:
     recipe names no tokenizer of its own (the directory is the whole released model), else the
     vision tower's patching with the recipe's pixel budget."""
     v = arch.vision
-    own = ImageConfig(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
-                      merge_size=v.spatial_merge_size, min_pixels=recipe.data.min_pixels,
-                      max_pixels=recipe.data.max_pixels)
+    own = ImageConfig(
+        patch_size=v.patch_size,
+        temporal_patch_size=v.temporal_patch_size,
+        merge_size=v.spatial_merge_size,
+        min_pixels=recipe.data.min_pixels,
+        max_pixels=recipe.data.max_pixels,
+    )
     if not recipe.model.pretrained or recipe.data.tokenizer:
         return own
     shipped = checkpoint_image_config(recipe.model.pretrained)
@@ -92,8 +118,10 @@ def policy_image_config(recipe: Recipe, arch: Qwen3VLConfig) -> ImageConfig:
     expected = (v.patch_size, v.temporal_patch_size, v.spatial_merge_size)
     found = (shipped.patch_size, shipped.temporal_patch_size, shipped.merge_size)
     if found != expected:
-        raise ValueError(f"model.pretrained: preprocessor_config.json patches images as (patch, temporal, merge) "
-                         f"= {found} but the vision tower in config.json expects {expected}")
+        raise ValueError(
+            f"model.pretrained: preprocessor_config.json patches images as (patch, temporal, merge) "
+            f"= {found} but the vision tower in config.json expects {expected}"
+        )
     return shipped
 
 

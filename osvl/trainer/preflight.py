@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from osvl_kernels import linear_grpo_loss
 
 from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
@@ -53,6 +52,7 @@ from osvl.tools.fleet import ToolServerFleet
 from osvl.trainer.grpo_data import with_grpo_filler
 from osvl.trainer.policy import lm_head_weight
 from osvl.trainer.serving import Serving, remote_engine
+from osvl_kernels import linear_grpo_loss
 
 PROBE_TOKENS = 16
 PROBE_SEED = 1234
@@ -63,14 +63,22 @@ class PreflightError(ValueError):
 
 
 def _arch_mismatch(server: Qwen3VLConfig, trainer: Qwen3VLConfig) -> list[str]:
-    fields = {"vocab_size": lambda a: a.text.vocab_size, "hidden_size": lambda a: a.text.hidden_size,
-              "num_hidden_layers": lambda a: a.text.num_hidden_layers,
-              "num_attention_heads": lambda a: a.text.num_attention_heads,
-              "num_key_value_heads": lambda a: a.text.num_key_value_heads, "num_experts": lambda a: a.text.num_experts,
-              "image_token_id": lambda a: a.image_token_id, "vision.patch_size": lambda a: a.vision.patch_size,
-              "vision.spatial_merge_size": lambda a: a.vision.spatial_merge_size}
-    return [f"{name} {get(server)} != trainer's {get(trainer)}" for name, get in fields.items()
-            if get(server) != get(trainer)]
+    fields = {
+        "vocab_size": lambda a: a.text.vocab_size,
+        "hidden_size": lambda a: a.text.hidden_size,
+        "num_hidden_layers": lambda a: a.text.num_hidden_layers,
+        "num_attention_heads": lambda a: a.text.num_attention_heads,
+        "num_key_value_heads": lambda a: a.text.num_key_value_heads,
+        "num_experts": lambda a: a.text.num_experts,
+        "image_token_id": lambda a: a.image_token_id,
+        "vision.patch_size": lambda a: a.vision.patch_size,
+        "vision.spatial_merge_size": lambda a: a.vision.spatial_merge_size,
+    }
+    return [
+        f"{name} {get(server)} != trainer's {get(trainer)}"
+        for name, get in fields.items()
+        if get(server) != get(trainer)
+    ]
 
 
 async def _check_servers(engine: SGLangEngine, arch: Qwen3VLConfig) -> list[str]:
@@ -81,18 +89,26 @@ async def _check_servers(engine: SGLangEngine, arch: Qwen3VLConfig) -> list[str]
         except EngineError as error:
             raise PreflightError(f"rollout.sglang_urls: {error}") from None
         if not info.get("is_generation", True):
-            raise PreflightError(f"rollout.sglang_urls: {url} serves {info.get('model_path')!r}, not a generation model")
+            raise PreflightError(
+                f"rollout.sglang_urls: {url} serves {info.get('model_path')!r}, not a generation model"
+            )
         config_file = Path(str(info.get("model_path", ""))) / "config.json"
         if config_file.is_file():
             mismatch = _arch_mismatch(config_from_hf(json.loads(config_file.read_text())), arch)
             if mismatch:
-                raise PreflightError(f"rollout.sglang_urls: {url} serves {config_file.parent}, whose architecture "
-                                     f"differs from the policy's: {'; '.join(mismatch)}")
-            lines.append(f"{url}: {config_file.parent} (architecture and vocabulary match), "
-                         f"weight version {info.get('weight_version')!r}")
+                raise PreflightError(
+                    f"rollout.sglang_urls: {url} serves {config_file.parent}, whose architecture "
+                    f"differs from the policy's: {'; '.join(mismatch)}"
+                )
+            lines.append(
+                f"{url}: {config_file.parent} (architecture and vocabulary match), "
+                f"weight version {info.get('weight_version')!r}"
+            )
         else:
-            lines.append(f"{url}: model {info.get('model_path')!r} is not readable from the trainer, so its "
-                         f"architecture was not compared; the probe below still checks tokens and logprobs")
+            lines.append(
+                f"{url}: model {info.get('model_path')!r} is not readable from the trainer, so its "
+                f"architecture was not compared; the probe below still checks tokens and logprobs"
+            )
     try:
         lines += [r.describe() for r in await engine.check_deterministic_inference()]
     except EngineError as error:
@@ -108,8 +124,11 @@ def _served_arch_mismatch(raw: dict, arch: Qwen3VLConfig) -> list[str]:
     if "text_config" in raw:
         return _arch_mismatch(config_from_hf(raw), arch)
     t = arch.text
-    mismatch = [f"{name} {raw.get(name)} != trainer's {getattr(t, name)}" for name in _TEXT_FIELDS
-                if raw.get(name) != getattr(t, name)]
+    mismatch = [
+        f"{name} {raw.get(name)} != trainer's {getattr(t, name)}"
+        for name in _TEXT_FIELDS
+        if raw.get(name) != getattr(t, name)
+    ]
     if int(raw.get("num_experts") or 0) != t.num_experts:
         mismatch.append(f"num_experts {raw.get('num_experts')} != trainer's {t.num_experts}")
     return mismatch
@@ -124,31 +143,44 @@ async def _check_vllm_servers(engine: VLLMEngine, arch: Qwen3VLConfig, stop_stri
             raise PreflightError(f"rollout.vllm_urls: {error}") from None
         model = config.get("model_config") or {}
         if model.get("logprobs_mode") != PROCESSED_LOGPROBS:
-            raise PreflightError(f"rollout.vllm_urls: {url} returns {model.get('logprobs_mode')!r} logprobs; the "
-                                 f"trainer's importance ratio needs them after temperature: restart it with "
-                                 f"--logprobs-mode {PROCESSED_LOGPROBS}")
+            raise PreflightError(
+                f"rollout.vllm_urls: {url} returns {model.get('logprobs_mode')!r} logprobs; the "
+                f"trainer's importance ratio needs them after temperature: restart it with "
+                f"--logprobs-mode {PROCESSED_LOGPROBS}"
+            )
         if stop_strings and model.get("skip_tokenizer_init"):
-            raise PreflightError(f"rollout.vllm_urls: {url} runs without a tokenizer (--skip-tokenizer-init), so it "
-                                 f"cannot stop turns on {list(DEFAULT_STOP)}: restart it without that flag")
+            raise PreflightError(
+                f"rollout.vllm_urls: {url} runs without a tokenizer (--skip-tokenizer-init), so it "
+                f"cannot stop turns on {list(DEFAULT_STOP)}: restart it without that flag"
+            )
         config_file = Path(str(model.get("model", ""))) / "config.json"
         if config_file.is_file():
             mismatch = _served_arch_mismatch(json.loads(config_file.read_text()), arch)
             if mismatch:
-                raise PreflightError(f"rollout.vllm_urls: {url} serves {config_file.parent}, whose architecture "
-                                     f"differs from the policy's: {'; '.join(mismatch)}")
+                raise PreflightError(
+                    f"rollout.vllm_urls: {url} serves {config_file.parent}, whose architecture "
+                    f"differs from the policy's: {'; '.join(mismatch)}"
+                )
             info = await engine.get_json(url, "/weight_info", timeout_s=30)
-            lines.append(f"{url}: {config_file.parent} (architecture and vocabulary match), logprobs "
-                         f"{PROCESSED_LOGPROBS}, weight version {info.get('weight_version')!r}")
+            lines.append(
+                f"{url}: {config_file.parent} (architecture and vocabulary match), logprobs "
+                f"{PROCESSED_LOGPROBS}, weight version {info.get('weight_version')!r}"
+            )
         else:
-            lines.append(f"{url}: model {model.get('model')!r} is not readable from the trainer, so its "
-                         f"architecture was not compared; the probe below still checks tokens and logprobs")
+            lines.append(
+                f"{url}: model {model.get('model')!r} is not readable from the trainer, so its "
+                f"architecture was not compared; the probe below still checks tokens and logprobs"
+            )
     return lines
 
 
 def _probe_request(renderer: ChatRenderer, prompt: Prompt, temperature: float) -> GenerationRequest:
     segment = renderer.render_prompt(prompt)
-    return GenerationRequest(list(segment.ids), list(segment.images),
-                             SamplingParams(temperature=temperature, max_new_tokens=PROBE_TOKENS, seed=PROBE_SEED))
+    return GenerationRequest(
+        list(segment.ids),
+        list(segment.images),
+        SamplingParams(temperature=temperature, max_new_tokens=PROBE_TOKENS, seed=PROBE_SEED),
+    )
 
 
 async def _probe(engine: Engine, request: GenerationRequest) -> list[tuple[str, GenerationResult]]:
@@ -166,8 +198,9 @@ async def _probe(engine: Engine, request: GenerationRequest) -> list[tuple[str, 
 
 
 @torch.no_grad()
-def trainer_logprobs(model: torch.nn.Module, renderer: ChatRenderer, prompt: Prompt, result: GenerationResult,
-                     temperature: float) -> np.ndarray:
+def trainer_logprobs(
+    model: torch.nn.Module, renderer: ChatRenderer, prompt: Prompt, result: GenerationResult, temperature: float
+) -> np.ndarray:
     """The trainer's logprobs of the probe's generated tokens, by the training forward and fused
     loss (collective under FSDP/TP: every rank calls it with the same probe)."""
     step = Step(token_ids=list(result.token_ids), logprobs=list(result.logprobs), text="")
@@ -175,12 +208,27 @@ def trainer_logprobs(model: torch.nn.Module, renderer: ChatRenderer, prompt: Pro
     seq = train_sequence(traj, renderer, reward=0.0, advantage=0.0)
     b = with_grpo_filler(pack_microbatch([seq], renderer.image_config, renderer.tokenizer.special), renderer)
     b = b.to(next(model.parameters()).device)
-    hidden = model(b.input_ids, cu_seqlens=b.cu_seqlens, position_ids=b.position_ids,
-                   pixel_values=b.pixel_values, image_grid_thw=b.image_grid_thw, return_hidden=True)
-    out = linear_grpo_loss(hidden, lm_head_weight(model), b.target_ids, b.cu_seqlens, b.loss_mask,
-                           old_logprobs=b.old_logprobs, fatal_step=b.fatal_step, token_step=b.token_step,
-                           advantages=b.advantages, temperature=temperature,
-                           backend="auto" if hidden.is_cuda else "torch")
+    hidden = model(
+        b.input_ids,
+        cu_seqlens=b.cu_seqlens,
+        position_ids=b.position_ids,
+        pixel_values=b.pixel_values,
+        image_grid_thw=b.image_grid_thw,
+        return_hidden=True,
+    )
+    out = linear_grpo_loss(
+        hidden,
+        lm_head_weight(model),
+        b.target_ids,
+        b.cu_seqlens,
+        b.loss_mask,
+        old_logprobs=b.old_logprobs,
+        fatal_step=b.fatal_step,
+        token_step=b.token_step,
+        advantages=b.advantages,
+        temperature=temperature,
+        backend="auto" if hidden.is_cuda else "torch",
+    )
     return out.logprobs[b.loss_mask.bool()].double().cpu().numpy()
 
 
@@ -190,11 +238,19 @@ def _check_prompt_tokens(url: str, request: GenerationRequest, result: Generatio
             f"{url}: the server counted {result.prompt_tokens} prompt tokens where the trainer rendered "
             f"{len(request.input_ids)} ({len(request.images)} image(s)): its image processor settings (min/max pixels, "
             f"patch, merge) differ from the trainer's data.min_pixels/max_pixels and the model's, so the image-pad "
-            f"runs disagree")
+            f"runs disagree"
+        )
 
 
-def _compare(url: str, request: GenerationRequest, result: GenerationResult, trainer_t: np.ndarray,
-             trainer_raw: np.ndarray, temperature: float, tolerance: float) -> str:
+def _compare(
+    url: str,
+    request: GenerationRequest,
+    result: GenerationResult,
+    trainer_t: np.ndarray,
+    trainer_raw: np.ndarray,
+    temperature: float,
+    tolerance: float,
+) -> str:
     _check_prompt_tokens(url, request, result)
     engine = np.asarray(result.logprobs, dtype=np.float64)
     if engine.shape != trainer_t.shape:
@@ -204,11 +260,13 @@ def _compare(url: str, request: GenerationRequest, result: GenerationResult, tra
         raise PreflightError(
             f"{url}: the engine reports pre-temperature logprobs (mean |engine - trainer| {raw:.2e} at temperature 1 "
             f"vs {post:.2e} at {temperature}): the trainer's importance ratio needs log_softmax(logits / T); "
-            f"unset SGLANG_RETURN_ORIGINAL_LOGPROB (SGLang), run vLLM with --logprobs-mode {PROCESSED_LOGPROBS}")
+            f"unset SGLANG_RETURN_ORIGINAL_LOGPROB (SGLang), run vLLM with --logprobs-mode {PROCESSED_LOGPROBS}"
+        )
     if post > tolerance:
         raise PreflightError(
             f"{url}: engine and trainer disagree on a probe turn: mean |logprob diff| {post:.3e} > "
-            f"rollout.max_logprob_diff {tolerance} (weights not synced, or another model/processor)")
+            f"rollout.max_logprob_diff {tolerance} (weights not synced, or another model/processor)"
+        )
     return f"{url}: probe of {engine.size} tokens at temperature {temperature}: mean |engine - trainer| {post:.2e}"
 
 
@@ -217,8 +275,11 @@ def _check_judges(recipe: Recipe, scorer: GroupScorer) -> list[str]:
     if "llm" not in (j.accuracy, j.query):
         return []
     probe = Prompt(id="preflight", question="What is two plus two?", answer="4")
-    verdict = (scorer.judges.accuracy.judge_answer(probe, "4") if j.accuracy == "llm"
-               else scorer.judges.query.judge_queries(probe, []))
+    verdict = (
+        scorer.judges.accuracy.judge_answer(probe, "4")
+        if j.accuracy == "llm"
+        else scorer.judges.query.judge_queries(probe, [])
+    )
     if not verdict.scored:
         raise PreflightError(f"judges.url {j.url}: the judge ({j.model}) gave no verdict on a probe: {verdict.reason}")
     return [f"judge {j.model} at {j.url}: probe verdict {verdict.score}"]
@@ -240,8 +301,10 @@ def _check_fleet(recipe: Recipe, fleet: ToolServerFleet, wanted: set[str]) -> li
             raise PreflightError(f"tools.servers: {error}") from None
         missing = sorted(wanted - served)
         if missing:
-            raise PreflightError(f"tools.servers: {member.url} does not serve {missing} (profile "
-                                 f"{recipe.tools.profile!r}; it serves {sorted(served)})")
+            raise PreflightError(
+                f"tools.servers: {member.url} does not serve {missing} (profile "
+                f"{recipe.tools.profile!r}; it serves {sorted(served)})"
+            )
         lines.append(f"{member.url}: serves {len(served)} tools")
     return lines
 
@@ -256,8 +319,16 @@ def _agree(outcome: str | list[str]) -> list[str]:
     return outcome
 
 
-def preflight(recipe: Recipe, model: torch.nn.Module, serving: Serving, env: ToolEnvironment, scorer: GroupScorer,
-              renderer: ChatRenderer, prompt: Prompt, runner: asyncio.Runner) -> list[str]:
+def preflight(
+    recipe: Recipe,
+    model: torch.nn.Module,
+    serving: Serving,
+    env: ToolEnvironment,
+    scorer: GroupScorer,
+    renderer: ChatRenderer,
+    prompt: Prompt,
+    runner: asyncio.Runner,
+) -> list[str]:
     """Report lines; ``PreflightError`` on every rank when a service is missing or disagrees."""
     lead = not dist.is_initialized() or dist.get_rank() == 0
     temperature = recipe.grpo.temperature
@@ -280,8 +351,9 @@ def preflight(recipe: Recipe, model: torch.nn.Module, serving: Serving, env: Too
         verdict: str | list[str] = []
         if lead:
             try:
-                verdict = [_compare(url, request, result, trainer_t, trainer_raw, temperature,
-                                    recipe.rollout.max_logprob_diff)]
+                verdict = [
+                    _compare(url, request, result, trainer_t, trainer_raw, temperature, recipe.rollout.max_logprob_diff)
+                ]
             except Exception as error:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
                 verdict = str(error) if isinstance(error, PreflightError) else f"pre-flight failed: {error!r}"
         lines += _agree(verdict)
@@ -313,8 +385,11 @@ def check_services(recipe: Recipe) -> list[str]:
         with asyncio.Runner() as runner:
             engine = remote_engine(recipe, arch)
             try:
-                lines += runner.run(_check_servers(engine, arch) if isinstance(engine, SGLangEngine)
-                                    else _check_vllm_servers(engine, arch, bool(request.sampling.stop)))
+                lines += runner.run(
+                    _check_servers(engine, arch)
+                    if isinstance(engine, SGLangEngine)
+                    else _check_vllm_servers(engine, arch, bool(request.sampling.stop))
+                )
                 for url, result in runner.run(_probe(engine, request)):
                     _check_prompt_tokens(url, request, result)
                     lines.append(f"{url}: a probe turn's prompt length matches the trainer's rendering")
@@ -328,16 +403,32 @@ def dry_run_lines(recipe: Recipe) -> Sequence[str]:
     if recipe.job.stage != "grpo":
         return []
     r, t, j = recipe.rollout, recipe.tools, recipe.judges
-    urls, update_urls = ((r.sglang_urls, r.sglang_update_urls) if r.engine == "sglang"
-                         else (r.vllm_urls, r.vllm_update_urls))
-    lines = [f"rollout engine {r.engine}" + (f": {', '.join(urls)}; weights by {r.weight_sync} sync to "
-                                             f"{', '.join(update_urls or urls)}"
-                                             if r.engine != "local" else " (in-process, CPU form)")]
-    lines.append("tools: " + (f"servers {', '.join(t.servers)}" if t.servers else f"{t.backend} back-ends in "
-                              f"{t.workers} local workers per rank"))
-    lines.append(f"judges: accuracy {j.accuracy}, query {j.query}" + (f" at {j.url} ({j.model})"
-                                                                       if "llm" in (j.accuracy, j.query) else ""))
-    lines.append("at start the stage also checks: servers reachable and serving the policy's architecture, "
-                 "a probe turn's prompt length and post-temperature logprobs against the trainer's forward, "
-                 "a judge probe, the tool servers' tool lists (use --preflight to check the services now)")
+    urls, update_urls = (
+        (r.sglang_urls, r.sglang_update_urls) if r.engine == "sglang" else (r.vllm_urls, r.vllm_update_urls)
+    )
+    lines = [
+        f"rollout engine {r.engine}"
+        + (
+            f": {', '.join(urls)}; weights by {r.weight_sync} sync to {', '.join(update_urls or urls)}"
+            if r.engine != "local"
+            else " (in-process, CPU form)"
+        )
+    ]
+    lines.append(
+        "tools: "
+        + (
+            f"servers {', '.join(t.servers)}"
+            if t.servers
+            else f"{t.backend} back-ends in {t.workers} local workers per rank"
+        )
+    )
+    lines.append(
+        f"judges: accuracy {j.accuracy}, query {j.query}"
+        + (f" at {j.url} ({j.model})" if "llm" in (j.accuracy, j.query) else "")
+    )
+    lines.append(
+        "at start the stage also checks: servers reachable and serving the policy's architecture, "
+        "a probe turn's prompt length and post-temperature logprobs against the trainer's forward, "
+        "a judge probe, the tool servers' tool lists (use --preflight to check the services now)"
+    )
     return lines

@@ -19,9 +19,9 @@ from typing import Any
 
 from osvl.config.recipe import Recipe
 from osvl.rollout.recorder import RolloutRecorder
+from osvl.run_lock import held_lock
 from osvl.trainer.checkpoint import discard_checkpoints_after
 from osvl.trainer.metrics import read_metrics, truncate_metrics, truncate_tensorboard
-from osvl.run_lock import held_lock
 
 
 def step_ranges(steps: list[int] | tuple[int, ...]) -> str:
@@ -78,12 +78,15 @@ class Resumption:
         if self.checkpoint is None:
             head = f"start: {self.run_dir} from step 0 of {self.total} (no checkpoint)"
         elif self.finished:
-            return (f"finished: {self.checkpoint} holds step {self.step} of {self.total} (policy version "
-                    f"{self.policy_version}); nothing left to train; recorded final loss {self.final_loss:.4f}; "
-                    f"discarded {self.discarded.describe()}")
+            return (
+                f"finished: {self.checkpoint} holds step {self.step} of {self.total} (policy version "
+                f"{self.policy_version}); nothing left to train; recorded final loss {self.final_loss:.4f}; "
+                f"discarded {self.discarded.describe()}"
+            )
         else:
-            head = (f"resume: {self.checkpoint} at step {self.step} of {self.total} "
-                    f"(policy version {self.policy_version})")
+            head = (
+                f"resume: {self.checkpoint} at step {self.step} of {self.total} (policy version {self.policy_version})"
+            )
         return f"{head}; discarded after step {self.step}: {self.discarded.describe()}"
 
 
@@ -100,10 +103,13 @@ def discard_records_after(run_dir: str | Path, step: int) -> Discarded:
     """Cuts every per-run record back to ``step`` (the owner of ``run_dir`` only)."""
     run_dir = Path(run_dir)
     metrics_steps, unreadable = truncate_metrics(run_dir, step)
-    return Discarded(metrics_steps=tuple(metrics_steps), unreadable_metrics_lines=unreadable,
-                     rollout_steps=tuple(RolloutRecorder(run_dir / "rollouts").discard_after(step)),
-                     tensorboard_events=truncate_tensorboard(run_dir, step),
-                     checkpoints=tuple(discard_checkpoints_after(run_dir / "checkpoints", step)))
+    return Discarded(
+        metrics_steps=tuple(metrics_steps),
+        unreadable_metrics_lines=unreadable,
+        rollout_steps=tuple(RolloutRecorder(run_dir / "rollouts").discard_after(step)),
+        tensorboard_events=truncate_tensorboard(run_dir, step),
+        checkpoints=tuple(discard_checkpoints_after(run_dir / "checkpoints", step)),
+    )
 
 
 def resume_records(recipe: Recipe, rank: int, state: dict[str, Any], total: int) -> Resumption:
@@ -113,9 +119,15 @@ def resume_records(recipe: Recipe, rank: int, state: dict[str, Any], total: int)
     run_dir = Path(recipe.job.run_dir)
     step = state.get("step", 0)
     discarded = discard_records_after(run_dir, step) if rank == 0 else Discarded()
-    resumption = Resumption(run_dir=run_dir, checkpoint=Path(state["checkpoint"]) if state else None, step=step,
-                            policy_version=state.get("policy_version", step), total=total, discarded=discarded,
-                            final_loss=recorded_loss(run_dir, step) if state else math.nan)
+    resumption = Resumption(
+        run_dir=run_dir,
+        checkpoint=Path(state["checkpoint"]) if state else None,
+        step=step,
+        policy_version=state.get("policy_version", step),
+        total=total,
+        discarded=discarded,
+        final_loss=recorded_loss(run_dir, step) if state else math.nan,
+    )
     if rank == 0:
         print(resumption.line(), flush=True)
         lock = held_lock(run_dir)

@@ -46,8 +46,16 @@ class GroupRoller:
     """Rolls out one ticket's group through the serving engine and the rank's tools, then scores it.
     ``metrics`` collects the rank's rollout counts (turns, tool calls, retries, restarts)."""
 
-    def __init__(self, recipe: Recipe, prompts: Sequence[Prompt], serving: Serving, env: ToolEnvironment,
-                 scorer: GroupScorer, renderer: ChatRenderer, rank: int) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        prompts: Sequence[Prompt],
+        serving: Serving,
+        env: ToolEnvironment,
+        scorer: GroupScorer,
+        renderer: ChatRenderer,
+        rank: int,
+    ) -> None:
         self.recipe, self.prompts, self.serving, self.env = recipe, prompts, serving, env
         self.scorer, self.renderer, self.rank = scorer, renderer, rank
         self.agent, self.workers = rollout_configs(recipe)
@@ -58,9 +66,19 @@ class GroupRoller:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.workers.max_in_flight)
         env = step_faults(self.env, self.recipe.job.seed, ticket.batch, self.rank)
-        group = await run_group(self.prompts[ticket.prompt_index], ticket.position, self.serving.engine, env,
-                                self.renderer, self.agent, self.workers, step=ticket.batch, slots=self._slots,
-                                metrics=self.metrics, preemption=preemption)
+        group = await run_group(
+            self.prompts[ticket.prompt_index],
+            ticket.position,
+            self.serving.engine,
+            env,
+            self.renderer,
+            self.agent,
+            self.workers,
+            step=ticket.batch,
+            slots=self._slots,
+            metrics=self.metrics,
+            preemption=preemption,
+        )
         for trajectory in group.trajectories:
             self.metrics.record(trajectory)
         return await self.scorer.score_group(group.trajectories)
@@ -71,11 +89,23 @@ class GroupRoller:
         return restarts
 
 
-def stage_generator(recipe: Recipe, roller: GroupRoller, loop: EventLoopThread, stream: IndexStream, dp_size: int,
-                    dp_rank: int, version: int, state: dict | None) -> RolloutGenerator:
+def stage_generator(
+    recipe: Recipe,
+    roller: GroupRoller,
+    loop: EventLoopThread,
+    stream: IndexStream,
+    dp_size: int,
+    dp_rank: int,
+    version: int,
+    state: dict | None,
+) -> RolloutGenerator:
     """The rank's generator over its share of the prompt stream, restored from ``state`` on a resume."""
     g, r = recipe.grpo, recipe.rollout
-    config = GeneratorConfig(groups_per_step=g.batch_prompts // dp_size, max_staleness=r.max_staleness,
-                             updates_per_step=g.batch_prompts // g.mini_batch_prompts,
-                             stale_groups=r.stale_groups, partial_rollouts=r.partial_rollouts)
+    config = GeneratorConfig(
+        groups_per_step=g.batch_prompts // dp_size,
+        max_staleness=r.max_staleness,
+        updates_per_step=g.batch_prompts // g.mini_batch_prompts,
+        stale_groups=r.stale_groups,
+        partial_rollouts=r.partial_rollouts,
+    )
     return RolloutGenerator(config, roller, loop, ticket_source(stream, dp_size, dp_rank), version, state)

@@ -69,8 +69,12 @@ class RouterLosses:
         if not self.routers:
             return
         self._collect()
-        inputs = RouterLossInputs(aux_coef=self.config.aux_loss_coef, z_coef=self.config.z_loss_coef,
-                                  routed_tokens=routed_tokens(batch), step_tokens=max(self._step_tokens, 1))
+        inputs = RouterLossInputs(
+            aux_coef=self.config.aux_loss_coef,
+            z_coef=self.config.z_loss_coef,
+            routed_tokens=routed_tokens(batch),
+            step_tokens=max(self._step_tokens, 1),
+        )
         for router in self.routers:
             router.loss_inputs = inputs
             router.stats = None
@@ -88,9 +92,18 @@ class RouterLosses:
         stats = [router.stats for router in self.routers]
         if any(s is None for s in stats):
             raise RuntimeError("a router did not run in the micro-batch's forward")
-        layers = torch.cat([torch.stack([s.counts for s in stats]),
-                            torch.stack([s.balance for s in stats]).unsqueeze(1),
-                            torch.stack([s.z_sum for s in stats]).unsqueeze(1)], dim=1).double().cpu()
+        layers = (
+            torch.cat(
+                [
+                    torch.stack([s.counts for s in stats]),
+                    torch.stack([s.balance for s in stats]).unsqueeze(1),
+                    torch.stack([s.z_sum for s in stats]).unsqueeze(1),
+                ],
+                dim=1,
+            )
+            .double()
+            .cpu()
+        )
         tokens = stats[0].tokens
         self._counts += layers[:, :-2]
         self._balance += layers[:, -2] * tokens
@@ -109,10 +122,14 @@ class RouterLosses:
         packed = torch.cat([self._counts.flatten(), self._balance, self._z, torch.tensor([float(self._tokens)])])
         total = _world_sum(packed) / self.tp
         layers, experts = self._counts.shape
-        counts = total[:layers * experts].view(layers, experts)
-        balance, z = total[layers * experts:-1].view(2, layers)
+        counts = total[: layers * experts].view(layers, experts)
+        balance, z = total[layers * experts : -1].view(2, layers)
         tokens = max(float(total[-1]), 1.0)
         cv = load_cv(counts)
         self._reset()
-        return {"moe_aux_loss": float(balance.mean()) / tokens, "moe_z_loss": float(z.mean()) / tokens,
-                "moe_load_cv": float(cv.mean()), "moe_load_cv_max": float(cv.max())}
+        return {
+            "moe_aux_loss": float(balance.mean()) / tokens,
+            "moe_z_loss": float(z.mean()) / tokens,
+            "moe_load_cv": float(cv.mean()),
+            "moe_load_cv_max": float(cv.max()),
+        }

@@ -47,24 +47,50 @@ def weights_dir(recipe: Recipe) -> Path:
     return Path(recipe.rollout.weights_dir or Path(recipe.job.run_dir) / "weights")
 
 
-def remote_engine(recipe: Recipe, arch: Qwen3VLConfig,
-                  decode: Callable[[Sequence[int]], str] | None = None) -> SGLangEngine | VLLMEngine:
+def remote_engine(
+    recipe: Recipe, arch: Qwen3VLConfig, decode: Callable[[Sequence[int]], str] | None = None
+) -> SGLangEngine | VLLMEngine:
     """The client of the recipe's inference servers (``rollout.engine`` sglang or vllm); ``decode``
     (the tokenizer's) finds a stop string split across a continued (paused) generation."""
     r = recipe.rollout
     if r.engine == "vllm":
-        return VLLMEngine(VLLMConfig(tuple(r.vllm_urls), tuple(r.vllm_update_urls), timeout_s=r.request_timeout_s,
-                                     image_token_id=arch.image_token_id))
-    return SGLangEngine(SGLangConfig(tuple(r.sglang_urls), tuple(r.sglang_update_urls), timeout_s=r.request_timeout_s,
-                                     deterministic=r.deterministic, partial_rollouts=r.partial_rollouts), decode=decode)
+        return VLLMEngine(
+            VLLMConfig(
+                tuple(r.vllm_urls),
+                tuple(r.vllm_update_urls),
+                timeout_s=r.request_timeout_s,
+                image_token_id=arch.image_token_id,
+            )
+        )
+    return SGLangEngine(
+        SGLangConfig(
+            tuple(r.sglang_urls),
+            tuple(r.sglang_update_urls),
+            timeout_s=r.request_timeout_s,
+            deterministic=r.deterministic,
+            partial_rollouts=r.partial_rollouts,
+        ),
+        decode=decode,
+    )
 
 
-def build_serving(recipe: Recipe, arch: Qwen3VLConfig, tokenizer: Tokenizer, image_config: ImageConfig, run: Runner,
-                  engine_wrapper: EngineWrapper | None = None) -> Serving:
+def build_serving(
+    recipe: Recipe,
+    arch: Qwen3VLConfig,
+    tokenizer: Tokenizer,
+    image_config: ImageConfig,
+    run: Runner,
+    engine_wrapper: EngineWrapper | None = None,
+) -> Serving:
     r = recipe.rollout
     if r.engine == "local":
-        local = LocalEngine(build_model(arch, init=False), tokenizer, image_config, max_batch=r.max_in_flight,
-                            deterministic=r.deterministic)
+        local = LocalEngine(
+            build_model(arch, init=False),
+            tokenizer,
+            image_config,
+            max_batch=r.max_in_flight,
+            deterministic=r.deterministic,
+        )
         return Serving(engine_wrapper(local) if engine_wrapper else local, InProcessSync(local), local)
     if engine_wrapper is not None:
         raise ValueError(f"engine_wrapper scripts the local engine; rollout.engine is {r.engine!r}")
@@ -75,13 +101,21 @@ def build_serving(recipe: Recipe, arch: Qwen3VLConfig, tokenizer: Tokenizer, ima
     if r.weight_sync == "disk":
         sync = DiskSync(engine, weights_dir(recipe), dtype, run, text_only=r.text_only_export, pause=pause)
     elif isinstance(engine, VLLMEngine):
-        sync = VLLMNCCLSync(engine, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20,
-                            text_only=r.text_only_export)
+        sync = VLLMNCCLSync(
+            engine, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20, text_only=r.text_only_export
+        )
     else:
-        sync = DistributedSync(engine, dtype, run, bucket_bytes=r.weight_sync_bucket_mb << 20,
-                               master_address=r.weight_sync_master_addr, master_port=r.weight_sync_port,
-                               backend="nccl" if torch.cuda.is_available() else "gloo", text_only=r.text_only_export,
-                               pause=pause)
+        sync = DistributedSync(
+            engine,
+            dtype,
+            run,
+            bucket_bytes=r.weight_sync_bucket_mb << 20,
+            master_address=r.weight_sync_master_addr,
+            master_port=r.weight_sync_port,
+            backend="nccl" if torch.cuda.is_available() else "gloo",
+            text_only=r.text_only_export,
+            pause=pause,
+        )
     return Serving(engine, sync)
 
 
@@ -108,12 +142,17 @@ class ServingPlan:
             f"KV cache {self.kv_cache_gib_per_gpu:.2f} GiB per GPU = {self.kv_tokens_per_server:,} tokens per server: "
             f"{fits} trajectories at the full {self.context_tokens:,}-token context at once",
             f"weight sync: {self.sync_bytes_per_step / gib:.2f} GiB to each server per rollout step (once, after its "
-            f"{self.updates_per_step} optimizer step(s); the servers' version counts optimizer steps)"]
+            f"{self.updates_per_step} optimizer step(s); the servers' version counts optimizer steps)",
+        ]
         if self.kv_cache_gib_per_gpu <= 0:
-            lines.append("the weights alone exceed rollout.server_mem_fraction of a server GPU: raise rollout.server_tp")
+            lines.append(
+                "the weights alone exceed rollout.server_mem_fraction of a server GPU: raise rollout.server_tp"
+            )
         elif fits < 1:
-            lines.append("one full-length trajectory does not fit a server's KV cache: raise rollout.server_tp or "
-                         "rollout.server_mem_fraction, or lower grpo.max_response_tokens")
+            lines.append(
+                "one full-length trajectory does not fit a server's KV cache: raise rollout.server_tp or "
+                "rollout.server_mem_fraction, or lower grpo.max_response_tokens"
+            )
         return lines
 
 
@@ -127,8 +166,14 @@ def serving_plan(recipe: Recipe, arch: Qwen3VLConfig) -> ServingPlan:
     kv_room = r.server_mem_fraction * gpu - weight_bytes / r.server_tp
     kv_per_token = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 2 / r.server_tp
     updates = g.batch_prompts // g.mini_batch_prompts
-    return ServingPlan(params=params, servers=len(r.sglang_update_urls or r.sglang_urls) or 1, server_tp=r.server_tp,
-                       weight_gib_per_gpu=weight_bytes / r.server_tp / 2**30, kv_cache_gib_per_gpu=kv_room / 2**30,
-                       kv_tokens_per_server=max(int(kv_room / kv_per_token), 0),
-                       context_tokens=g.max_prompt_tokens + g.max_response_tokens,
-                       sync_bytes_per_step=weight_bytes, updates_per_step=updates)
+    return ServingPlan(
+        params=params,
+        servers=len(r.sglang_update_urls or r.sglang_urls) or 1,
+        server_tp=r.server_tp,
+        weight_gib_per_gpu=weight_bytes / r.server_tp / 2**30,
+        kv_cache_gib_per_gpu=kv_room / 2**30,
+        kv_tokens_per_server=max(int(kv_room / kv_per_token), 0),
+        context_tokens=g.max_prompt_tokens + g.max_response_tokens,
+        sync_bytes_per_step=weight_bytes,
+        updates_per_step=updates,
+    )

@@ -20,8 +20,14 @@ from osvl.trainer.stage import StageResult, all_reduce_sums, stage_inputs, start
 
 def _forward_loss(model, batch: PackedBatch, normalizer: int, chunk: int) -> torch.Tensor:
     batch = batch.to(next(model.parameters()).device)  # packed on the host; the forward runs where the shards live
-    hidden = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, position_ids=batch.position_ids,
-                   pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw, return_hidden=True)
+    hidden = model(
+        batch.input_ids,
+        cu_seqlens=batch.cu_seqlens,
+        position_ids=batch.position_ids,
+        pixel_values=batch.pixel_values,
+        image_grid_thw=batch.image_grid_thw,
+        return_hidden=True,
+    )
     return sft_loss(hidden, lm_head_weight(model), batch.target_ids, batch.loss_mask, normalizer, chunk)
 
 
@@ -30,10 +36,19 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
     tokenizer, arch, renderer = stage_inputs(recipe)
     sequences = load_sft_sequences(recipe.data, renderer)
     if recipe.sft.global_batch > len(sequences):
-        raise ValueError(f"sft.global_batch {recipe.sft.global_batch} exceeds the {len(sequences)} training "
-                         f"trajectories")
-    stage = start_stage(recipe, rank, world_size, arch, num_items=len(sequences), batch_size=recipe.sft.global_batch,
-                        max_steps=recipe.sft.max_steps, epochs=recipe.sft.epochs)
+        raise ValueError(
+            f"sft.global_batch {recipe.sft.global_batch} exceeds the {len(sequences)} training trajectories"
+        )
+    stage = start_stage(
+        recipe,
+        rank,
+        world_size,
+        arch,
+        num_items=len(sequences),
+        batch_size=recipe.sft.global_batch,
+        max_steps=recipe.sft.max_steps,
+        epochs=recipe.sft.epochs,
+    )
     model, stream = stage.model, stage.stream
     router_losses = RouterLosses(model, recipe.moe, recipe.parallel.tp)
     train_vision = not recipe.model.freeze_vision
@@ -42,7 +57,8 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
     while stage.step < end:
         start = time.perf_counter()
         batches, valid_tokens, padding = rank_microbatches(
-            sequences, stream.next_batch(), recipe.data.max_tokens, stage.dp_size, stage.dp_rank, renderer)
+            sequences, stream.next_batch(), recipe.data.max_tokens, stage.dp_size, stage.dp_rank, renderer
+        )
         t_data = time.perf_counter()
         model.train()
         loss = torch.zeros(())
@@ -60,18 +76,33 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
         stage.optimizer.zero_grad(set_to_none=True)
         t_optimizer = time.perf_counter()
         stage.step += 1
-        sums = all_reduce_sums({"loss": loss, "grad_norm": grad_norm / world_size,
-                                "tokens": sum(b.num_tokens for b in batches),
-                                "flops": sum(packed_batch_flops(arch, b, train_vision) for b in batches)})
+        sums = all_reduce_sums(
+            {
+                "loss": loss,
+                "grad_norm": grad_norm / world_size,
+                "tokens": sum(b.num_tokens for b in batches),
+                "flops": sum(packed_batch_flops(arch, b, train_vision) for b in batches),
+            }
+        )
         loss_value = sums["loss"] / max(recipe.parallel.tp, 1)
         elapsed = time.perf_counter() - start
         if stage.step % recipe.metrics.log_every == 0 or stage.step == end:
-            record = {"loss": loss_value, "grad_norm": sums["grad_norm"], "lr": lr,
-                      "tokens_per_s": sums["tokens"] / elapsed, "padding_frac": padding, "valid_tokens": valid_tokens,
-                      "step_time_s": elapsed, "epoch": stream.cursor.epoch, "model_tflops": sums["flops"] / 1e12,
-                      "time_data_s": t_data - start, "time_forward_backward_s": t_backward - t_data,
-                      "time_optimizer_s": t_optimizer - t_backward, "memory_peak_gib": peak_memory_gib(),
-                      **router_losses.metrics()}
+            record = {
+                "loss": loss_value,
+                "grad_norm": sums["grad_norm"],
+                "lr": lr,
+                "tokens_per_s": sums["tokens"] / elapsed,
+                "padding_frac": padding,
+                "valid_tokens": valid_tokens,
+                "step_time_s": elapsed,
+                "epoch": stream.cursor.epoch,
+                "model_tflops": sums["flops"] / 1e12,
+                "time_data_s": t_data - start,
+                "time_forward_backward_s": t_backward - t_data,
+                "time_optimizer_s": t_optimizer - t_backward,
+                "memory_peak_gib": peak_memory_gib(),
+                **router_losses.metrics(),
+            }
             utilisation = mfu(sums["flops"], elapsed, world_size, stage.peak_tflops)
             if utilisation is not None:
                 record["mfu"] = utilisation

@@ -62,8 +62,10 @@ def resolve_format(data: DataConfig, stage: str) -> str:
         raise ValueError(f"data.train_path: {path} does not exist")
     fmt = detect_format(path) if data.format == "auto" else data.format
     if fmt not in STAGE_FORMATS[stage]:
-        raise ValueError(f"data.train_path: {path} is {fmt} data, which the {stage} stage does not read "
-                         f"(it reads {[f for f in STAGE_FORMATS[stage] if f != 'auto']})")
+        raise ValueError(
+            f"data.train_path: {path} is {fmt} data, which the {stage} stage does not read "
+            f"(it reads {[f for f in STAGE_FORMATS[stage] if f != 'auto']})"
+        )
     return fmt
 
 
@@ -77,12 +79,14 @@ def log_file_stats(stats: FileStats) -> None:
         return
     log.info("read %s", json.dumps(stats.summary()))
     if stats.rejected:
-        log.warning("%s: skipped %d record(s): %s", stats.path, sum(stats.rejected.values()),
-                    json.dumps(stats.examples))
+        log.warning(
+            "%s: skipped %d record(s): %s", stats.path, sum(stats.rejected.values()), json.dumps(stats.examples)
+        )
 
 
-def _record_renderers(records: Iterator[SFTRecord], renderer: ChatRenderer,
-                      fallback_system: str) -> Iterator[tuple[Trajectory, ChatRenderer]]:
+def _record_renderers(
+    records: Iterator[SFTRecord], renderer: ChatRenderer, fallback_system: str
+) -> Iterator[tuple[Trajectory, ChatRenderer]]:
     """Each record with a renderer for its own system prompt and tools (one per distinct pair)."""
     renderers: dict[str, ChatRenderer] = {}
     for record in records:
@@ -93,15 +97,18 @@ def _record_renderers(records: Iterator[SFTRecord], renderer: ChatRenderer,
         yield record.trajectory, renderers[key]
 
 
-def load_sft_sequences(source: str | Path | DataConfig, renderer: ChatRenderer,
-                       stats: FileStats | None = None) -> list[TrainSequence]:
+def load_sft_sequences(
+    source: str | Path | DataConfig, renderer: ChatRenderer, stats: FileStats | None = None
+) -> list[TrainSequence]:
     """Every training sequence of ``data.train_path``; ``stats`` collects a ShareGPT file's counts."""
     data = as_data_config(source)
     fmt = resolve_format(data, "sft")
     path = Path(data.train_path)
     if fmt == "text":
         stats = stats if stats is not None else FileStats(str(path))
-        windows = [ids for text in iter_text(path, stats) for ids in text_windows(text, renderer.tokenizer, data.max_tokens)]
+        windows = [
+            ids for text in iter_text(path, stats) for ids in text_windows(text, renderer.tokenizer, data.max_tokens)
+        ]
         log_file_stats(stats)
         if not windows:
             raise ValueError(f"data.train_path: {path} holds no usable text ({dict(stats.rejected)} rejected)")
@@ -121,14 +128,22 @@ def load_sft_sequences(source: str | Path | DataConfig, renderer: ChatRenderer,
     return sequences
 
 
-def rank_microbatches(sequences: list[TrainSequence], indices: list[int], max_tokens: int, num_ranks: int,
-                      rank: int, renderer: ChatRenderer) -> tuple[list[PackedBatch], int, float]:
+def rank_microbatches(
+    sequences: list[TrainSequence],
+    indices: list[int],
+    max_tokens: int,
+    num_ranks: int,
+    rank: int,
+    renderer: ChatRenderer,
+) -> tuple[list[PackedBatch], int, float]:
     """This rank's micro-batches of a global batch, the global valid-token count and padding fraction."""
     chosen = [sequences[i] for i in indices]
     plan = plan_packing([s.num_tokens for s in chosen], PackingConfig(max_tokens=max_tokens, num_ranks=num_ranks))
     special = renderer.tokenizer.special
-    batches = [with_vision_filler(b, renderer.image_config, special)
-               for b in pack_rank(chosen, plan, rank, renderer.image_config, special)]
+    batches = [
+        with_vision_filler(b, renderer.image_config, special)
+        for b in pack_rank(chosen, plan, rank, renderer.image_config, special)
+    ]
     return batches, sum(s.num_valid_tokens for s in chosen), plan.padding_frac
 
 
@@ -144,7 +159,7 @@ def with_vision_filler(batch: PackedBatch, image_config: ImageConfig, special: S
     ids = np.array([special.vision_start, special.image_pad, special.vision_end], dtype=np.int64)
     grid = [1, m, m]
     positions = torch.from_numpy(mrope_position_ids(ids, [grid], special.image_pad, m))
-    patch_dim = 3 * image_config.temporal_patch_size * image_config.patch_size ** 2
+    patch_dim = 3 * image_config.temporal_patch_size * image_config.patch_size**2
     n = len(ids)
     zeros_long = torch.zeros(n, dtype=torch.int64)
     return dataclasses.replace(

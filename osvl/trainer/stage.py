@@ -76,9 +76,14 @@ class Stage:
 
     def save(self, at: int) -> None:
         """Collective DCP checkpoint of the whole training state at step ``at``."""
-        save_checkpoint(self.run_dir / "checkpoints", at, self.model, self.optimizer,
-                        stage_state(self.scheduler, self.stream, **self.extra_state),
-                        keep_last=self.recipe.checkpoint.keep_last)
+        save_checkpoint(
+            self.run_dir / "checkpoints",
+            at,
+            self.model,
+            self.optimizer,
+            stage_state(self.scheduler, self.stream, **self.extra_state),
+            keep_last=self.recipe.checkpoint.keep_last,
+        )
 
     def maybe_save(self) -> None:
         every = self.recipe.checkpoint.every_steps
@@ -86,14 +91,33 @@ class Stage:
             self.save(self.step)
 
     def finish(self, tokenizer: Tokenizer, renderer: ChatRenderer, final_loss: float) -> StageResult:
-        finish_stage(self.save, self.step, self.resumed, self.total, self.recipe, self.model, tokenizer,
-                     renderer.image_config, self.run_dir)
+        finish_stage(
+            self.save,
+            self.step,
+            self.resumed,
+            self.total,
+            self.recipe,
+            self.model,
+            tokenizer,
+            renderer.image_config,
+            self.run_dir,
+        )
         self.metrics.close()
         return StageResult(steps=self.step, resumed_from=self.resumed, final_loss=final_loss, run_dir=self.run_dir)
 
 
-def start_stage(recipe: Recipe, rank: int, world_size: int, arch: Qwen3VLConfig, *, num_items: int, batch_size: int,
-                max_steps: int, epochs: int, updates_per_step: int = 1) -> Stage:
+def start_stage(
+    recipe: Recipe,
+    rank: int,
+    world_size: int,
+    arch: Qwen3VLConfig,
+    *,
+    num_items: int,
+    batch_size: int,
+    max_steps: int,
+    epochs: int,
+    updates_per_step: int = 1,
+) -> Stage:
     """The policy on its parallel plan, AdamW, the schedule over ``total * updates_per_step``
     updates, and the data cursor over ``num_items``; everything restored from the newest
     checkpoint in ``job.run_dir`` when ``checkpoint.resume``."""
@@ -103,21 +127,41 @@ def start_stage(recipe: Recipe, rank: int, world_size: int, arch: Qwen3VLConfig,
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, recipe.optimizer)
     scheduler = build_scheduler(optimizer, total * updates_per_step, recipe.scheduler)
-    state = resume_state(Path(recipe.job.run_dir) / "checkpoints", model, optimizer, scheduler, stream,
-                         resume=recipe.checkpoint.resume)
+    state = resume_state(
+        Path(recipe.job.run_dir) / "checkpoints", model, optimizer, scheduler, stream, resume=recipe.checkpoint.resume
+    )
     step = state.get("step", 0)
     resumption = resume_records(recipe, rank, state, total)  # cuts the dead attempt's records first; says so
-    return Stage(recipe, rank, world_size, model, params, optimizer, scheduler, stream, total, step, step, state,
-                 stage_metrics(recipe, rank), resolve_peak_tflops(recipe.metrics.peak_tflops, device_name()),
-                 resumption)
+    return Stage(
+        recipe,
+        rank,
+        world_size,
+        model,
+        params,
+        optimizer,
+        scheduler,
+        stream,
+        total,
+        step,
+        step,
+        state,
+        stage_metrics(recipe, rank),
+        resolve_peak_tflops(recipe.metrics.peak_tflops, device_name()),
+        resumption,
+    )
 
 
 def all_reduce_sums(values: Mapping[str, torch.Tensor | float], device: torch.device | str = "cpu") -> dict[str, float]:
     """Sums every value over all ranks in one collective and one host read (float64)."""
     keys = list(values)
-    stacked = torch.stack([v.detach().to(device=device, dtype=torch.float64).reshape(())
-                           if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64, device=device)
-                           for v in values.values()])
+    stacked = torch.stack(
+        [
+            v.detach().to(device=device, dtype=torch.float64).reshape(())
+            if isinstance(v, torch.Tensor)
+            else torch.tensor(float(v), dtype=torch.float64, device=device)
+            for v in values.values()
+        ]
+    )
     if dist.is_initialized():
         dist.all_reduce(stacked)
     return dict(zip(keys, stacked.tolist()))

@@ -30,8 +30,9 @@ def recipe_sandbox(recipe: Recipe) -> SandboxConfig:
 
 
 def recipe_profile(recipe: Recipe, limits: ToolLimits | None = None) -> ToolProfile:
-    return tool_profile(recipe.tools.profile, limits, python_interpreter=recipe.tools.python_interpreter,
-                        sandbox=recipe_sandbox(recipe))
+    return tool_profile(
+        recipe.tools.profile, limits, python_interpreter=recipe.tools.python_interpreter, sandbox=recipe_sandbox(recipe)
+    )
 
 
 def check_recipe_sandbox(recipe: Recipe) -> None:
@@ -41,9 +42,11 @@ def check_recipe_sandbox(recipe: Recipe) -> None:
     try:
         check_sandbox(recipe_sandbox(recipe))
     except SandboxUnavailable as err:
-        raise ValueError(f"tools.python_sandbox: {err}; install what is missing, set tools.python_sandbox = "
-                         "'sandbox_fusion' with tools.sandbox_fusion_url, or opt out of any boundary with "
-                         "tools.python_sandbox = 'unsafe_no_boundary'") from None
+        raise ValueError(
+            f"tools.python_sandbox: {err}; install what is missing, set tools.python_sandbox = "
+            "'sandbox_fusion' with tools.sandbox_fusion_url, or opt out of any boundary with "
+            "tools.python_sandbox = 'unsafe_no_boundary'"
+        ) from None
 
 
 EnvironmentFactory = Callable[[Recipe, int], AbstractContextManager[ToolEnvironment]]
@@ -55,8 +58,10 @@ def online_tools_config(path: str) -> ToolBackendsConfig:
     from osvl.eval.tools import read_tools_file, resolve_sections
 
     if not path:
-        raise ValueError("tools.backend = 'online' needs tools.config_file (a TOML with the online back-ends, "
-                         "keys named by *_key_env fields) or tools.servers (tool servers that hold them)")
+        raise ValueError(
+            "tools.backend = 'online' needs tools.config_file (a TOML with the online back-ends, "
+            "keys named by *_key_env fields) or tools.servers (tool servers that hold them)"
+        )
     try:
         return resolve_sections(read_tools_file(path))
     except ValueError as error:
@@ -94,8 +99,12 @@ def stage_environment(recipe: Recipe, rank: int) -> Iterator[ToolEnvironment]:
 
 def recipe_outages(recipe: Recipe) -> OutageModel:
     t = recipe.tools
-    return OutageModel(rate=t.outage_rate, start_turns=t.outage_start_turns, mean_turns=t.outage_mean_turns,
-                       tools=tuple(t.outage_tools))
+    return OutageModel(
+        rate=t.outage_rate,
+        start_turns=t.outage_start_turns,
+        mean_turns=t.outage_mean_turns,
+        tools=tuple(t.outage_tools),
+    )
 
 
 def with_faults(env: ToolEnvironment, recipe: Recipe, rank: int) -> ToolEnvironment:
@@ -103,8 +112,9 @@ def with_faults(env: ToolEnvironment, recipe: Recipe, rank: int) -> ToolEnvironm
     (seeded by job seed and rank; the GRPO stage reseeds it per step with ``step_faults``)."""
     if recipe.tools.fault_rate == 0.0 and recipe.tools.outage_rate == 0.0:
         return env
-    runner = FaultInjectingRunner(env.pool, recipe.tools.fault_rate, seed=recipe.job.seed * 1009 + rank,
-                                  outages=recipe_outages(recipe))
+    runner = FaultInjectingRunner(
+        env.pool, recipe.tools.fault_rate, seed=recipe.job.seed * 1009 + rank, outages=recipe_outages(recipe)
+    )
     if isinstance(env, ProfiledEnvironment):
         return ProfiledEnvironment(env.profile, runner, env.cache)
     return ToolEnvironment(env.registry, runner, env.cache)
@@ -118,6 +128,7 @@ def step_faults(env: ToolEnvironment, seed: int, step: int, rank: int) -> ToolEn
     if not isinstance(env.pool, FaultInjectingRunner):
         return env
     stepped = copy.copy(env)  # keeps the environment's class (a tool profile translates calls)
-    stepped.pool = FaultInjectingRunner(env.pool.runner, env.pool.rate,
-                                        seed=derive_seed(step, f"tool-faults/{rank}", 0, seed), outages=env.pool.outages)
+    stepped.pool = FaultInjectingRunner(
+        env.pool.runner, env.pool.rate, seed=derive_seed(step, f"tool-faults/{rank}", 0, seed), outages=env.pool.outages
+    )
     return stepped

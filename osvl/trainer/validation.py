@@ -31,12 +31,29 @@ from osvl.tools.faults import FaultInjectingRunner
 from osvl.trainer.grpo_data import load_prompts, reward_scoring, rollout_configs
 
 VALIDATION_STEP = -1  # the rollout "step" of every validation: seeds depend on it, not on the training step
-SUMMARY_KEYS = ("accuracy", "reward", "reward_fmt", "answered", "grounded", "fatal_rate", "turns_mean", "tool_calls",
-                "no_tool_answers")
+SUMMARY_KEYS = (
+    "accuracy",
+    "reward",
+    "reward_fmt",
+    "answered",
+    "grounded",
+    "fatal_rate",
+    "turns_mean",
+    "tool_calls",
+    "no_tool_answers",
+)
 
 
-async def collect_rollouts(prompts: Sequence[Prompt], engine: Engine, env: ToolEnvironment, renderer: ChatRenderer,
-                           agent: AgentConfig, workers: RolloutWorkerConfig, *, step: int = 0) -> list[Trajectory]:
+async def collect_rollouts(
+    prompts: Sequence[Prompt],
+    engine: Engine,
+    env: ToolEnvironment,
+    renderer: ChatRenderer,
+    agent: AgentConfig,
+    workers: RolloutWorkerConfig,
+    *,
+    step: int = 0,
+) -> list[Trajectory]:
     """Every prompt's group of trajectories, in completion order."""
     out = []
     async for group in stream_groups(prompts, engine, env, renderer, agent, workers, step=step):
@@ -56,15 +73,19 @@ def summary_sums(scored: Sequence[Trajectory]) -> dict[str, float]:
     """Sums over trajectories (``scored``: those with a scored reward; ``trajectories``: all), so ranks
     can add theirs before ``summary_means`` divides."""
     rewards = [t.reward for t in scored if t.reward is not None and t.reward.scored]
-    return {"trajectories": float(len(scored)), "scored": float(len(rewards)),
-            "accuracy": sum(r.acc for r in rewards), "reward": sum(r.total for r in rewards),
-            "reward_fmt": sum(r.fmt for r in rewards),
-            "answered": float(sum(t.final_answer is not None for t in scored)),
-            "grounded": float(sum(map(answer_is_grounded, scored))),
-            "fatal_rate": float(sum(t.fatal_step >= 0 for t in scored)),
-            "turns_mean": float(sum(len(t.steps) for t in scored)),
-            "tool_calls": float(sum(_tool_calls(t) for t in scored)),
-            "no_tool_answers": float(sum(t.final_answer is not None and _tool_calls(t) == 0 for t in scored))}
+    return {
+        "trajectories": float(len(scored)),
+        "scored": float(len(rewards)),
+        "accuracy": sum(r.acc for r in rewards),
+        "reward": sum(r.total for r in rewards),
+        "reward_fmt": sum(r.fmt for r in rewards),
+        "answered": float(sum(t.final_answer is not None for t in scored)),
+        "grounded": float(sum(map(answer_is_grounded, scored))),
+        "fatal_rate": float(sum(t.fatal_step >= 0 for t in scored)),
+        "turns_mean": float(sum(len(t.steps) for t in scored)),
+        "tool_calls": float(sum(_tool_calls(t) for t in scored)),
+        "no_tool_answers": float(sum(t.final_answer is not None and _tool_calls(t) == 0 for t in scored)),
+    }
 
 
 def _tool_calls(trajectory: Trajectory) -> int:
@@ -107,26 +128,30 @@ class Validator:
         except ValueError as error:
             raise ValueError(f"validation.path ({v.path}): {error}") from None
         tp = recipe.parallel.tp
-        self.prompts = prompts[rank // tp::dp_size] if rank % tp == 0 else []
+        self.prompts = prompts[rank // tp :: dp_size] if rank % tp == 0 else []
         self.chunk = max(1, v.batch_prompts // dp_size)
-        self.agent, self.workers = rollout_configs(recipe, temperature=v.temperature, top_p=v.top_p,
-                                                   group_size=v.samples_per_prompt)
+        self.agent, self.workers = rollout_configs(
+            recipe, temperature=v.temperature, top_p=v.top_p, group_size=v.samples_per_prompt
+        )
         self.scoring = reward_scoring(recipe)
         self.num_prompts = len(prompts)
 
     def due(self, step: int, last_step: int) -> bool:
         return step % self.config.every_steps == 0 or step == last_step
 
-    def run(self, engine: Engine, env: ToolEnvironment, run: Callable[[Coroutine], Any] = asyncio.run) -> dict[str, float]:
+    def run(
+        self, engine: Engine, env: ToolEnvironment, run: Callable[[Coroutine], Any] = asyncio.run
+    ) -> dict[str, float]:
         """``val/...`` metrics of the held-out prompts under the engine's current weights (``run``: the
         stage's event loop, where its engine's connections live)."""
         started = time.perf_counter()
         env = without_faults(env)
         scored: list[Trajectory] = []
         for start in range(0, len(self.prompts), self.chunk):
-            chunk = self.prompts[start:start + self.chunk]
-            rolled = run(collect_rollouts(chunk, engine, env, self.renderer, self.agent, self.workers,
-                                          step=VALIDATION_STEP))
+            chunk = self.prompts[start : start + self.chunk]
+            rolled = run(
+                collect_rollouts(chunk, engine, env, self.renderer, self.agent, self.workers, step=VALIDATION_STEP)
+            )
             scored += score_batch(rolled, *self.scoring)
         sums = summary_sums(scored)
         keys = list(sums)
@@ -134,5 +159,8 @@ class Validator:
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(values)
         means = summary_means(dict(zip(keys, values.tolist())))
-        return {**{f"val/{k}": v for k, v in means.items()}, "val/prompts": float(self.num_prompts),
-                "val/time_s": time.perf_counter() - started}
+        return {
+            **{f"val/{k}": v for k, v in means.items()},
+            "val/prompts": float(self.num_prompts),
+            "val/time_s": time.perf_counter() - started,
+        }

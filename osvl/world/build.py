@@ -31,10 +31,13 @@ class SamplingDefaults:
 def page_text(page: Page, graph: Graph, incoming: dict[str, list[tuple[str, str]]]) -> str:
     """Plain encyclopedic prose for one article: lead, infobox facts, relations both ways."""
     if page.disambiguation:
-        return f"{page.title} may refer to: " + "; ".join(graph[l.target].title for l in page.links) + "."
+        return f"{page.title} may refer to: " + "; ".join(graph[link.target].title for link in page.links) + "."
     if page.domain is None:
-        return f"{page.title}: " + ", ".join(graph[l.target].title for l in page.links
-                                              if graph.resolve(l.target)) + "."
+        return (
+            f"{page.title}: "
+            + ", ".join(graph[link.target].title for link in page.links if graph.resolve(link.target))
+            + "."
+        )
     sentences = [f"{page.title} is a {page.kind}."]
     if page.aliases:
         sentences.append(f"It is also known as {', '.join(page.aliases)}.")
@@ -74,24 +77,46 @@ def build_world(out: str | os.PathLike[str], config: WorldConfig | None = None) 
     graph = Graph({p.id: p for p in pages})
     write_pages(root / "graph.jsonl", pages)
     incoming = _incoming(graph)
-    corpus = [{"id": p.id, "title": p.title, "text": page_text(p, graph, incoming), "url": f"world://{p.id}",
-               "aliases": p.aliases} for p in pages if p.is_article]
+    corpus = [
+        {
+            "id": p.id,
+            "title": p.title,
+            "text": page_text(p, graph, incoming),
+            "url": f"world://{p.id}",
+            "aliases": p.aliases,
+        }
+        for p in pages
+        if p.is_article
+    ]
     write_jsonl(root / "corpus.jsonl", corpus)
     collection = []
     for page in pages:
         for ref in page.images:
             image = render_entity(page.title, page.domain or "Artifact", ref.width, stable_seed(config.seed, page.id))
             _write_png(root / ref.file, image)
-            collection.append({"image": ref.file, "title": page.title, "caption": ref.caption, "page_id": page.id,
-                               "width": ref.width, "height": ref.height, "facts": ref.facts})
+            collection.append(
+                {
+                    "image": ref.file,
+                    "title": page.title,
+                    "caption": ref.caption,
+                    "page_id": page.id,
+                    "width": ref.width,
+                    "height": ref.height,
+                    "facts": ref.facts,
+                }
+            )
     write_jsonl(root / "images.jsonl", collection)
     manifest = {
         "format": FORMAT_VERSION,
         "config": asdict(config),
         "sampling": asdict(SamplingDefaults()),
         "files": {"graph": "graph.jsonl", "corpus": "corpus.jsonl", "images": "images.jsonl"},
-        "counts": {"pages": len(pages), "entities": sum(1 for _ in graph.entities()),
-                   "corpus": len(corpus), "images": len(collection)},
+        "counts": {
+            "pages": len(pages),
+            "entities": sum(1 for _ in graph.entities()),
+            "corpus": len(corpus),
+            "images": len(collection),
+        },
     }
     (root / "world.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return manifest
@@ -124,9 +149,15 @@ class World:
 
     def images(self) -> Iterator[ImageRecord]:
         for _, data in iter_jsonl(self.images_path):
-            yield ImageRecord(image=self.root / data["image"], title=data["title"], caption=data["caption"],
-                              page_id=data["page_id"], width=data["width"], height=data["height"],
-                              facts=data.get("facts", []))
+            yield ImageRecord(
+                image=self.root / data["image"],
+                title=data["title"],
+                caption=data["caption"],
+                page_id=data["page_id"],
+                width=data["width"],
+                height=data["height"],
+                facts=data.get("facts", []),
+            )
 
     def load_image(self, page_id: str) -> np.ndarray:
         """The entity's first image as RGB uint8."""
@@ -144,21 +175,31 @@ def load_world(path: str | os.PathLike[str]) -> World:
     root = Path(path)
     manifest_path = root / "world.json"
     if not manifest_path.is_file():
-        raise ValueError(f"{root} is not a world directory: no world.json "
-                         f"(build one with `python -m osvl.world build --out {root}`)")
+        raise ValueError(
+            f"{root} is not a world directory: no world.json (build one with `python -m osvl.world build --out {root}`)"
+        )
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     if manifest.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{manifest_path}: unsupported world format {manifest.get('format')!r}; "
-                         f"expected {FORMAT_VERSION}")
+        raise ValueError(
+            f"{manifest_path}: unsupported world format {manifest.get('format')!r}; expected {FORMAT_VERSION}"
+        )
     files = manifest["files"]
-    return World(root=root, graph=Graph.load(root / files["graph"]),
-                 sampling=SamplingDefaults(**manifest.get("sampling", {})),
-                 corpus_path=root / files["corpus"], images_path=root / files["images"])
+    return World(
+        root=root,
+        graph=Graph.load(root / files["graph"]),
+        sampling=SamplingDefaults(**manifest.get("sampling", {})),
+        corpus_path=root / files["corpus"],
+        images_path=root / files["images"],
+    )
 
 
-def graph_world(graph_path: str | os.PathLike[str], images_dir: str | os.PathLike[str],
-                collection_path: str | os.PathLike[str], corpus_path: str | os.PathLike[str] | None = None,
-                sampling: SamplingDefaults | None = None) -> World:
+def graph_world(
+    graph_path: str | os.PathLike[str],
+    images_dir: str | os.PathLike[str],
+    collection_path: str | os.PathLike[str],
+    corpus_path: str | os.PathLike[str] | None = None,
+    sampling: SamplingDefaults | None = None,
+) -> World:
     """A world over a converted graph (e.g. ``osvl.world.wikipedia`` output) rather than a built
     directory: image files are relative to ``images_dir``; the image collection is derived from
     the pages' image references and written to ``collection_path`` (absolute image paths, so
@@ -172,10 +213,25 @@ def graph_world(graph_path: str | os.PathLike[str], images_dir: str | os.PathLik
     if not images_dir.is_dir():
         raise ValueError(f"images directory {images_dir} does not exist")
     graph = Graph.load(graph_path)
-    collection = [{"image": str(images_dir.resolve() / ref.file), "title": page.title, "caption": ref.caption,
-                   "page_id": page.id, "width": ref.width, "height": ref.height, "facts": ref.facts}
-                  for page in graph.pages.values() for ref in page.images]
+    collection = [
+        {
+            "image": str(images_dir.resolve() / ref.file),
+            "title": page.title,
+            "caption": ref.caption,
+            "page_id": page.id,
+            "width": ref.width,
+            "height": ref.height,
+            "facts": ref.facts,
+        }
+        for page in graph.pages.values()
+        for ref in page.images
+    ]
     Path(collection_path).parent.mkdir(parents=True, exist_ok=True)
     write_jsonl(collection_path, collection)
-    return World(root=images_dir.resolve(), graph=graph, sampling=sampling or SamplingDefaults(10_000, 50, 512),
-                 corpus_path=corpus, images_path=Path(collection_path))
+    return World(
+        root=images_dir.resolve(),
+        graph=graph,
+        sampling=sampling or SamplingDefaults(10_000, 50, 512),
+        corpus_path=corpus,
+        images_path=Path(collection_path),
+    )

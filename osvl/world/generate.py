@@ -13,21 +13,74 @@ from dataclasses import dataclass
 
 from osvl.world.graph import ImageRef, Link, Page, compute_in_degrees, page_id
 
-SYLLABLES = ("ar", "bel", "cor", "dan", "el", "fen", "gar", "hal", "is", "jor", "kel", "lun", "mar",
-              "nor", "os", "pel", "quen", "ros", "sal", "tor", "ul", "vor", "wen", "yar", "zel", "bri",
-              "dra", "mi", "tal", "sen", "ka", "lo")
+SYLLABLES = (
+    "ar",
+    "bel",
+    "cor",
+    "dan",
+    "el",
+    "fen",
+    "gar",
+    "hal",
+    "is",
+    "jor",
+    "kel",
+    "lun",
+    "mar",
+    "nor",
+    "os",
+    "pel",
+    "quen",
+    "ros",
+    "sal",
+    "tor",
+    "ul",
+    "vor",
+    "wen",
+    "yar",
+    "zel",
+    "bri",
+    "dra",
+    "mi",
+    "tal",
+    "sen",
+    "ka",
+    "lo",
+)
 _BUILDING_KINDS = ("tower", "lighthouse", "zoo", "museum", "bridge", "theatre", "library")
 _ORGANISM_KINDS = ("heron", "frog", "beetle", "orchid", "lizard", "moth")
 _ARTIFACT_KINDS = ("vase", "helmet", "sword", "tapestry", "clock", "mask")
-_OCCUPATIONS = ("painter", "architect", "naturalist", "engineer", "sculptor", "botanist", "mayor",
-                "zookeeper", "clockmaker", "historian")
+_OCCUPATIONS = (
+    "painter",
+    "architect",
+    "naturalist",
+    "engineer",
+    "sculptor",
+    "botanist",
+    "mayor",
+    "zookeeper",
+    "clockmaker",
+    "historian",
+)
 _STYLES = ("gothic", "baroque", "brutalist", "art deco", "neoclassical", "modernist")
 _STATUSES = ("least concern", "near threatened", "vulnerable", "endangered")
 _MATERIALS = ("bronze", "silver", "oak", "porcelain", "iron", "silk", "jade")
 _NICK_ADJ = ("Silent", "Copper", "Northern", "Lantern", "Iron", "Wandering", "Golden", "Red")
 _NICK_NOUN = ("Keeper", "Hunter", "Builder", "Scholar", "Admiral", "Weaver", "Painter", "Warden")
-_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
-           "October", "November", "December")
+_MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 VISUAL_DOMAINS = ("Person", "Building/Place", "Location", "Organism", "Artifact")
 
 
@@ -66,8 +119,7 @@ class WorldConfig:
                 raise ValueError(f"WorldConfig.{name} must be >= 2, got {getattr(self, name)}")
         if self.shared_names * 2 > self.persons:
             raise ValueError("WorldConfig.shared_names needs two persons per shared name")
-        for name in ("nickname_fraction", "redirect_link_fraction", "small_image_fraction",
-                     "leaky_caption_fraction"):
+        for name in ("nickname_fraction", "redirect_link_fraction", "small_image_fraction", "leaky_caption_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"WorldConfig.{name} must lie in [0, 1], got {getattr(self, name)}")
         if self.image_size < 64 or self.small_image_size < 64:
@@ -107,36 +159,89 @@ def generate_pages(config: WorldConfig) -> list[Page]:
     def entity(title: str, domain: str, kind: str, infobox: dict[str, str]) -> Page:
         return add(Page(id=page_id(title), title=title, domain=domain, kind=kind, infobox=infobox))
 
-    countries = [entity(names.word((2, 2)) + "land", "Location", "country", {
-        "population": str(rng.randrange(2, 90) * 1_000_000), "area in km2": str(rng.randrange(20, 900) * 1000)})
-        for _ in range(config.countries)]
-    cities = [entity(names.word(), "Location", "city", {
-        "population": str(rng.randrange(5, 900) * 1000), "founded": str(rng.randrange(900, 1900)),
-        "elevation in metres": str(rng.randrange(2, 1800))}) for _ in range(config.cities)]
+    countries = [
+        entity(
+            names.word((2, 2)) + "land",
+            "Location",
+            "country",
+            {"population": str(rng.randrange(2, 90) * 1_000_000), "area in km2": str(rng.randrange(20, 900) * 1000)},
+        )
+        for _ in range(config.countries)
+    ]
+    cities = [
+        entity(
+            names.word(),
+            "Location",
+            "city",
+            {
+                "population": str(rng.randrange(5, 900) * 1000),
+                "founded": str(rng.randrange(900, 1900)),
+                "elevation in metres": str(rng.randrange(2, 1800)),
+            },
+        )
+        for _ in range(config.cities)
+    ]
     persons = []
-    for index in range(config.persons):
+    for _index in range(config.persons):
         first, last = names.word((1, 2)), names.word((2, 3))
-        persons.append(entity(f"{first} {last}", "Person", "person", {
-            "occupation": rng.choice(_OCCUPATIONS), "birth date": _date(rng, 1850, 1990),
-            "height in cm": str(rng.randrange(150, 200)), "citizenship date": _date(rng, 1900, 2020)}))
+        persons.append(
+            entity(
+                f"{first} {last}",
+                "Person",
+                "person",
+                {
+                    "occupation": rng.choice(_OCCUPATIONS),
+                    "birth date": _date(rng, 1850, 1990),
+                    "height in cm": str(rng.randrange(150, 200)),
+                    "citizenship date": _date(rng, 1900, 2020),
+                },
+            )
+        )
     buildings = []
     for _ in range(config.buildings):
         kind = rng.choice(_BUILDING_KINDS)
-        buildings.append(entity(f"{names.word()} {kind.capitalize()}", "Building/Place", kind, {
-            "opened": _date(rng, 1700, 2015), "height in metres": str(rng.randrange(8, 300)),
-            "style": rng.choice(_STYLES)}))
+        buildings.append(
+            entity(
+                f"{names.word()} {kind.capitalize()}",
+                "Building/Place",
+                kind,
+                {
+                    "opened": _date(rng, 1700, 2015),
+                    "height in metres": str(rng.randrange(8, 300)),
+                    "style": rng.choice(_STYLES),
+                },
+            )
+        )
     organisms = []
     for _ in range(config.organisms):
         kind = rng.choice(_ORGANISM_KINDS)
-        organisms.append(entity(f"{names.word()} {kind}", "Organism", kind, {
-            "conservation status": rng.choice(_STATUSES), "length in cm": str(rng.randrange(1, 120)),
-            "year described": str(rng.randrange(1750, 2010))}))
+        organisms.append(
+            entity(
+                f"{names.word()} {kind}",
+                "Organism",
+                kind,
+                {
+                    "conservation status": rng.choice(_STATUSES),
+                    "length in cm": str(rng.randrange(1, 120)),
+                    "year described": str(rng.randrange(1750, 2010)),
+                },
+            )
+        )
     artifacts = []
     for _ in range(config.artifacts):
         kind = rng.choice(_ARTIFACT_KINDS)
-        artifacts.append(entity(f"{kind.capitalize()} of {names.word()}", "Artifact", kind, {
-            "material": rng.choice(_MATERIALS), "year made": str(rng.randrange(300, 1950)),
-            "weight in kg": str(rng.randrange(1, 400))}))
+        artifacts.append(
+            entity(
+                f"{kind.capitalize()} of {names.word()}",
+                "Artifact",
+                kind,
+                {
+                    "material": rng.choice(_MATERIALS),
+                    "year made": str(rng.randrange(300, 1950)),
+                    "weight in kg": str(rng.randrange(1, 400)),
+                },
+            )
+        )
 
     def link(source: Page, target: Page, relation: str) -> None:
         source.links.append(Link(target=target.id, relation=relation, anchor=target.title))
@@ -166,6 +271,7 @@ def generate_pages(config: WorldConfig) -> list[Page]:
         for founder in rng.sample(persons, rng.randint(1, 2)):
             link(building, founder, "founder")
         link(city, building, "landmark")
+
     def both(source: Page, target: Page, relation: str, inverse: str) -> None:
         link(source, target, relation)
         link(target, source, inverse)
@@ -190,8 +296,9 @@ def generate_pages(config: WorldConfig) -> list[Page]:
     return list(pages.values())
 
 
-def _share_names(config: WorldConfig, rng: random.Random, persons: list[Page], pages: dict[str, Page],
-                 cities: list[Page]) -> None:
+def _share_names(
+    config: WorldConfig, rng: random.Random, persons: list[Page], pages: dict[str, Page], cities: list[Page]
+) -> None:
     """Pairs of persons that share a name: titles get a qualifier, a disambiguation page lists both."""
     for index in range(config.shared_names):
         first, second = persons[2 * index], persons[2 * index + 1]
@@ -208,16 +315,22 @@ def _share_names(config: WorldConfig, rng: random.Random, persons: list[Page], p
             pages[person.id] = person
             renamed.append(person)
             for page in pages.values():
-                page.links = [Link(person.id, l.relation, shared) if l.target == old_id else l
-                              for l in page.links]
+                page.links = [
+                    Link(person.id, link.relation, shared) if link.target == old_id else link for link in page.links
+                ]
         title = f"{shared} (disambiguation)"
-        pages[page_id(title)] = Page(id=page_id(title), title=title, disambiguation=True,
-                                     links=[Link(p.id, "may refer to", p.title) for p in renamed])
+        pages[page_id(title)] = Page(
+            id=page_id(title),
+            title=title,
+            disambiguation=True,
+            links=[Link(p.id, "may refer to", p.title) for p in renamed],
+        )
         rng.choice(cities).links.append(Link(page_id(title), "notable resident", shared))
 
 
-def _nicknames(config: WorldConfig, rng: random.Random, persons: list[Page], pages: dict[str, Page],
-               names: _Names) -> None:
+def _nicknames(
+    config: WorldConfig, rng: random.Random, persons: list[Page], pages: dict[str, Page], names: _Names
+) -> None:
     """Nicknames become aliases plus redirect pages; some links reach the person via the redirect."""
     used: set[str] = set()
     for person in persons:
@@ -231,24 +344,33 @@ def _nicknames(config: WorldConfig, rng: random.Random, persons: list[Page], pag
         redirect = Page(id=page_id(nickname), title=nickname, redirect=person.id)
         pages[redirect.id] = redirect
         for page in list(pages.values()):
-            page.links = [Link(redirect.id, l.relation, nickname)
-                          if l.target == person.id and rng.random() < config.redirect_link_fraction else l
-                          for l in page.links]
+            page.links = [
+                Link(redirect.id, link.relation, nickname)
+                if link.target == person.id and rng.random() < config.redirect_link_fraction
+                else link
+                for link in page.links
+            ]
 
 
-def _lists_and_categories(buildings: list[Page], organisms: list[Page], artifacts: list[Page],
-                          pages: dict[str, Page]) -> None:
-    """"List of ..." articles and Category pages: reachable by links, never by the walk."""
+def _lists_and_categories(
+    buildings: list[Page], organisms: list[Page], artifacts: list[Page], pages: dict[str, Page]
+) -> None:
+    """ "List of ..." articles and Category pages: reachable by links, never by the walk."""
     for members in (buildings, organisms, artifacts):
         kinds = sorted({m.kind for m in members if m.kind})
         for kind in kinds:
             group = [m for m in members if m.kind == kind]
             title = f"List of {kind}s"
-            pages[page_id(title)] = Page(id=page_id(title), title=title,
-                                         links=[Link(m.id, "list entry", m.title) for m in group])
+            pages[page_id(title)] = Page(
+                id=page_id(title), title=title, links=[Link(m.id, "list entry", m.title) for m in group]
+            )
             category = f"Category:{kind.capitalize()}s"
-            pages[page_id(category)] = Page(id=page_id(category), title=category, namespace="Category",
-                                            links=[Link(m.id, "member", m.title) for m in group])
+            pages[page_id(category)] = Page(
+                id=page_id(category),
+                title=category,
+                namespace="Category",
+                links=[Link(m.id, "member", m.title) for m in group],
+            )
             for member in group:
                 member.links.append(Link(page_id(title), "see also", title))
                 member.links.append(Link(page_id(category), "category", category))
@@ -261,16 +383,30 @@ def _images(config: WorldConfig, rng: random.Random, pages: dict[str, Page]) -> 
             continue
         size = config.small_image_size if rng.random() < config.small_image_fraction else config.image_size
         caption, facts = f"{page.title}, a {page.kind}", []
-        typed = [l for l in page.links if l.relation in _CAPTION_RELATIONS]
+        typed = [link for link in page.links if link.relation in _CAPTION_RELATIONS]
         if typed and rng.random() < config.leaky_caption_fraction:
             leak = rng.choice(typed)
             caption += f"; {leak.relation}: {leak.anchor}"
             facts.append([leak.relation, leak.target])
         file_page = f"File:{page.id}.png"
-        page.images.append(ImageRef(file=f"images/{page.id}.png", width=size, height=size, caption=caption,
-                                    facts=facts))
+        page.images.append(
+            ImageRef(file=f"images/{page.id}.png", width=size, height=size, caption=caption, facts=facts)
+        )
         page.links.append(Link(file_page, "image", file_page))
 
 
-_CAPTION_RELATIONS = ("architect", "director", "maker", "holder", "describer", "keeper", "spouse",
-                      "birthplace", "mayor", "location", "founder", "subject", "origin")
+_CAPTION_RELATIONS = (
+    "architect",
+    "director",
+    "maker",
+    "holder",
+    "describer",
+    "keeper",
+    "spouse",
+    "birthplace",
+    "mayor",
+    "location",
+    "founder",
+    "subject",
+    "origin",
+)

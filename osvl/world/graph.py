@@ -82,14 +82,19 @@ class Page:
     def from_dict(cls, data: dict[str, Any]) -> Page:
         try:
             return cls(
-                id=data["id"], title=data["title"], namespace=data.get("namespace", ""),
-                redirect=data.get("redirect"), disambiguation=bool(data.get("disambiguation", False)),
-                domain=data.get("domain"), kind=data.get("kind"),
+                id=data["id"],
+                title=data["title"],
+                namespace=data.get("namespace", ""),
+                redirect=data.get("redirect"),
+                disambiguation=bool(data.get("disambiguation", False)),
+                domain=data.get("domain"),
+                kind=data.get("kind"),
                 aliases=list(data.get("aliases", [])),
                 infobox={str(k): str(v) for k, v in data.get("infobox", {}).items()},
                 links=[Link(**link) for link in data.get("links", [])],
                 images=[ImageRef(**image) for image in data.get("images", [])],
-                in_degree=int(data.get("in_degree", 0)))
+                in_degree=int(data.get("in_degree", 0)),
+            )
         except KeyError as missing:
             raise ValueError(f"graph record lacks required field {missing}: {str(data)[:200]}") from None
         except TypeError as bad:

@@ -63,9 +63,12 @@ def _read_side(path: str | os.PathLike[str] | None) -> dict[str, dict]:
     return side
 
 
-def convert_wikiextractor(extracts: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str],
-                          redirects_tsv: str | os.PathLike[str] | None = None,
-                          side_jsonl: str | os.PathLike[str] | None = None) -> dict[str, int]:
+def convert_wikiextractor(
+    extracts: Iterable[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    redirects_tsv: str | os.PathLike[str] | None = None,
+    side_jsonl: str | os.PathLike[str] | None = None,
+) -> dict[str, int]:
     """Write ``graph.jsonl`` and ``corpus.jsonl`` under ``out``; returns counts."""
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
@@ -78,19 +81,37 @@ def convert_wikiextractor(extracts: Iterable[str | os.PathLike[str]], out: str |
                     title = doc["title"]
                     raw = doc["text"]
                 except (KeyError, TypeError):
-                    raise ValueError(f"{extract}:{number}: not a WikiExtractor JSON article "
-                                     f"(needs 'title' and 'text')") from None
+                    raise ValueError(
+                        f"{extract}:{number}: not a WikiExtractor JSON article (needs 'title' and 'text')"
+                    ) from None
                 text, links = parse_links(raw)
                 pid = page_id(title)
                 extra = side.get(pid, {})
                 pages[pid] = Page(
-                    id=pid, title=title, namespace=namespace_of(title),
-                    disambiguation="(disambiguation)" in title, domain=extra.get("domain"),
-                    kind=extra.get("kind"), aliases=list(extra.get("aliases", [])),
+                    id=pid,
+                    title=title,
+                    namespace=namespace_of(title),
+                    disambiguation="(disambiguation)" in title,
+                    domain=extra.get("domain"),
+                    kind=extra.get("kind"),
+                    aliases=list(extra.get("aliases", [])),
                     infobox={str(k): str(v) for k, v in extra.get("infobox", {}).items()},
-                    links=links, images=[ImageRef(**image) for image in extra.get("images", [])])
-                corpus.write(json.dumps({"id": pid, "title": title, "text": text, "url": doc.get("url", ""),
-                                         "aliases": pages[pid].aliases}, ensure_ascii=False) + "\n")
+                    links=links,
+                    images=[ImageRef(**image) for image in extra.get("images", [])],
+                )
+                corpus.write(
+                    json.dumps(
+                        {
+                            "id": pid,
+                            "title": title,
+                            "text": text,
+                            "url": doc.get("url", ""),
+                            "aliases": pages[pid].aliases,
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
     redirects = 0
     if redirects_tsv is not None:
         with open(redirects_tsv, encoding="utf-8") as handle:
@@ -102,13 +123,15 @@ def convert_wikiextractor(extracts: Iterable[str | os.PathLike[str]], out: str |
                     raise ValueError(f"{redirects_tsv}:{number}: expected 'source<TAB>target'")
                 source, target = (page_id(p) for p in parts)
                 if source not in pages:
-                    pages[source] = Page(id=source, title=parts[0], namespace=namespace_of(parts[0]),
-                                         redirect=target)
+                    pages[source] = Page(id=source, title=parts[0], namespace=namespace_of(parts[0]), redirect=target)
                     redirects += 1
     for pid, degree in compute_in_degrees(pages).items():
         pages[pid].in_degree = degree
     write_pages(root / "graph.jsonl", pages.values())
     graph = Graph(pages)
-    return {"pages": len(pages), "redirects": redirects,
-            "links": sum(len(p.links) for p in pages.values()),
-            "dangling_links": sum(graph.resolve(l.target) is None for p in pages.values() for l in p.links)}
+    return {
+        "pages": len(pages),
+        "redirects": redirects,
+        "links": sum(len(p.links) for p in pages.values()),
+        "dangling_links": sum(graph.resolve(link.target) is None for p in pages.values() for link in p.links),
+    }

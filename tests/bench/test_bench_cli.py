@@ -16,13 +16,55 @@ from bench.kernels.bench_grpo_loss import main, parse_args
 from bench.kernels.cases import CASES
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["--device", "cpu", "--tokens", "48", "--vocab", "61", "--hidden", "8", "--seqs", "4", "--warmup", "1", "--reps", "2"]
+TINY = [
+    "--device",
+    "cpu",
+    "--tokens",
+    "48",
+    "--vocab",
+    "61",
+    "--hidden",
+    "8",
+    "--seqs",
+    "4",
+    "--warmup",
+    "1",
+    "--reps",
+    "2",
+]
 # Every case's numerics are checked in test_cases.py; here one of each family keeps the run short.
 CLI_CASES = ["osvl_grpo_loss", "torch_eager", "osvl_linear_grpo_loss", "torch_eager_linear", "liger_fused_linear_grpo"]
-TOP_KEYS = {"schema", "name", "complete", "created_utc", "argv", "git", "device", "versions", "env", "shape",
-            "settings", "floors", "reference_loss", "cases", "summary"}
-OK_KEYS = {"median_ms", "min_ms", "max_ms", "reps", "peak_extra_bytes", "memory_method", "loss",
-           "loss_abs_diff_vs_reference", "floor_ms", "percent_of_floor", "time_ratio_vs", "memory_ratio_vs"}
+TOP_KEYS = {
+    "schema",
+    "name",
+    "complete",
+    "created_utc",
+    "argv",
+    "git",
+    "device",
+    "versions",
+    "env",
+    "shape",
+    "settings",
+    "floors",
+    "reference_loss",
+    "cases",
+    "summary",
+}
+OK_KEYS = {
+    "median_ms",
+    "min_ms",
+    "max_ms",
+    "reps",
+    "peak_extra_bytes",
+    "memory_method",
+    "loss",
+    "loss_abs_diff_vs_reference",
+    "floor_ms",
+    "percent_of_floor",
+    "time_ratio_vs",
+    "memory_ratio_vs",
+}
 
 
 def numbers(value):
@@ -60,8 +102,20 @@ def check_record(record: dict, expected_cases: list[str]) -> dict:
 
 
 def test_cases_run_in_process_and_write_json(tmp_path, capsys):
-    rc = main([*TINY, "--out-dir", str(tmp_path), "--no-cpu-memory", "--cases", ",".join(CLI_CASES),
-               "--peak-tbps", "0.05", "--peak-tflops", "1.0"])
+    rc = main(
+        [
+            *TINY,
+            "--out-dir",
+            str(tmp_path),
+            "--no-cpu-memory",
+            "--cases",
+            ",".join(CLI_CASES),
+            "--peak-tbps",
+            "0.05",
+            "--peak-tflops",
+            "1.0",
+        ]
+    )
     assert rc == 0
     [path] = tmp_path.glob("grpo_loss-cpu-*.json")
     record = json.loads(path.read_text())
@@ -92,9 +146,30 @@ def test_interleaved_run_records_the_same_cases_and_the_load(tmp_path, monkeypat
 
 def test_script_file_with_memory_probes(tmp_path):
     """The Makefile's invocation (a file path, not -m) with per-case RSS subprocesses."""
-    cmd = [sys.executable, str(REPO / "bench/kernels/bench_grpo_loss.py"), "--device", "cpu", "--tokens", "256",
-           "--vocab", "4096", "--hidden", "16", "--seqs", "4", "--warmup", "1", "--reps", "1",
-           "--cases", "torch_eager,osvl_grpo_loss", "--osvl-backend", "torch", "--out-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        str(REPO / "bench/kernels/bench_grpo_loss.py"),
+        "--device",
+        "cpu",
+        "--tokens",
+        "256",
+        "--vocab",
+        "4096",
+        "--hidden",
+        "16",
+        "--seqs",
+        "4",
+        "--warmup",
+        "1",
+        "--reps",
+        "1",
+        "--cases",
+        "torch_eager,osvl_grpo_loss",
+        "--osvl-backend",
+        "torch",
+        "--out-dir",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     record = json.loads(next(tmp_path.glob("grpo_loss-cpu-*.json")).read_text())
@@ -104,13 +179,18 @@ def test_script_file_with_memory_probes(tmp_path):
     assert by_name["torch_eager"]["peak_extra_bytes"] >= logits_fp32_bytes
     assert "VmHWM" in by_name["torch_eager"]["memory_method"]
     ratio = record["summary"]["osvl_grpo_loss_peak_memory_ratio_vs_torch_eager"]["value"]
-    assert ratio == pytest.approx(by_name["osvl_grpo_loss"]["peak_extra_bytes"] / by_name["torch_eager"]["peak_extra_bytes"])
+    assert ratio == pytest.approx(
+        by_name["osvl_grpo_loss"]["peak_extra_bytes"] / by_name["torch_eager"]["peak_extra_bytes"]
+    )
 
 
 def test_unavailable_library_is_recorded_not_raised(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "liger_kernel", None)
     monkeypatch.setitem(sys.modules, "liger_kernel.chunked_loss", None)
-    assert main([*TINY, "--out-dir", str(tmp_path), "--no-cpu-memory", "--cases", "liger_fused_linear_grpo,torch_eager"]) == 0
+    assert (
+        main([*TINY, "--out-dir", str(tmp_path), "--no-cpu-memory", "--cases", "liger_fused_linear_grpo,torch_eager"])
+        == 0
+    )
     record = json.loads(next(tmp_path.glob("*.json")).read_text())
     liger, eager = record["cases"]
     assert liger["status"] == "unavailable" and liger["reason"].startswith("unavailable: liger-kernel not installed")
@@ -144,4 +224,9 @@ def test_cuda_without_a_gpu_is_a_value_error():
 def test_cpu_defaults():
     config = parse_args(["--device", "cpu"])
     assert (config.shape.num_tokens, config.shape.vocab) == (2048, 32000)
-    assert (config.warmup, config.reps, config.options.osvl_backend, config.options.liger_compiled) == (1, 3, "torch", False)
+    assert (config.warmup, config.reps, config.options.osvl_backend, config.options.liger_compiled) == (
+        1,
+        3,
+        "torch",
+        False,
+    )

@@ -10,8 +10,23 @@ from bench.rollout.bench_serving import main
 
 def test_serving_bench_writes_a_complete_record(tmp_path):
     out = tmp_path / "serving.json"
-    main(["--repeats", "1", "--prompts", "1", "--group-size", "2", "--max-new-tokens", "4", "--sizes", "tiny", "small",
-          "--out", str(out)])
+    main(
+        [
+            "--repeats",
+            "1",
+            "--prompts",
+            "1",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--sizes",
+            "tiny",
+            "small",
+            "--out",
+            str(out),
+        ]
+    )
     record = json.loads(out.read_text())
     assert record["schema"] == "osvl.bench.serving/1" and record["git"]["commit"]
     runs = record["throughput"]
@@ -24,5 +39,9 @@ def test_serving_bench_writes_a_complete_record(tmp_path):
         assert len(row["disk"]["seconds_all"]) == 2
     fit = record["extrapolation"]
     assert fit["targets"]["qwen3_vl_30b_a3b"]["bf16_bytes"] > fit["targets"]["qwen3_vl_8b"]["bf16_bytes"] > 1e10
-    assert all(math.isfinite(v) for path in fit["fit_seconds"].values() for k, v in path.items()
-               if k != "bytes_per_s" and v is not None)
+    assert all(
+        math.isfinite(v)
+        for path in fit["fit_seconds"].values()
+        for k, v in path.items()
+        if k != "bytes_per_s" and v is not None
+    )

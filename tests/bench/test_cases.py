@@ -35,7 +35,11 @@ def run_case(name, workload, **options):
     case = build_case(name, workload, CaseOptions(**({"liger_compiled": False} | options)))
     case.reset()
     loss = case.step()
-    return case, float(loss), [packed_grad(name, leaf.grad, workload) if i == 0 else leaf.grad for i, leaf in enumerate(case.leaves)]
+    return (
+        case,
+        float(loss),
+        [packed_grad(name, leaf.grad, workload) if i == 0 else leaf.grad for i, leaf in enumerate(case.leaves)],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +79,9 @@ def test_torch_compile_case_matches(workload):
 def test_inplace_cases_restore_their_logits_between_steps(name, workload):
     case, first, _ = run_case(name, workload, inplace_grad=True)
     case.reset()
-    assert float(case.step()) == pytest.approx(first, rel=1e-6)  # the gradient overwrote the logits; reset restored them
+    assert float(case.step()) == pytest.approx(
+        first, rel=1e-6
+    )  # the gradient overwrote the logits; reset restored them
 
 
 def test_missing_liger_is_unavailable(workload, monkeypatch):

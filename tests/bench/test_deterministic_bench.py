@@ -12,10 +12,29 @@ from bench.rollout import bench_deterministic
 
 def test_writes_both_modes_and_their_ratio(tmp_path, monkeypatch):
     out = tmp_path / "result.json"
-    monkeypatch.setattr(sys, "argv", [
-        "bench_deterministic", "--steps", "2", "--repeats", "1", "--out", str(out),
-        "--set", "grpo.max_response_tokens=8", "--set", "rollout.max_turns=1", "--set", "grpo.batch_prompts=2",
-        "--set", "grpo.mini_batch_prompts=2", "--set", "tools.workers=1"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "bench_deterministic",
+            "--steps",
+            "2",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+            "--set",
+            "grpo.max_response_tokens=8",
+            "--set",
+            "rollout.max_turns=1",
+            "--set",
+            "grpo.batch_prompts=2",
+            "--set",
+            "grpo.mini_batch_prompts=2",
+            "--set",
+            "tools.workers=1",
+        ],
+    )
     bench_deterministic.main()
     result = json.loads(out.read_text())
     assert result["schema"] == bench_deterministic.SCHEMA and result["git"]["short"]

@@ -15,20 +15,26 @@ STAGES = ["environment", "wheels", "gpu_tests", "logits", "linear", "train_step"
 
 def run(tmp_path, *args, env_extra=None, timeout=1200):
     # No carried wheels: the stages run on this Python's own packages, whatever .whl/ holds here.
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable,
-           "DEVICE_CHECK_WHEELS": str(tmp_path / "no-wheels"), **(env_extra or {})}
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path),
+        "PYTHON": sys.executable,
+        "DEVICE_CHECK_WHEELS": str(tmp_path / "no-wheels"),
+        **(env_extra or {}),
+    }
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_dry_run_prints_the_plan_within_nine_minutes(tmp_path):
     proc = run(tmp_path, "--dry-run", timeout=30)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert [line.split()[0] for line in lines[1:1 + len(STAGES)]] == STAGES  # priority order
+    assert [line.split()[0] for line in lines[1 : 1 + len(STAGES)]] == STAGES  # priority order
     wall = int(re.search(r"wall <= (\d+)s", proc.stdout).group(1))
     assert wall <= 9 * 60
-    limits = [int(line.split()[1]) for line in lines[1:1 + len(STAGES)]]
+    limits = [int(line.split()[1]) for line in lines[1 : 1 + len(STAGES)]]
     assert sum(limits) + 5 * len(limits) <= wall
     assert not (tmp_path / "device_check").exists()  # nothing ran
 
@@ -72,8 +78,9 @@ def test_exhausted_budget_skips_the_remaining_stages(tmp_path):
 def test_failing_stage_is_recorded_and_fails_the_run(tmp_path):
     """A Python that cannot import torch: every stage fails, the script still finishes and says so."""
     fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = -m ] && [ \"$2\" = bench.device_summary ]; then exec {sys.executable} \"$@\"; fi\n"
-                    "exit 3\n")
+    fake.write_text(
+        f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = bench.device_summary ]; then exec {sys.executable} "$@"; fi\nexit 3\n'
+    )
     fake.chmod(0o755)
     proc = run(tmp_path / "out", "--smoke", env_extra={"PYTHON": str(fake)}, timeout=120)
     assert proc.returncode == 1
@@ -87,8 +94,9 @@ def test_rejects_unknown_arguments():
 
 
 def test_device_wheels_are_pinned_and_leave_the_image_alone():
-    proc = subprocess.run(["bash", str(REPO / "bench" / "device_wheels.sh"), "--list"], capture_output=True, text=True,
-                          timeout=30)
+    proc = subprocess.run(
+        ["bash", str(REPO / "bench" / "device_wheels.sh"), "--list"], capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 0, proc.stderr
     wheels = proc.stdout.split()
     names = {w.split("==")[0] for w in wheels}

@@ -15,14 +15,27 @@ from osvl_kernels import grpo_loss
 from osvl_kernels.reference import reference_grpo_loss
 from tests.kernels.packed import random_packed_batch
 
-LOSS_KEYS = ("target_ids", "cu_seqlens", "loss_mask", "old_logprobs", "rewards", "group_ids", "fatal_step", "token_step", "ref_logprobs")
+LOSS_KEYS = (
+    "target_ids",
+    "cu_seqlens",
+    "loss_mask",
+    "old_logprobs",
+    "rewards",
+    "group_ids",
+    "fatal_step",
+    "token_step",
+    "ref_logprobs",
+)
 ALL_TERMS = dict(dual_clip=3.0, kl_coef=0.05, entropy_coef=0.01, temperature=0.9)
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def check_full_semantics(device: str, vocab: int, num_seqs: int, max_len: int, dtype: torch.dtype) -> None:
     """Fatal mixes, every loss term, Triton backend: loss, log-probs and logits gradient vs float64."""
-    batch = {k: v.to(device) for k, v in random_packed_batch(7, num_seqs=num_seqs, vocab=vocab, max_len=max_len, dtype=dtype).items()}
+    batch = {
+        k: v.to(device)
+        for k, v in random_packed_batch(7, num_seqs=num_seqs, vocab=vocab, max_len=max_len, dtype=dtype).items()
+    }
     inputs = {k: batch[k] for k in LOSS_KEYS}
     logits = batch["logits"].clone().requires_grad_()
     out = grpo_loss(logits, **inputs, backend="triton", **ALL_TERMS)
@@ -51,8 +64,13 @@ def check_large_batch(device: str, shape: Shape, sample_rows: int = 64) -> None:
     rows = torch.randperm(shape.num_tokens, generator=torch.Generator().manual_seed(0))[:sample_rows].to(device)
     sub = case.leaves[0].detach()[rows].double().requires_grad_()
     advantage = token_advantages(workload)[rows].double()
-    materialized_loss(sub, workload.target_ids[rows], workload.old_logprobs[rows].double(), advantage,
-                      workload.token_weight[rows].double()).backward()
+    materialized_loss(
+        sub,
+        workload.target_ids[rows],
+        workload.old_logprobs[rows].double(),
+        advantage,
+        workload.token_weight[rows].double(),
+    ).backward()
     scale = sub.grad.abs().max().clamp_min(1e-30)
     tol = 1e-5 if shape.dtype == "fp32" else 1e-2
     torch.testing.assert_close(grad[rows].double() / scale, sub.grad / scale, rtol=tol, atol=tol)
@@ -66,8 +84,13 @@ def check_linear(device: str, shape: Shape) -> None:
     loss = float(case.step())
     hidden = workload.hidden.double().requires_grad_()
     weight = workload.weight.double().requires_grad_()
-    ref = materialized_loss(hidden @ weight.T, workload.target_ids, workload.old_logprobs.double(),
-                            token_advantages(workload).double(), workload.token_weight.double())
+    ref = materialized_loss(
+        hidden @ weight.T,
+        workload.target_ids,
+        workload.old_logprobs.double(),
+        token_advantages(workload).double(),
+        workload.token_weight.double(),
+    )
     ref.backward()
     tol = 1e-4 if shape.dtype == "fp32" else 2e-2
     assert loss == pytest.approx(float(ref), rel=tol, abs=1e-6)

@@ -12,7 +12,16 @@ from tests.trainer.fixtures import sft_overrides
 
 def test_profile_tiny_sft(tmp_path):
     overrides = [o for o in sft_overrides(tmp_path / "data", tmp_path / "unused") if not o.startswith("job.run_dir")]
-    args = ["--recipe", "tiny_sft", "--steps", "1", "--out", str(tmp_path / "out"), "--set", "metrics.tensorboard=false"]
+    args = [
+        "--recipe",
+        "tiny_sft",
+        "--steps",
+        "1",
+        "--out",
+        str(tmp_path / "out"),
+        "--set",
+        "metrics.tensorboard=false",
+    ]
     assert main(args + [x for o in overrides for x in ("--set", o)]) == 0
     trace = json.loads((tmp_path / "out" / "trace.json").read_text())
     names = {e.get("name", "") for e in trace["traceEvents"]}
@@ -32,6 +41,19 @@ def test_breakdown_rejects_bad_input():
         breakdown("ppo", [{"step": 1}])
     with pytest.raises(ValueError, match="time_data_s"):
         breakdown("sft", [{"step": 1, "step_time_s": 1.0}])
-    rows = breakdown("grpo", [{"step": 1, "time_rollout_s": 1, "time_tools_s": 0.5, "time_scoring_s": 0.1,
-                               "time_train_s": 2, "time_sync_s": 0.2, "step_time_s": 3.3, "loss": 9}])
+    rows = breakdown(
+        "grpo",
+        [
+            {
+                "step": 1,
+                "time_rollout_s": 1,
+                "time_tools_s": 0.5,
+                "time_scoring_s": 0.1,
+                "time_train_s": 2,
+                "time_sync_s": 0.2,
+                "step_time_s": 3.3,
+                "loss": 9,
+            }
+        ],
+    )
     assert "loss" not in rows[0] and markdown(rows).count("|") > 10

@@ -32,11 +32,14 @@ def test_synthetic_batch_packs_images_and_policy_tokens():
     assert batch.position_ids.shape == (3, 600)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--smoke", "--steps", "1"], "--steps >= 2"),
-    (["--smoke", "--layers", "0"], "--layers >= 1"),
-    (["--smoke", "--tokens", "40", "--seqs", "4", "--image-side", "64"], "cannot hold"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--smoke", "--steps", "1"], "--steps >= 2"),
+        (["--smoke", "--layers", "0"], "--layers >= 1"),
+        (["--smoke", "--tokens", "40", "--seqs", "4", "--image-side", "64"], "cannot hold"),
+    ],
+)
 def test_bad_arguments(argv, message, tmp_path, capsys):
     if message == "cannot hold":
         config, _ = parse_args(argv)

@@ -69,7 +69,7 @@ def test_to_padded_round_trips_packed_rows():
     assert padded.shape == (TINY.num_seqs, max(w.lengths) + 1, TINY.vocab)
     unpacked = torch.cat([padded[i, :n] for i, n in enumerate(w.lengths)])
     torch.testing.assert_close(unpacked, w.logits())
-    assert padded[0, w.lengths[0]:].abs().sum() == 0
+    assert padded[0, w.lengths[0] :].abs().sum() == 0
 
 
 def test_reference_loss_is_the_materialised_objective_in_float64():
@@ -86,4 +86,6 @@ def test_ppo_clip_token_loss_clips_one_sided_per_advantage_sign():
     old = torch.zeros(4, dtype=torch.float64)
     logp = torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5], dtype=torch.float64))
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64)
-    torch.testing.assert_close(ppo_clip_token_loss(logp, old, adv), torch.tensor([-1.28, 1.5, -0.5, 0.8], dtype=torch.float64))
+    torch.testing.assert_close(
+        ppo_clip_token_loss(logp, old, adv), torch.tensor([-1.28, 1.5, -0.5, 0.8], dtype=torch.float64)
+    )

@@ -18,8 +18,11 @@ class Budget:
 
 @pytest.mark.parametrize("value", ["abc", 2.5, True, [1]])
 def test_optional_int_of_the_wrong_type_is_a_value_error_naming_key_and_type(value):
-    with pytest.raises(ValueError, match=r"^budget\.calls: value of the wrong type: expected int "
-                                         r"\(or leave the key out\), got ") as error:
+    with pytest.raises(
+        ValueError,
+        match=r"^budget\.calls: value of the wrong type: expected int "
+        r"\(or leave the key out\), got ",
+    ) as error:
         build(Budget, {"calls": value}, "budget")
     assert repr(value) in str(error.value)
 

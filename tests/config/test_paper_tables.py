@@ -4,11 +4,11 @@ marked as an assumption the tables have since given."""
 
 from __future__ import annotations
 
-import tomllib
 from functools import reduce
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from osvl.config import load_recipe
 from osvl.config.loader import RECIPES_DIR
@@ -32,7 +32,8 @@ def test_recipe_holds_every_table_value(table, name):
         got = _value(recipe, row["key"])
         assert got == pytest.approx(expected) if isinstance(expected, float) else got == expected, (
             f"{name}: {row['setting']} is {expected!r} in Table {'4' if table == 'sft' else '5'}, "
-            f"{row['key']} = {got!r}")
+            f"{row['key']} = {got!r}"
+        )
         checked += 1
     assert checked >= 15
 

@@ -57,12 +57,10 @@ def test_karmarkar_karp_worked_examples():
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.lists(st.integers(1, 200), min_size=4, max_size=50), st.integers(1, 4), st.integers(200, 600),
-       st.data())
+@given(st.lists(st.integers(1, 200), min_size=4, max_size=50), st.integers(1, 4), st.integers(200, 600), st.data())
 def test_plan_covers_every_sequence_once_with_equal_microbatches_per_rank(tokens, ranks, budget, data):
     patches = data.draw(st.lists(st.integers(0, 100), min_size=len(tokens), max_size=len(tokens)))
-    config = PackingConfig(max_tokens=budget, max_patches=data.draw(st.sampled_from([None, 100, 300])),
-                           num_ranks=ranks)
+    config = PackingConfig(max_tokens=budget, max_patches=data.draw(st.sampled_from([None, 100, 300])), num_ranks=ranks)
     plan = plan_packing(tokens, config, patches)
     assert len(plan.ranks) == ranks
     assert len({len(bins) for bins in plan.ranks}) == 1  # lockstep micro-batches
@@ -94,27 +92,35 @@ def test_rank_without_enough_sequences_gets_a_filler_microbatch():
 
 
 def test_fullest_bins_are_split_to_match_other_ranks():
-    plan = plan_packing([10, 10, 10, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2], PackingConfig(max_tokens=30,
-                                                                                              num_ranks=2))
+    plan = plan_packing(
+        [10, 10, 10, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2], PackingConfig(max_tokens=30, num_ranks=2)
+    )
     assert len(plan.ranks[0]) == len(plan.ranks[1]) and all(b for bins in plan.ranks for b in bins)
 
 
-@pytest.mark.parametrize("tokens, config, patches, match", [
-    ([5, 101], PackingConfig(max_tokens=100), None, "sequence 1 has 101 tokens, over the micro-batch budget"),
-    ([5], PackingConfig(max_tokens=100, num_ranks=2), None, "cannot feed 2"),
-    ([5, 0], PackingConfig(max_tokens=100), None, "sequence 1 is empty"),
-    ([5, 6], PackingConfig(max_tokens=100, max_patches=10), [3, 11], "exceeds the per-bin budget"),
-    ([5, 6], PackingConfig(max_tokens=100), [3], "num_patches has 1 entries"),
-])
+@pytest.mark.parametrize(
+    "tokens, config, patches, match",
+    [
+        ([5, 101], PackingConfig(max_tokens=100), None, "sequence 1 has 101 tokens, over the micro-batch budget"),
+        ([5], PackingConfig(max_tokens=100, num_ranks=2), None, "cannot feed 2"),
+        ([5, 0], PackingConfig(max_tokens=100), None, "sequence 1 is empty"),
+        ([5, 6], PackingConfig(max_tokens=100, max_patches=10), [3, 11], "exceeds the per-bin budget"),
+        ([5, 6], PackingConfig(max_tokens=100), [3], "num_patches has 1 entries"),
+    ],
+)
 def test_plan_errors(tokens, config, patches, match):
     with pytest.raises(ValueError, match=match):
         plan_packing(tokens, config, patches)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 8, "max_patches": 0}, "max_patches"),
-    ({"max_tokens": 8, "num_ranks": 0}, "num_ranks"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 8, "max_patches": 0}, "max_patches"),
+        ({"max_tokens": 8, "num_ranks": 0}, "num_ranks"),
+    ],
+)
 def test_bad_packing_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PackingConfig(**kwargs)

@@ -31,10 +31,11 @@ def test_system_turn_is_qwen3_tool_format():
     assert text == (
         "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user "
         "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-        + json.dumps(TOOLS[0], ensure_ascii=False) +
-        "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-        "<args-json-object>}\n</tool_call><|im_end|>\n")
+        + json.dumps(TOOLS[0], ensure_ascii=False)
+        + "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+        "<args-json-object>}\n</tool_call><|im_end|>\n"
+    )
     assert system_text([], "Be brief.") == "<|im_start|>system\nBe brief.<|im_end|>\n"
     assert system_text([]) == ""
 
@@ -46,13 +47,16 @@ def test_bare_function_schema_is_wrapped():
     assert function_schema({"name": "noop"})["function"]["parameters"] == {"type": "object", "properties": {}}
 
 
-@pytest.mark.parametrize("tools, match", [
-    (["text_search"], "must be a dict"),
-    ([{"description": "nameless"}], "non-empty 'name'"),
-    ([{"name": "x", "parameters": "a string"}], "parameters"),
-    ([{"type": "retrieval"}], "OpenAI function tool"),
-    ([{"name": "x"}, {"type": "function", "function": {"name": "x"}}], "duplicate tool names"),
-])
+@pytest.mark.parametrize(
+    "tools, match",
+    [
+        (["text_search"], "must be a dict"),
+        ([{"description": "nameless"}], "non-empty 'name'"),
+        ([{"name": "x", "parameters": "a string"}], "parameters"),
+        ([{"type": "retrieval"}], "OpenAI function tool"),
+        ([{"name": "x"}, {"type": "function", "function": {"name": "x"}}], "duplicate tool names"),
+    ],
+)
 def test_bad_tool_schemas_raise(tools, match):
     with pytest.raises(ValueError, match=match):
         system_text(tools)
@@ -64,13 +68,23 @@ def test_round_trip_decodes_to_the_conversation(renderer):
     rendered = renderer.render_trajectory(traj)
     prompt, steps = traj.prompt, traj.steps
     expected = (
-        renderer.system + "<|im_start|>user\n" + image_text(prompt.images[0]) + image_text(prompt.images[1])
-        + prompt.question + "<|im_end|>\n<|im_start|>assistant\n"
-        + steps[0].text + "<|im_end|>\n<|im_start|>user\n<tool_response>\n" + steps[0].observation_text
+        renderer.system
+        + "<|im_start|>user\n"
+        + image_text(prompt.images[0])
+        + image_text(prompt.images[1])
+        + prompt.question
+        + "<|im_end|>\n<|im_start|>assistant\n"
+        + steps[0].text
+        + "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+        + steps[0].observation_text
         + "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-        + steps[1].text + "<|im_end|>\n<|im_start|>user\n<tool_response>\n" + image_text(steps[1].observation_images[0])
+        + steps[1].text
+        + "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+        + image_text(steps[1].observation_images[0])
         + "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-        + steps[2].text + "<|im_end|>")
+        + steps[2].text
+        + "<|im_end|>"
+    )
     assert tok.decode(rendered.input_ids.tolist()) == expected
     assert renderer.system.startswith("<|im_start|>system\nYou are a search agent.\n\n# Tools")
 
@@ -81,9 +95,11 @@ def test_loss_mask_covers_exactly_the_engine_tokens(renderer):
     generated = [t for step in traj.steps for t in step.token_ids]
     assert rendered.input_ids[rendered.loss_mask].tolist() == generated
     assert rendered.token_step[rendered.loss_mask].tolist() == [
-        i for i, step in enumerate(traj.steps) for _ in step.token_ids]
-    np.testing.assert_array_equal(rendered.logprobs[rendered.loss_mask],
-                                  np.asarray([lp for s in traj.steps for lp in s.logprobs], np.float32))
+        i for i, step in enumerate(traj.steps) for _ in step.token_ids
+    ]
+    np.testing.assert_array_equal(
+        rendered.logprobs[rendered.loss_mask], np.asarray([lp for s in traj.steps for lp in s.logprobs], np.float32)
+    )
     assert (rendered.logprobs[~rendered.loss_mask] == 0).all()
     # one contiguous run per step: template scaffolding and observations are never policy tokens
     edges = np.flatnonzero(np.diff(rendered.loss_mask.astype(np.int8)) != 0)
@@ -109,8 +125,12 @@ def test_images_in_order_prompt_then_tools(renderer):
     for ours, original in zip(rendered.images, originals):
         assert np.array_equal(ours.pixels, process_image(original, IMAGES).pixels)
     # each pad run lines up with its image's grid, in order
-    mrope_position_ids(rendered.input_ids, [p.grid_thw for p in rendered.images],
-                       renderer.tokenizer.special.image_pad, IMAGES.merge_size)
+    mrope_position_ids(
+        rendered.input_ids,
+        [p.grid_thw for p in rendered.images],
+        renderer.tokenizer.special.image_pad,
+        IMAGES.merge_size,
+    )
 
 
 def test_engine_ids_are_kept_verbatim_even_when_they_would_tokenize_differently(renderer):
@@ -122,15 +142,15 @@ def test_engine_ids_are_kept_verbatim_even_when_they_would_tokenize_differently(
     traj.steps[-1].token_ids = odd
     traj.steps[-1].logprobs = [-1.0] * len(odd)
     rendered = renderer.render_trajectory(traj)
-    assert rendered.input_ids[rendered.loss_mask].tolist()[-len(odd):] == odd
-    assert rendered.input_ids[-len(odd):].tolist() == odd
+    assert rendered.input_ids[rendered.loss_mask].tolist()[-len(odd) :] == odd
+    assert rendered.input_ids[-len(odd) :].tolist() == odd
 
 
 def test_prompt_render_is_the_prefix_of_the_trajectory(renderer):
     traj = search_trajectory(renderer.tokenizer)
     prompt = renderer.render_prompt(traj.prompt)
     rendered = renderer.render_trajectory(traj)
-    assert rendered.input_ids[:len(prompt.ids)].tolist() == prompt.ids
+    assert rendered.input_ids[: len(prompt.ids)].tolist() == prompt.ids
     assert renderer.tokenizer.decode(prompt.ids).endswith("<|im_end|>\n<|im_start|>assistant\n")
     assert len(prompt.images) == 2
 
@@ -138,12 +158,14 @@ def test_prompt_render_is_the_prefix_of_the_trajectory(renderer):
 def test_recorded_observation_ids_are_spliced_verbatim(renderer):
     tok = renderer.tokenizer
     traj = search_trajectory(tok)
-    recorded = tok.encode("<|im_end|>\n<|im_start|>user\n<tool_response>\nrecorded by the loop"
-                          "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    recorded = tok.encode(
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\nrecorded by the loop"
+        "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     traj.steps[0].observation_token_ids = recorded
     rendered = renderer.render_trajectory(traj)
     start = len(renderer.render_prompt(traj.prompt).ids) + len(traj.steps[0].token_ids)
-    assert rendered.input_ids[start:start + len(recorded)].tolist() == recorded
+    assert rendered.input_ids[start : start + len(recorded)].tolist() == recorded
 
 
 def test_recorded_observation_with_wrong_image_tokens_raises(renderer):
@@ -174,8 +196,13 @@ def test_out_of_vocab_engine_ids_raise(renderer):
 def test_text_only_single_step_trajectory(renderer):
     tok = renderer.tokenizer
     step = engine_step(tok, "<think>easy</think>\n<response>Paris</response>", response="Paris")
-    traj = Trajectory(prompt=Prompt(id="t", question="Capital of France?"), steps=[step],
-                      finish_reason=FinishReason.RESPONSE, group_id=1, sample_index=0)
+    traj = Trajectory(
+        prompt=Prompt(id="t", question="Capital of France?"),
+        steps=[step],
+        finish_reason=FinishReason.RESPONSE,
+        group_id=1,
+        sample_index=0,
+    )
     rendered = renderer.render_trajectory(traj)
     assert rendered.images == [] and rendered.input_ids[rendered.loss_mask].tolist() == step.token_ids
     assert tok.decode(rendered.input_ids.tolist()).endswith("<|im_start|>assistant\n" + step.text)

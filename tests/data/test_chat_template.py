@@ -61,13 +61,17 @@ def exported(request, tmp_path_factory):
 
 
 def user(question, images):
-    return {"role": "user", "content": [*({"type": "image", "image": im} for im in images),
-                                        {"type": "text", "text": question}]}
+    return {
+        "role": "user",
+        "content": [*({"type": "image", "image": im} for im in images), {"type": "text", "text": question}],
+    }
 
 
 def tool(text, images=()):
-    return {"role": "tool", "content": [*({"type": "image", "image": im} for im in images),
-                                        {"type": "text", "text": text}]}
+    return {
+        "role": "tool",
+        "content": [*({"type": "image", "image": im} for im in images), {"type": "text", "text": text}],
+    }
 
 
 def processor_ids(processor, messages, **kwargs):
@@ -86,8 +90,9 @@ def test_prompt_ids_equal_the_renderers(exported, n_images):
     if images:  # the image processor the directory configures patches images as the trainer does
         assert out["image_grid_thw"].tolist() == [list(p.grid_thw) for p in segment.images]
         # same resized pixels: one uint8 level is 2/255 after normalisation; 1e-6 is float rounding
-        np.testing.assert_allclose(np.asarray(out["pixel_values"]), pixel_values(segment.images, IMAGES),
-                                   rtol=0, atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(out["pixel_values"]), pixel_values(segment.images, IMAGES), rtol=0, atol=1e-6
+        )
 
 
 def test_multi_turn_contexts_equal_the_renderers(exported):
@@ -103,7 +108,7 @@ def test_multi_turn_contexts_equal_the_renderers(exported):
         messages += [{"role": "assistant", "content": step.text}, tool(step.observation_text, step.observation_images)]
         ids, _ = processor_ids(processor, messages, add_generation_prompt=True)
         assert ids == context, f"context of step {index + 1}"
-        assert ids == list(rendered.input_ids[:len(ids)])
+        assert ids == list(rendered.input_ids[: len(ids)])
     messages.append({"role": "assistant", "content": traj.steps[-1].text})
     ids, _ = processor_ids(processor, messages)
     assert ids == [*rendered.input_ids, tokenizer.convert_tokens_to_ids("\u010a")]  # the template closes with "\n"
@@ -118,13 +123,22 @@ def test_our_renderer_renders_as_transformers(exported):
     conversations = [
         ([user("q?", [rgb(8, 8, 0)])], {"add_generation_prompt": True}),
         ([{"role": "system", "content": "Other prompt."}, user("q?", [])], {"tools": []}),
-        ([{"role": "system", "content": [{"type": "text", "text": "Parts."}]}, user("q?", [])],
-         {"tools": [TOOLS[1]]}),
-        ([user("q?", []), {"role": "assistant", "content": "<think>t</think>", "tool_calls": [call, call]},
-          tool("first"), tool("second", [rgb(8, 8, 1)]),
-          {"role": "assistant", "content": None, "reasoning_content": "r", "tool_calls": [
-              {"name": "crop", "arguments": '{"box": [1, 2, 3, 4]}'}]}],
-         {"add_generation_prompt": True, "tools": RELEASE_TOOLS}),
+        ([{"role": "system", "content": [{"type": "text", "text": "Parts."}]}, user("q?", [])], {"tools": [TOOLS[1]]}),
+        (
+            [
+                user("q?", []),
+                {"role": "assistant", "content": "<think>t</think>", "tool_calls": [call, call]},
+                tool("first"),
+                tool("second", [rgb(8, 8, 1)]),
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "reasoning_content": "r",
+                    "tool_calls": [{"name": "crop", "arguments": '{"box": [1, 2, 3, 4]}'}],
+                },
+            ],
+            {"add_generation_prompt": True, "tools": RELEASE_TOOLS},
+        ),
     ]
     for messages, kwargs in conversations:
         theirs = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
@@ -135,12 +149,14 @@ def test_arguments_replace_the_trained_defaults(tmp_path):
     template = chat_template("Trained prompt.", RELEASE_TOOLS)
     question = [{"role": "user", "content": "q?"}]
     assert render_chat_template(template, question) == system_text(RELEASE_TOOLS, "Trained prompt.") + (
-        "<|im_start|>user\nq?<|im_end|>\n")
+        "<|im_start|>user\nq?<|im_end|>\n"
+    )
     system = [{"role": "system", "content": "New."}, *question]
     assert render_chat_template(template, system, tools=[]).startswith("<|im_start|>system\nNew.<|im_end|>\n")
     assert render_chat_template(template, system, tools=TOOLS).startswith(system_text(TOOLS, "New."))
     assert render_chat_template(template, [{"role": "system", "content": ""}, *question], tools=[]) == (
-        "<|im_start|>user\nq?<|im_end|>\n")
+        "<|im_start|>user\nq?<|im_end|>\n"
+    )
     with pytest.raises(ValueError, match="unexpected role narrator"):
         render_chat_template(template, [*question, {"role": "narrator", "content": "x"}])
     with pytest.raises(ValueError, match="unexpected role system"):
@@ -166,8 +182,9 @@ def test_trained_prompt_of_foreign_and_edited_templates():
         render_chat_template("{% if %}", [])
 
 
-@pytest.mark.parametrize("system_prompt, tools", [("", []), ("P.", []), ("", TOOLS), ("P.\n\nQ.", RELEASE_TOOLS),
-                                                  (TRICKY, TOOLS)])
+@pytest.mark.parametrize(
+    "system_prompt, tools", [("", []), ("P.", []), ("", TOOLS), ("P.\n\nQ.", RELEASE_TOOLS), (TRICKY, TOOLS)]
+)
 def test_parse_system_text_inverts_system_text(system_prompt, tools):
     text = system_text(tools, system_prompt)
     prompt, parsed = parse_system_text(text)
@@ -200,8 +217,11 @@ def _loops_over_message_content(template: str) -> bool:
     node_is = jinja2.nodes
     for loop in jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template).find_all(node_is.For):
         it = loop.iter
-        if isinstance(it, node_is.Getattr) and it.attr == "content" or (
-                isinstance(it, node_is.Getitem) and isinstance(it.arg, node_is.Const) and it.arg.value == "content"):
+        if (
+            isinstance(it, node_is.Getattr)
+            and it.attr == "content"
+            or (isinstance(it, node_is.Getitem) and isinstance(it.arg, node_is.Const) and it.arg.value == "content")
+        ):
             if isinstance(it.node, node_is.Name) and it.node.name == "message":
                 return True
     return False

@@ -24,10 +24,20 @@ def sequences() -> list[TrainSequence]:
     for i in range(9):
         n = int(rng.integers(5, 40))
         mask = np.zeros(n, bool)
-        mask[n // 2:] = True
+        mask[n // 2 :] = True
         step = np.where(mask, 1 + (np.arange(n) % 2), 0).astype(np.int64)
-        seqs.append(TrainSequence(rng.integers(0, 500, n).astype(np.int64), mask, step, np.zeros(n, np.float32), [],
-                                  group_id=i // 3, reward=1.0, fatal_step=2 if i % 4 == 0 else -1))
+        seqs.append(
+            TrainSequence(
+                rng.integers(0, 500, n).astype(np.int64),
+                mask,
+                step,
+                np.zeros(n, np.float32),
+                [],
+                group_id=i // 3,
+                reward=1.0,
+                fatal_step=2 if i % 4 == 0 else -1,
+            )
+        )
     return seqs
 
 
@@ -39,8 +49,10 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         batches = pack_rank(seqs, plan, rank, IMAGES, SPECIAL)
         norms = global_normalizers(batches)
         local = [sum(b.num_seqs for b in batches), sum(b.num_valid_tokens for b in batches)]
-        np.save(os.path.join(out_dir, f"rank{rank}.npy"),
-                np.array([norms.num_seqs.item(), norms.num_valid_tokens.item(), *local]))
+        np.save(
+            os.path.join(out_dir, f"rank{rank}.npy"),
+            np.array([norms.num_seqs.item(), norms.num_valid_tokens.item(), *local]),
+        )
     finally:
         dist.destroy_process_group()
 

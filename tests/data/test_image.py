@@ -17,9 +17,13 @@ from osvl.data.image import (
 
 QWEN3_VL_PREPROCESSOR = {  # preprocessor_config.json of the released Qwen3-VL checkpoints
     "size": {"longest_edge": 16777216, "shortest_edge": 65536},
-    "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
-    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-    "processor_class": "Qwen3VLProcessor", "image_processor_type": "Qwen2VLImageProcessorFast",
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor",
+    "image_processor_type": "Qwen2VLImageProcessorFast",
 }
 # A small pixel budget keeps the parity cases fast while exercising both resize branches.
 SMALL = {"min_pixels": 32 * 32 * 4, "max_pixels": 32 * 32 * 48}
@@ -40,8 +44,9 @@ def smooth(h: int, w: int) -> np.ndarray:
 def hf_processor():
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    config = dict(QWEN3_VL_PREPROCESSOR, size={"shortest_edge": SMALL["min_pixels"],
-                                               "longest_edge": SMALL["max_pixels"]})
+    config = dict(
+        QWEN3_VL_PREPROCESSOR, size={"shortest_edge": SMALL["min_pixels"], "longest_edge": SMALL["max_pixels"]}
+    )
     config.pop("processor_class")
     config.pop("image_processor_type")
     return Qwen2VLImageProcessorPil(**config)
@@ -136,13 +141,16 @@ def test_empty_batch_has_no_rows():
     assert pixel_values([], ImageConfig()).shape == (0, 1536)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (np.zeros((0, 10, 3), np.uint8), "H, W > 0"),
-    (np.zeros((10, 10), np.uint8), "shape"),
-    (np.zeros((10, 10, 4), np.uint8), "shape"),
-    (np.zeros((10, 10, 3), np.float32), "uint8"),
-    ("not an image", "numpy uint8"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (np.zeros((0, 10, 3), np.uint8), "H, W > 0"),
+        (np.zeros((10, 10), np.uint8), "shape"),
+        (np.zeros((10, 10, 4), np.uint8), "shape"),
+        (np.zeros((10, 10, 3), np.float32), "uint8"),
+        ("not an image", "numpy uint8"),
+    ],
+)
 def test_bad_images_raise(bad, match):
     with pytest.raises(ValueError, match=match):
         process_image(bad, ImageConfig())
@@ -153,13 +161,16 @@ def test_extreme_aspect_ratio_raises():
         process_image(np.zeros((2, 500, 3), np.uint8), ImageConfig())
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"min_pixels": 100}, "min_pixels"),
-    ({"min_pixels": 4096, "max_pixels": 2048}, "max_pixels"),
-    ({"patch_size": 0}, "patch_size"),
-    ({"image_std": (0.5, 0.0, 0.5)}, "std"),
-    ({"resample": "lanczos"}, "resample"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"min_pixels": 100}, "min_pixels"),
+        ({"min_pixels": 4096, "max_pixels": 2048}, "max_pixels"),
+        ({"patch_size": 0}, "patch_size"),
+        ({"image_std": (0.5, 0.0, 0.5)}, "std"),
+        ({"resample": "lanczos"}, "resample"),
+    ],
+)
 def test_bad_config_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ImageConfig(**kwargs)

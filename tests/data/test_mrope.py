@@ -18,13 +18,33 @@ def hf_model():
 
     torch.manual_seed(0)
     config = Qwen3VLConfig(
-        text_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=8, vocab_size=64,
-                         rope_scaling={"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
-        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=16,
-                           patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
-                           deepstack_visual_indexes=[0], num_position_embeddings=16),
-        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+        text_config=dict(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            vocab_size=64,
+            rope_scaling={"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        ),
+        vision_config=dict(
+            depth=1,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            out_hidden_size=16,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            deepstack_visual_indexes=[0],
+            num_position_embeddings=16,
+        ),
+        image_token_id=IMAGE,
+        video_token_id=VIDEO,
+        vision_start_token_id=START,
+        vision_end_token_id=END,
+    )
     return Qwen3VLModel(config).eval()
 
 
@@ -47,8 +67,9 @@ def test_matches_transformers_get_rope_index(hf_model, seed):
     ids, grids = conversation(rng, num_images=seed % 4)
     ours = mrope_position_ids(ids, grids, IMAGE, merge_size=2)
     input_ids = torch.from_numpy(ids)[None]
-    theirs, _ = hf_model.get_rope_index(input_ids, (input_ids == IMAGE).int(),
-                                        image_grid_thw=torch.tensor(grids) if grids else None)
+    theirs, _ = hf_model.get_rope_index(
+        input_ids, (input_ids == IMAGE).int(), image_grid_thw=torch.tensor(grids) if grids else None
+    )
     np.testing.assert_array_equal(ours, theirs[:, 0].numpy())
 
 
@@ -76,12 +97,15 @@ def test_text_only_is_arange():
     assert np.array_equal(mrope_position_ids([4, 5, 6], [], IMAGE), np.tile(np.arange(3), (3, 1)))
 
 
-@pytest.mark.parametrize("ids, grids, match", [
-    ([START, IMAGE, IMAGE, END], [(1, 4, 4)], "needs 4 image tokens"),
-    ([START, IMAGE, IMAGE, END], [], "no image_grid_thw"),
-    ([IMAGE, 7, IMAGE, IMAGE, IMAGE], [(1, 4, 2), (1, 2, 2)], "not contiguous"),
-    ([IMAGE], [(1, 3, 2)], "multiple of merge"),
-])
+@pytest.mark.parametrize(
+    "ids, grids, match",
+    [
+        ([START, IMAGE, IMAGE, END], [(1, 4, 4)], "needs 4 image tokens"),
+        ([START, IMAGE, IMAGE, END], [], "no image_grid_thw"),
+        ([IMAGE, 7, IMAGE, IMAGE, IMAGE], [(1, 4, 2), (1, 2, 2)], "not contiguous"),
+        ([IMAGE], [(1, 3, 2)], "multiple of merge"),
+    ],
+)
 def test_mismatched_grids_raise(ids, grids, match):
     with pytest.raises(ValueError, match=match):
         mrope_position_ids(ids, grids, IMAGE)

@@ -7,7 +7,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from osvl_kernels import grpo_loss
 
 from osvl.data.chat import ChatRenderer
 from osvl.data.image import ImageConfig, pixel_values
@@ -21,6 +20,7 @@ from osvl.data.packing import (
     train_sequence,
 )
 from osvl.rl.trajectory import RewardParts
+from osvl_kernels import grpo_loss
 from tests.data.helpers import TOOLS, search_trajectory, tiny_tokenizer
 
 IMAGES = ImageConfig(min_pixels=32 * 32, max_pixels=32 * 32 * 8)
@@ -38,8 +38,7 @@ def synthetic(rng: np.random.Generator, length: int, group: int, fatal: int = -1
         mask[a:b] = run % 2 == 1
         step[a:b] = max(run - 1, 0) // 2
     logprobs = np.where(mask, -rng.random(length), 0).astype(np.float32)
-    return TrainSequence(ids, mask, step, logprobs, [], group_id=group, reward=float(rng.random()),
-                         fatal_step=fatal)
+    return TrainSequence(ids, mask, step, logprobs, [], group_id=group, reward=float(rng.random()), fatal_step=fatal)
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +60,11 @@ def test_layout_and_shift_inside_each_sequence(rendered):
     assert batch.cu_seqlens.dtype == torch.int32 and cu == [0, *np.cumsum([s.num_tokens for s in rendered])]
     for seq, start, end in zip(rendered, cu[:-1], cu[1:]):
         assert batch.input_ids[start:end].tolist() == seq.input_ids.tolist()
-        assert batch.target_ids[start:end - 1].tolist() == seq.input_ids[1:].tolist()
+        assert batch.target_ids[start : end - 1].tolist() == seq.input_ids[1:].tolist()
         assert not batch.loss_mask[end - 1]  # no target crosses into the next sequence
-        assert batch.loss_mask[start:end - 1].tolist() == seq.loss_mask[1:].tolist()
-        assert batch.token_step[start:end - 1].tolist() == seq.token_step[1:].tolist()
-        np.testing.assert_array_equal(batch.old_logprobs[start:end - 1].numpy(), seq.logprobs[1:])
+        assert batch.loss_mask[start : end - 1].tolist() == seq.loss_mask[1:].tolist()
+        assert batch.token_step[start : end - 1].tolist() == seq.token_step[1:].tolist()
+        np.testing.assert_array_equal(batch.old_logprobs[start : end - 1].numpy(), seq.logprobs[1:])
         expected = mrope_position_ids(seq.input_ids, [i.grid_thw for i in seq.images], SPECIAL.image_pad)
         assert batch.position_ids[:, start:end].tolist() == expected.tolist()
         assert batch.position_ids[:, start].tolist() == [0, 0, 0]  # restarts per sequence
@@ -99,10 +98,18 @@ def test_batch_feeds_grpo_loss_and_packing_does_not_leak_across_sequences(render
     def loss_of(seqs, advantages, num_seqs):
         batch = pack_microbatch(seqs, IMAGES, SPECIAL)
         logits = table[batch.input_ids].float().requires_grad_()  # each row depends on its own token only
-        out = grpo_loss(logits, batch.target_ids, batch.cu_seqlens, batch.loss_mask,
-                        old_logprobs=batch.old_logprobs, advantages=torch.tensor(advantages),
-                        fatal_step=batch.fatal_step, token_step=batch.token_step, num_seqs=num_seqs,
-                        backend="torch")
+        out = grpo_loss(
+            logits,
+            batch.target_ids,
+            batch.cu_seqlens,
+            batch.loss_mask,
+            old_logprobs=batch.old_logprobs,
+            advantages=torch.tensor(advantages),
+            fatal_step=batch.fatal_step,
+            token_step=batch.token_step,
+            num_seqs=num_seqs,
+            backend="torch",
+        )
         return out.loss
 
     advantages = [1.0, -0.5, 0.25]
@@ -118,8 +125,15 @@ def test_filler_batch_has_one_token_and_no_loss():
     assert batch.input_ids.tolist() == [SPECIAL.endoftext] and not batch.loss_mask.any()
     assert batch.pixel_values.shape == (0, IMAGES.patch_dim) and batch.image_grid_thw.shape == (0, 3)
     logits = torch.randn(1, tiny_tokenizer().vocab_size, requires_grad=True)
-    out = grpo_loss(logits, batch.target_ids, batch.cu_seqlens, batch.loss_mask, advantages=batch.advantages,
-                    num_seqs=4, backend="torch")
+    out = grpo_loss(
+        logits,
+        batch.target_ids,
+        batch.cu_seqlens,
+        batch.loss_mask,
+        advantages=batch.advantages,
+        num_seqs=4,
+        backend="torch",
+    )
     out.loss.backward()
     assert out.loss.item() == 0.0 and (logits.grad == 0).all()
 
@@ -137,8 +151,12 @@ def test_to_moves_every_tensor(rendered):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(1, 60), min_size=2, max_size=24), st.integers(1, 3), st.integers(60, 150),
-       st.integers(0, 2**31 - 1))
+@given(
+    st.lists(st.integers(1, 60), min_size=2, max_size=24),
+    st.integers(1, 3),
+    st.integers(60, 150),
+    st.integers(0, 2**31 - 1),
+)
 def test_every_token_once_no_sequence_crosses_a_boundary(lengths, ranks, budget, seed):
     if len(lengths) < ranks:
         ranks = len(lengths)

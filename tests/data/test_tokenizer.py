@@ -51,7 +51,7 @@ def test_trained_tokenizer_has_qwen_layout_after_its_vocab():
     assert first + len(QWEN_ADDED_TOKENS) == tok.vocab_size <= 1024
     assert tok.special.image_pad == first + 12 and tok.special.think_end == tok.vocab_size - 1
     # merges were learned: frequent words take fewer tokens than bytes
-    assert len(tok.encode(" search")) < len(" search".encode())
+    assert len(tok.encode(" search")) < len(b" search")
 
 
 def test_number_pieces_are_one_id_each_and_round_trip(tmp_path):
@@ -81,7 +81,8 @@ def test_special_tokens_in_text_map_to_their_ids():
     s = tok.special
     ids = tok.encode("<think>a</think><tool_call>b</tool_call><|image_pad|>")
     assert [s.think_start, s.think_end, s.tool_call_start, s.tool_call_end, s.image_pad] == [
-        i for i in ids if i >= s.endoftext]
+        i for i in ids if i >= s.endoftext
+    ]
     assert tok.decode(ids, skip_special_tokens=True) == "<think>a</think><tool_call>b</tool_call>"
 
 
@@ -117,12 +118,15 @@ def test_bad_files_raise(tmp_path):
         load_tokenizer(tmp_path)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"corpus": CORPUS, "vocab_size": 100}, "vocab_size"),
-    ({"corpus": ["", ""], "vocab_size": 400}, "empty corpus"),
-    ({"corpus": CORPUS, "vocab_size": 400, "min_frequency": 0}, "min_frequency"),
-    ({"corpus": CORPUS, "vocab_size": 400, "max_digits": 4}, "max_digits"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"corpus": CORPUS, "vocab_size": 100}, "vocab_size"),
+        ({"corpus": ["", ""], "vocab_size": 400}, "empty corpus"),
+        ({"corpus": CORPUS, "vocab_size": 400, "min_frequency": 0}, "min_frequency"),
+        ({"corpus": CORPUS, "vocab_size": 400, "max_digits": 4}, "max_digits"),
+    ],
+)
 def test_bad_training_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         train_bpe_tokenizer(**kwargs)

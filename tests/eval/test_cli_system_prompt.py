@@ -66,7 +66,9 @@ def test_tool_profile_follows_the_exported_schema(exported):
     assert resolve_tool_profile("release", exported, python_interpreter=False) == "release"
     with pytest.raises(ValueError, match=r"--tool-profile paper does not offer \[.*'web_search'.*trained to call"):
         resolve_tool_profile("paper", exported, python_interpreter=False)
-    unknown = dataclasses.replace(exported, trained_prompt=("", [{"type": "function", "function": {"name": "teleport"}}]))
+    unknown = dataclasses.replace(
+        exported, trained_prompt=("", [{"type": "function", "function": {"name": "teleport"}}])
+    )
     with pytest.raises(ValueError, match=r"trained with tools \['teleport'\].*which no tool profile"):
         resolve_tool_profile(None, unknown, python_interpreter=False)
     paper_export = dataclasses.replace(exported, trained_prompt=("", []))  # the paper profile shows no schema

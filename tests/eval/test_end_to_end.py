@@ -33,15 +33,37 @@ N = 4
 
 
 def _cli(checkpoint, held_out, out, mode, world=None):
-    argv = ["--checkpoint", str(checkpoint), "--bench", f"world:osvl={held_out}", "--mode", mode, "--out", str(out),
-            "--limit", str(N), "--concurrency", "2", "--max-new-tokens", "8", "--max-turns", "2",
-            "--max-total-tokens", "4096", "--dtype", "float32", "--temperature", "1.0"]
+    argv = [
+        "--checkpoint",
+        str(checkpoint),
+        "--bench",
+        f"world:osvl={held_out}",
+        "--mode",
+        mode,
+        "--out",
+        str(out),
+        "--limit",
+        str(N),
+        "--concurrency",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--max-turns",
+        "2",
+        "--max-total-tokens",
+        "4096",
+        "--dtype",
+        "float32",
+        "--temperature",
+        "1.0",
+    ]
     return main(argv + (["--world", str(world)] if world else []))
 
 
 @pytest.mark.parametrize("mode", ["direct", "rag", "agentic"])
-def test_cli_runs_a_tiny_checkpoint_on_held_out_questions_and_resumes(checkpoint, held_out, world_dir, tmp_path,
-                                                                       mode, capsys):
+def test_cli_runs_a_tiny_checkpoint_on_held_out_questions_and_resumes(
+    checkpoint, held_out, world_dir, tmp_path, mode, capsys
+):
     out = tmp_path / mode
     assert _cli(checkpoint, held_out, out, mode, None if mode == "direct" else world_dir) == 0
     records, corrupt = read_records(out / "records.jsonl")
@@ -57,8 +79,10 @@ def test_cli_runs_a_tiny_checkpoint_on_held_out_questions_and_resumes(checkpoint
         if mode == "direct":
             assert record["tool_calls"] == 0 and len(traj.steps) == 1
         elif mode == "rag":
-            assert record["tool_calls"] == 2 and [r["tool"] for r in record["retrieval"]] == ["text_search",
-                                                                                            "image_search"]
+            assert record["tool_calls"] == 2 and [r["tool"] for r in record["retrieval"]] == [
+                "text_search",
+                "image_search",
+            ]
             assert record["retrieval"][0]["status"] == "ok" and "Search results" in traj.prompt.question
         else:
             assert record["tool_calls"] == sum(s.tool_result is not None for s in traj.steps)
@@ -100,26 +124,36 @@ def test_scripted_agent_through_the_real_loop_scores_exactly(checkpoint, held_ou
 
     def script(request: GenerationRequest) -> list[int]:
         ids = request.input_ids
-        turn = sum(ids[i:i + len(header)] == header for i in range(len(ids))) - 1
+        turn = sum(ids[i : i + len(header)] == header for i in range(len(ids))) - 1
         text = tokenizer.decode(ids)
         if turn == 0:
-            return tokenizer.encode('<think>look</think><tool_call>{"name": "text_search", '
-                                    '"arguments": {"query": "orchid"}}</tool_call>')
+            return tokenizer.encode(
+                '<think>look</think><tool_call>{"name": "text_search", "arguments": {"query": "orchid"}}</tool_call>'
+            )
         answer = next((a for q, a in right.items() if q in text), "no idea")
         return tokenizer.encode(f"<think>ok</think><response>{answer}</response>")
 
-    engine = ReplayEngine(LocalEngine(from_pretrained(checkpoint, dtype=torch.float32), tokenizer, IMAGE_CONFIG),
-                          script)
-    tools = ToolBackendsConfig(text_search=TextSearchConfig(corpus_path=str(world_dir / "corpus.jsonl")),
-                        image_search=ImageSearchConfig(collection_path=str(world_dir / "images.jsonl")))
+    engine = ReplayEngine(
+        LocalEngine(from_pretrained(checkpoint, dtype=torch.float32), tokenizer, IMAGE_CONFIG), script
+    )
+    tools = ToolBackendsConfig(
+        text_search=TextSearchConfig(corpus_path=str(world_dir / "corpus.jsonl")),
+        image_search=ImageSearchConfig(collection_path=str(world_dir / "images.jsonl")),
+    )
     registry = default_registry(tools.limits)
     with ToolPool(tools, PoolConfig(num_workers=1, preload=registry.targets())) as pool:
         env = ToolEnvironment(registry, pool)
-        renderer = ChatRenderer(tokenizer, IMAGE_CONFIG, env.registry.tool_schemas(),
-                                system_prompt("agent_system.v1.txt"))
-        answerer = AgenticAnswerer(engine, renderer, env,
-                                   AgentConfig(max_turns=3, max_total_tokens=8192,
-                                               sampling=SamplingParams(temperature=0.0, max_new_tokens=64)))
+        renderer = ChatRenderer(
+            tokenizer, IMAGE_CONFIG, env.registry.tool_schemas(), system_prompt("agent_system.v1.txt")
+        )
+        answerer = AgenticAnswerer(
+            engine,
+            renderer,
+            env,
+            AgentConfig(
+                max_turns=3, max_total_tokens=8192, sampling=SamplingParams(temperature=0.0, max_new_tokens=64)
+            ),
+        )
         evaluator = Evaluator(answerer, NormalizedMatchJudge(), tmp_path, EvalRunConfig(concurrency=2))
         stats = asyncio.run(evaluator.run(items))
     assert stats.generated == N and stats.max_in_flight <= 2

@@ -40,20 +40,44 @@ def export(tmp_path, tokenizer, held_out, world_dir, profile, system_prompt):
     if system_prompt:
         prompt_file = tmp_path / "system.txt"
         prompt_file.write_text(system_prompt)
-    recipe = load_recipe("tiny_grpo", [
-        f"data.tokenizer={tmp_path / 'tokenizer.json'}", f"data.train_path={held_out}", "model.pretrained=",
-        f"data.system_prompt={prompt_file}", f"tools.profile={profile}", f"tools.world_dir={world_dir}",
-        f"job.run_dir={tmp_path / 'run'}", "grpo.temperature=0.6", "grpo.top_p=0.95"])
+    recipe = load_recipe(
+        "tiny_grpo",
+        [
+            f"data.tokenizer={tmp_path / 'tokenizer.json'}",
+            f"data.train_path={held_out}",
+            "model.pretrained=",
+            f"data.system_prompt={prompt_file}",
+            f"tools.profile={profile}",
+            f"tools.world_dir={world_dir}",
+            f"job.run_dir={tmp_path / 'run'}",
+            "grpo.temperature=0.6",
+            "grpo.top_p=0.95",
+        ],
+    )
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
     model = build_policy(recipe, arch, world_size=1)
-    finish_stage(lambda step: None, 12, 12, 12, recipe, model, tokenizer, policy_image_config(recipe, arch),
-                 tmp_path / "run")
+    finish_stage(
+        lambda step: None, 12, 12, 12, recipe, model, tokenizer, policy_image_config(recipe, arch), tmp_path / "run"
+    )
     return recipe, arch, model, tmp_path / "run" / "hf"
 
 
 def eval_prompt_ids(hf, held_out, world_dir, out, *flags):
-    args = build_parser().parse_args(["--checkpoint", str(hf), "--bench", f"osvl={held_out}", "--mode", "agentic",
-                                      "--out", str(out), "--world", str(world_dir), *flags])
+    args = build_parser().parse_args(
+        [
+            "--checkpoint",
+            str(hf),
+            "--bench",
+            f"osvl={held_out}",
+            "--mode",
+            "agentic",
+            "--out",
+            str(out),
+            "--world",
+            str(world_dir),
+            *flags,
+        ]
+    )
     model_dir = read_model_dir(args)
     args.tool_profile = resolve_tool_profile(args.tool_profile, model_dir, args.python_interpreter)
     items = load_benchmark(held_out, "osvl").items[:N]
@@ -62,10 +86,14 @@ def eval_prompt_ids(hf, held_out, world_dir, out, *flags):
         return [renderer.render_prompt(to_prompt(item)).ids for item in items], args.tool_profile
 
 
-@pytest.mark.parametrize("profile, system_prompt", [("paper", ""), ("release", "Answer inside <response>.")],
-                         ids=["demo_paper_no_prompt", "release_with_prompt"])
-def test_eval_prompts_the_exported_policy_as_its_stage_did(tokenizer, held_out, world_dir, tmp_path, profile,
-                                                           system_prompt):
+@pytest.mark.parametrize(
+    "profile, system_prompt",
+    [("paper", ""), ("release", "Answer inside <response>.")],
+    ids=["demo_paper_no_prompt", "release_with_prompt"],
+)
+def test_eval_prompts_the_exported_policy_as_its_stage_did(
+    tokenizer, held_out, world_dir, tmp_path, profile, system_prompt
+):
     recipe, arch, model, hf = export(tmp_path, tokenizer, held_out, world_dir, profile, system_prompt)
     stage = policy_renderer(recipe, tokenizer, arch)
     prompts = load_prompts(recipe.data)[:N]  # the GRPO stage's own reader
@@ -85,8 +113,15 @@ def test_eval_prompts_the_exported_policy_as_its_stage_did(tokenizer, held_out, 
 def test_the_export_is_a_whole_model_directory(tokenizer, held_out, world_dir, tmp_path):
     recipe, _, model, hf = export(tmp_path, tokenizer, held_out, world_dir, "release", "Be brief.")
     assert {p.name for p in hf.iterdir()} == {
-        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-        "generation_config.json", "preprocessor_config.json", "video_preprocessor_config.json"}
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+        "preprocessor_config.json",
+        "video_preprocessor_config.json",
+    }
     s = tokenizer.special
     generation = json.loads((hf / "generation_config.json").read_text())
     assert generation["eos_token_id"] == [s.im_end, s.endoftext] and generation["pad_token_id"] == s.endoftext
@@ -98,7 +133,8 @@ def test_the_export_is_a_whole_model_directory(tokenizer, held_out, world_dir, t
     video = json.loads((hf / "video_preprocessor_config.json").read_text())
     image = json.loads((hf / "preprocessor_config.json").read_text())
     assert {k: video[k] for k in ("patch_size", "temporal_patch_size", "merge_size")} == {
-        k: image[k] for k in ("patch_size", "temporal_patch_size", "merge_size")}
+        k: image[k] for k in ("patch_size", "temporal_patch_size", "merge_size")
+    }
     assert recipe.checkpoint.export_dtype == "float32"
     loaded = from_pretrained(hf, dtype=torch.float32).state_dict()
     for key, tensor in model.state_dict().items():
@@ -107,9 +143,26 @@ def test_the_export_is_a_whole_model_directory(tokenizer, held_out, world_dir, t
 
 def test_cli_runs_the_export_with_its_own_prompt(tokenizer, held_out, world_dir, tmp_path, capsys):
     *_, hf = export(tmp_path, tokenizer, held_out, world_dir, "release", "Be brief.")
-    argv = ["--checkpoint", str(hf), "--bench", f"osvl={held_out}", "--mode", "agentic", "--out", str(tmp_path / "o"),
-            "--world", str(world_dir), "--limit", "2", "--max-new-tokens", "4", "--max-turns", "1", "--dtype",
-            "float32"]
+    argv = [
+        "--checkpoint",
+        str(hf),
+        "--bench",
+        f"osvl={held_out}",
+        "--mode",
+        "agentic",
+        "--out",
+        str(tmp_path / "o"),
+        "--world",
+        str(world_dir),
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--max-turns",
+        "1",
+        "--dtype",
+        "float32",
+    ]
     assert main(argv) == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["tool_profile"] == "release" and summary["system_prompt_source"] == "checkpoint"

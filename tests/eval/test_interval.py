@@ -85,10 +85,15 @@ def test_paired_difference_sees_a_shift_the_marginal_intervals_hide():
     assert same.value == 0.0 and not same.excludes_zero()
 
 
-@pytest.mark.parametrize(("table", "baseline", "message"), [
-    (np.zeros(5), None, r"\[seeds, prompts\]"), (np.zeros((2, 0)), None, r"\[seeds, prompts\]"),
-    (np.full((2, 3), np.nan), None, "finite"), (np.zeros((2, 3)), (np.zeros((2, 4)), None), "same prompts"),
-])
+@pytest.mark.parametrize(
+    ("table", "baseline", "message"),
+    [
+        (np.zeros(5), None, r"\[seeds, prompts\]"),
+        (np.zeros((2, 0)), None, r"\[seeds, prompts\]"),
+        (np.full((2, 3), np.nan), None, "finite"),
+        (np.zeros((2, 3)), (np.zeros((2, 4)), None), "same prompts"),
+    ],
+)
 def test_bootstrap_refuses_bad_tables(table, baseline, message):
     with pytest.raises(ValueError, match=message):
         bootstrap_interval((table, None), baseline)

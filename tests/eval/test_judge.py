@@ -52,8 +52,9 @@ def chat(content: str) -> tuple[int, bytes, float]:
 
 
 def judge_for(server: LoopbackChat, attempts: int = 2, timeout_s: float = 2.0) -> EquivalenceJudge:
-    config = ChatJudgeConfig(base_url=server.url, model="gpt-4o", max_attempts=attempts, timeout_s=timeout_s,
-                             backoff_initial_s=0.0)
+    config = ChatJudgeConfig(
+        base_url=server.url, model="gpt-4o", max_attempts=attempts, timeout_s=timeout_s, backoff_initial_s=0.0
+    )
     return EquivalenceJudge(ChatCompletionsClient(config, sleep=lambda s: None))
 
 
@@ -64,14 +65,20 @@ def serve():
     def start(route):
         servers.append(LoopbackChat(route))
         return servers[-1]
+
     yield start
     for server in servers:
         server.close()
 
 
 def test_verdicts_and_the_prompt_that_was_sent(serve):
-    server = serve(lambda body: chat("Same city under its old name.\nverdict: correct")
-                   if "Kristiania" in body["messages"][0]["content"] else chat("verdict: incorrect"))
+    server = serve(
+        lambda body: (
+            chat("Same city under its old name.\nverdict: correct")
+            if "Kristiania" in body["messages"][0]["content"]
+            else chat("verdict: incorrect")
+        )
+    )
     judge = judge_for(server)
     good, bad = judge.judge(ITEM, "Kristiania (old name)"), judge.judge(ITEM, "Bergen")
     assert (good.score, bad.score) == (1.0, 0.0) and good.attempts == 1
@@ -87,14 +94,17 @@ def test_missing_answer_is_wrong_without_a_request(serve):
     assert verdict.score == 0.0 and verdict.reason == "no_answer" and server.requests == []
 
 
-@pytest.mark.parametrize("route, reason", [
-    (lambda body: (503, b'{"error": "overloaded"}', 0.0), "http_503"),
-    (lambda body: (200, b'{"choices": []}', 0.0), "malformed_response"),
-    (lambda body: (200, b"<html>not json", 0.0), "malformed_response"),
-    (lambda body: chat("I am not sure."), "unparsable_verdict"),
-    (lambda body: (401, b'{"error": "bad key"}', 0.0), "http_401"),
-    (lambda body: chat("verdict: correct")[:2] + (1.0,), "timeout"),
-])
+@pytest.mark.parametrize(
+    "route, reason",
+    [
+        (lambda body: (503, b'{"error": "overloaded"}', 0.0), "http_503"),
+        (lambda body: (200, b'{"choices": []}', 0.0), "malformed_response"),
+        (lambda body: (200, b"<html>not json", 0.0), "malformed_response"),
+        (lambda body: chat("I am not sure."), "unparsable_verdict"),
+        (lambda body: (401, b'{"error": "bad key"}', 0.0), "http_401"),
+        (lambda body: chat("verdict: correct")[:2] + (1.0,), "timeout"),
+    ],
+)
 def test_outages_are_unscored_never_wrong(serve, route, reason):
     # A short client timeout only where the timeout is the point: elsewhere a loaded CI machine
     # can take longer than 0.3 s to answer, and the verdict would read "timeout" instead.

@@ -44,13 +44,37 @@ def test_tokenizer_only_directory_for_engine_runs(checkpoint, tmp_path):
 
 def test_moe_config_is_accepted(checkpoint, tokenizer, tmp_path):
     s = tokenizer.special
-    text = TextConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, mrope_section=(2, 1, 1),
-                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
-    vision = VisionConfig(depth=1, hidden_size=16, intermediate_size=24, num_heads=2, patch_size=2,
-                          out_hidden_size=32, num_position_embeddings=16, deepstack_visual_indexes=(0,))
-    config = Qwen3VLConfig(text=text, vision=vision, image_token_id=s.image_pad, video_token_id=s.video_pad,
-                           vision_start_token_id=s.vision_start, vision_end_token_id=s.vision_end)
+    text = TextConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        mrope_section=(2, 1, 1),
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+    )
+    vision = VisionConfig(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=24,
+        num_heads=2,
+        patch_size=2,
+        out_hidden_size=32,
+        num_position_embeddings=16,
+        deepstack_visual_indexes=(0,),
+    )
+    config = Qwen3VLConfig(
+        text=text,
+        vision=vision,
+        image_token_id=s.image_pad,
+        video_token_id=s.video_pad,
+        vision_start_token_id=s.vision_start,
+        vision_end_token_id=s.vision_end,
+    )
     directory = tmp_path / "moe"
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps(config_to_hf(config)))
@@ -58,15 +82,22 @@ def test_moe_config_is_accepted(checkpoint, tokenizer, tmp_path):
     assert load_model_dir(directory).model_type == "qwen3_vl_moe"
 
 
-@pytest.mark.parametrize("file,change,message", [
-    ("config.json", {"image_token_id": 5}, "config.json image_token_id=5 but tokenizer.json has <|image_pad|>"),
-    ("config.json", {"model_type": "llava"}, "model_type must be"),
-    ("preprocessor_config.json", {"patch_size": 1}, "preprocessor_config.json patch_size=1 but config.json"),
-    ("preprocessor_config.json", {"merge_size": 1}, "merge_size=1 but config.json vision_config spatial_merge_size"),
-    ("tokenizer_config.json", {"chat_template": "{{ messages }}"}, "is not ChatML"),
-    ("tokenizer_config.json", {"eos_token": "<|nope|>"}, "eos_token '<|nope|>' is not a token"),
-    ("generation_config.json", {"eos_token_id": [10**7]}, "eos_token_id 10000000 is not a token"),
-])
+@pytest.mark.parametrize(
+    "file,change,message",
+    [
+        ("config.json", {"image_token_id": 5}, "config.json image_token_id=5 but tokenizer.json has <|image_pad|>"),
+        ("config.json", {"model_type": "llava"}, "model_type must be"),
+        ("preprocessor_config.json", {"patch_size": 1}, "preprocessor_config.json patch_size=1 but config.json"),
+        (
+            "preprocessor_config.json",
+            {"merge_size": 1},
+            "merge_size=1 but config.json vision_config spatial_merge_size",
+        ),
+        ("tokenizer_config.json", {"chat_template": "{{ messages }}"}, "is not ChatML"),
+        ("tokenizer_config.json", {"eos_token": "<|nope|>"}, "eos_token '<|nope|>' is not a token"),
+        ("generation_config.json", {"eos_token_id": [10**7]}, "eos_token_id 10000000 is not a token"),
+    ],
+)
 def test_mismatched_release_files_are_refused(checkpoint, tmp_path, file, change, message):
     directory = _copy(checkpoint, tmp_path)
     _edit(directory / file, **change)

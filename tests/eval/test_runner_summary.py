@@ -107,11 +107,23 @@ def test_paper_numbers_sit_beside_ours_and_are_labelled():
     for row in table["rows"]["direct"] + table["rows"]["rag"]:
         assert row["avg"] == pytest.approx(sum(row["scores"].values()) / 7, abs=0.06)
 
-    records = [{"status": "judged", "verdict": {"score": s, "attempts": 0}, "tool_calls": 0, "generated_tokens": 1,
-                "context_tokens": 2, "latency_s": 0.1, "judge_latency_s": 0.0} for s in (1.0, 0.0)]
-    summaries = [summarize_benchmark("infoseek", "InfoSeek", records),
-                 summarize_benchmark("simplevqa", "SimpleVQA", records[:1]),
-                 summarize_benchmark("world", None, records)]
+    records = [
+        {
+            "status": "judged",
+            "verdict": {"score": s, "attempts": 0},
+            "tool_calls": 0,
+            "generated_tokens": 1,
+            "context_tokens": 2,
+            "latency_s": 0.1,
+            "judge_latency_s": 0.0,
+        }
+        for s in (1.0, 0.0)
+    ]
+    summaries = [
+        summarize_benchmark("infoseek", "InfoSeek", records),
+        summarize_benchmark("simplevqa", "SimpleVQA", records[:1]),
+        summarize_benchmark("world", None, records),
+    ]
     text = pass_table(summaries, "rag", "osvl (rag)")
     lines = text.splitlines()
     assert lines[0] == "| Model | SimpleVQA | InfoSeek | world | Avg |"
@@ -127,8 +139,17 @@ def test_paper_numbers_sit_beside_ours_and_are_labelled():
 
 
 def test_full_seven_benchmark_runs_show_the_reported_average():
-    records = [{"status": "judged", "verdict": {"score": 1.0}, "tool_calls": 0, "generated_tokens": 1,
-                "context_tokens": 2, "latency_s": 0.1, "judge_latency_s": 0.0}]
+    records = [
+        {
+            "status": "judged",
+            "verdict": {"score": 1.0},
+            "tool_calls": 0,
+            "generated_tokens": 1,
+            "context_tokens": 2,
+            "latency_s": 0.1,
+            "judge_latency_s": 0.0,
+        }
+    ]
     summaries = [summarize_benchmark(c.lower(), c, records) for c in paper_table()["columns"]]
     text = pass_table(summaries, "agentic", "osvl")
     assert "| paper: OpenSearch-VL-32B(Ours) | 76.2 | 33.8 | 72.3 | 70.5 | 43.8 | 74.7 | 74.8 | 63.7 |" in text
@@ -136,11 +157,14 @@ def test_full_seven_benchmark_runs_show_the_reported_average():
     assert "†" not in text
 
 
-@pytest.mark.parametrize("text, answer", [
-    ("<think>hm</think>\n<response> Oslo </response>", "Oslo"),
-    ("<think>hm</think> Oslo", "Oslo"),
-    ("<think>never closed", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("<think>hm</think>\n<response> Oslo </response>", "Oslo"),
+        ("<think>hm</think> Oslo", "Oslo"),
+        ("<think>never closed", None),
+        ("", None),
+    ],
+)
 def test_extract_answer(text, answer):
     assert extract_answer(text) == answer

@@ -44,24 +44,58 @@ def web():
     def serper(request):
         if request.headers.get("x-api-key") != "serper-secret":
             return Reply(403, {"message": "Unauthorized"})
-        return Reply(200, {"organic": [{"title": "Kessock Bridge", "link": "https://example.org/kessock",
-                                        "snippet": "A bridge", "position": 1}]})
+        return Reply(
+            200,
+            {
+                "organic": [
+                    {
+                        "title": "Kessock Bridge",
+                        "link": "https://example.org/kessock",
+                        "snippet": "A bridge",
+                        "position": 1,
+                    }
+                ]
+            },
+        )
 
     def summarizer(request):
         if request.headers.get("authorization") != "Bearer llm-secret":
             return Reply(401, {"error": {"message": "bad key"}})
-        return Reply(200, {"choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": "It opened in 1982."}}]})
+        return Reply(
+            200,
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "It opened in 1982."},
+                    }
+                ]
+            },
+        )
 
-    server.routes.update({"/search": serper, "/read/": [Reply(200, PAGE, {"content-type": "text/plain"})],
-                          "/v1/chat/completions": summarizer})
+    server.routes.update(
+        {
+            "/search": serper,
+            "/read/": [Reply(200, PAGE, {"content-type": "text/plain"})],
+            "/v1/chat/completions": summarizer,
+        }
+    )
     yield server
     server.close()
 
 
 def _toml(path, web, **extra):
-    lines = ["[text_search]", 'backend = "online"', f'serper_url = "{web.url}/search"', f'jina_url = "{web.url}/read/"',
-             'serper_key_env = "OSVL_TEST_SERPER"', "[http]", "timeout_s = 5.0", "max_retries = 0"]
+    lines = [
+        "[text_search]",
+        'backend = "online"',
+        f'serper_url = "{web.url}/search"',
+        f'jina_url = "{web.url}/read/"',
+        'serper_key_env = "OSVL_TEST_SERPER"',
+        "[http]",
+        "timeout_s = 5.0",
+        "max_retries = 0",
+    ]
     lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -69,10 +103,19 @@ def _toml(path, web, **extra):
 
 def test_keys_come_from_named_environment_variables_only():
     env = {"SERPER": "s-key", "LLM": "l-key"}
-    config = resolve_sections({"text_search": {"backend": "online", "serper_key_env": "SERPER",
-                                               "summarizer_url": "http://x/v1", "summarizer_key_env": "LLM"},
-                               "image_search": {"backend": "online", "api_url": "http://y", "api_key_env": "LLM"},
-                               "http": {"timeout_s": 3.0}}, env)
+    config = resolve_sections(
+        {
+            "text_search": {
+                "backend": "online",
+                "serper_key_env": "SERPER",
+                "summarizer_url": "http://x/v1",
+                "summarizer_key_env": "LLM",
+            },
+            "image_search": {"backend": "online", "api_url": "http://y", "api_key_env": "LLM"},
+            "http": {"timeout_s": 3.0},
+        },
+        env,
+    )
     assert (config.text_search.serper_key, config.text_search.summarizer_key) == ("s-key", "l-key")
     assert config.image_search.api_key == "l-key" and config.http.timeout_s == 3.0
     with pytest.raises(ValueError, match="names environment variable 'NOPE', which is not set"):
@@ -123,14 +166,21 @@ def test_offline_back_ends_need_their_data_files(tmp_path):
 
 def _bench(tmp_path):
     write_png(tmp_path / "q.png", rgb(seed=4))
-    return write_jsonl(tmp_path / "vdr.jsonl", [
-        {"id": "a", "question": "When did the Kessock Bridge open?", "answer": "1982", "image": "q.png"},
-        {"id": "b", "question": "Which firth does the Forth Bridge cross?", "answer": "Firth of Forth",
-         "image": "q.png"}])
+    return write_jsonl(
+        tmp_path / "vdr.jsonl",
+        [
+            {"id": "a", "question": "When did the Kessock Bridge open?", "answer": "1982", "image": "q.png"},
+            {
+                "id": "b",
+                "question": "Which firth does the Forth Bridge cross?",
+                "answer": "Firth of Forth",
+                "image": "q.png",
+            },
+        ],
+    )
 
 
-def test_release_profile_with_online_search_and_own_system_prompt(checkpoint, world_dir, tmp_path, web,
-                                                                  monkeypatch):
+def test_release_profile_with_online_search_and_own_system_prompt(checkpoint, world_dir, tmp_path, web, monkeypatch):
     """A release-named call (web_search, "q") goes through the CLI's tool stack to the loopback Serper
     with the key from the environment; the checkpoint sees the release schema and the user's prompt."""
     monkeypatch.setenv("OSVL_TEST_SERPER", "serper-secret")
@@ -138,11 +188,30 @@ def test_release_profile_with_online_search_and_own_system_prompt(checkpoint, wo
     prompt_file = tmp_path / "release_prompt.txt"
     prompt_file.write_text("You are a visual investigation agent. Use img_1 for the question image.\n")
     bench = _bench(tmp_path)
-    args = build_parser().parse_args([
-        "--checkpoint", str(checkpoint), "--bench", f"vdr={bench}", "--mode", "agentic", "--out", str(tmp_path / "o"),
-        "--world", str(world_dir), "--tools", str(_toml(tmp_path / "tools.toml", web)), "--tool-profile", "release",
-        "--system-prompt", str(prompt_file), "--summarizer-url", f"{web.url}/v1",
-        "--summarizer-key-env", "OSVL_TEST_LLM"])
+    args = build_parser().parse_args(
+        [
+            "--checkpoint",
+            str(checkpoint),
+            "--bench",
+            f"vdr={bench}",
+            "--mode",
+            "agentic",
+            "--out",
+            str(tmp_path / "o"),
+            "--world",
+            str(world_dir),
+            "--tools",
+            str(_toml(tmp_path / "tools.toml", web)),
+            "--tool-profile",
+            "release",
+            "--system-prompt",
+            str(prompt_file),
+            "--summarizer-url",
+            f"{web.url}/v1",
+            "--summarizer-key-env",
+            "OSVL_TEST_LLM",
+        ]
+    )
     config = tools_config(args)
     assert config.text_search.backend == "online" and config.text_search.serper_key == "serper-secret"
     assert config.image_search.collection_path == str(world_dir / "images.jsonl")
@@ -153,16 +222,19 @@ def test_release_profile_with_online_search_and_own_system_prompt(checkpoint, wo
 
     def script(request):
         ids = request.input_ids
-        turn = sum(ids[i:i + len(header)] == header for i in range(len(ids))) - 1
+        turn = sum(ids[i : i + len(header)] == header for i in range(len(ids))) - 1
         text = tokenizer.decode(ids)
         if turn == 0:
-            return tokenizer.encode('<think>search</think><tool_call>{"name": "web_search", '
-                                    '"arguments": {"q": "Kessock Bridge opening"}}</tool_call>')
+            return tokenizer.encode(
+                '<think>search</think><tool_call>{"name": "web_search", '
+                '"arguments": {"q": "Kessock Bridge opening"}}</tool_call>'
+            )
         answer = "1982" if "Kessock Bridge open" in text and "opened in 1982" in text else "no idea"
         return tokenizer.encode(f"<think>ok</think><response>{answer}</response>")
 
-    engine = ReplayEngine(LocalEngine(from_pretrained(checkpoint, dtype=torch.float32), tokenizer,
-                                      model_dir.image_config), script)
+    engine = ReplayEngine(
+        LocalEngine(from_pretrained(checkpoint, dtype=torch.float32), tokenizer, model_dir.image_config), script
+    )
     items = load_benchmark(bench, "vdr").items
     with tool_environment(args) as env:
         answerer = build_answerer(args, engine, model_dir, env)
@@ -183,11 +255,22 @@ def test_release_profile_with_online_search_and_own_system_prompt(checkpoint, wo
     assert web.hits("/v1/chat/completions")[0].headers["authorization"] == "Bearer llm-secret"
 
 
-def test_cli_refuses_bad_tool_settings_before_loading_the_model(checkpoint, world_dir, tmp_path, web, capsys,
-                                                                monkeypatch):
+def test_cli_refuses_bad_tool_settings_before_loading_the_model(
+    checkpoint, world_dir, tmp_path, web, capsys, monkeypatch
+):
     monkeypatch.delenv("OSVL_TEST_SERPER", raising=False)
-    base = ["--checkpoint", str(tmp_path / "no-model"), "--bench", f"vdr={_bench(tmp_path)}", "--mode", "agentic",
-            "--out", str(tmp_path / "o"), "--world", str(world_dir)]
+    base = [
+        "--checkpoint",
+        str(tmp_path / "no-model"),
+        "--bench",
+        f"vdr={_bench(tmp_path)}",
+        "--mode",
+        "agentic",
+        "--out",
+        str(tmp_path / "o"),
+        "--world",
+        str(world_dir),
+    ]
     assert main(base + ["--tools", str(_toml(tmp_path / "t.toml", web))]) == 2
     assert "serper_key_env names environment variable 'OSVL_TEST_SERPER', which is not set" in capsys.readouterr().err
     assert main(base + ["--system-prompt", str(tmp_path / "none.txt")]) == 2

@@ -9,15 +9,36 @@ import cv2
 import numpy as np
 
 SYSTEM = "You are a careful search agent. Think, then call one tool or answer."
-RELEASE_TOOLS_JSON = json.dumps([
-    {"type": "function", "function": {"name": "crop", "description": "Crop.", "parameters": {
-        "type": "object", "properties": {"image": {"type": "string"}, "x": {"type": "integer"},
-                                         "y": {"type": "integer"}, "width": {"type": "integer"},
-                                         "height": {"type": "integer"}},
-        "required": ["image", "x", "y", "width", "height"]}}},
-    {"type": "function", "function": {"name": "text_search", "description": "Search.", "parameters": {
-        "type": "object", "properties": {"q": {"type": "string"}}, "required": []}}},
-])
+RELEASE_TOOLS_JSON = json.dumps(
+    [
+        {
+            "type": "function",
+            "function": {
+                "name": "crop",
+                "description": "Crop.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "image": {"type": "string"},
+                        "x": {"type": "integer"},
+                        "y": {"type": "integer"},
+                        "width": {"type": "integer"},
+                        "height": {"type": "integer"},
+                    },
+                    "required": ["image", "x", "y", "width", "height"],
+                },
+            },
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "text_search",
+                "description": "Search.",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": []},
+            },
+        },
+    ]
+)
 
 
 def rgb(height: int, width: int, seed: int) -> np.ndarray:
@@ -40,13 +61,19 @@ def release_record(question_image: str, crop_image: str) -> dict:
     return {
         "conversations": [
             {"from": "human", "value": "<image>Which year did the bridge in the picture open?"},
-            {"from": "gpt", "value": "<think>Zoom on the sign.</think>\n<tool_call>\n"
-                                     '{"name": "crop", "arguments": {"image": "img_1", "x": 0, "y": 0, '
-                                     '"width": 8, "height": 8}}\n</tool_call>'},
+            {
+                "from": "gpt",
+                "value": "<think>Zoom on the sign.</think>\n<tool_call>\n"
+                '{"name": "crop", "arguments": {"image": "img_1", "x": 0, "y": 0, '
+                '"width": 8, "height": 8}}\n</tool_call>',
+            },
             {"from": "observation", "value": "<image>Image cropped successfully. New image ID: img_2."},
-            {"from": "gpt", "value": "<think>The sign reads Kessock.</think>\n<tool_call>\n"
-                                     '{"name": "text_search", "arguments": {"q": "Kessock Bridge opened"}}\n'
-                                     "</tool_call>"},
+            {
+                "from": "gpt",
+                "value": "<think>The sign reads Kessock.</think>\n<tool_call>\n"
+                '{"name": "text_search", "arguments": {"q": "Kessock Bridge opened"}}\n'
+                "</tool_call>",
+            },
             {"from": "observation", "value": "The Kessock Bridge opened in 1982."},
             {"from": "gpt", "value": "<think>It opened in 1982.</think>\n<response>1982</response>"},
         ],

@@ -25,9 +25,11 @@ def test_prints_come_back_ok(backend):
 
 @pytest.mark.parametrize("backend", LOCAL_BACKENDS)
 def test_numpy_computation_returns_the_right_output(backend):
-    code = ("import json\nimport numpy as np\nA = np.array([[4.0, 1.0], [2.0, 3.0]])\n"
-            "print(json.dumps({'x': np.linalg.solve(A, np.array([1.0, 2.0])).tolist(), "
-            "'prod': int(np.arange(1, 11).prod())}))")
+    code = (
+        "import json\nimport numpy as np\nA = np.array([[4.0, 1.0], [2.0, 3.0]])\n"
+        "print(json.dumps({'x': np.linalg.solve(A, np.array([1.0, 2.0])).tolist(), "
+        "'prod': int(np.arange(1, 11).prod())}))"
+    )
     status, text, _, error = run_tool(code, sandbox=SandboxConfig(backend))
     assert status is ToolStatus.OK and error is None, error
     out = json.loads(text)
@@ -36,15 +38,18 @@ def test_numpy_computation_returns_the_right_output(backend):
 
 
 @pytest.mark.parametrize("backend", LOCAL_BACKENDS)
-@pytest.mark.parametrize("limits, code, fragment", [
-    (SandboxLimits(wall_s=2.0), "import time\ntime.sleep(4)\nprint('late')", "ran longer than 2 s"),
-    (SandboxLimits(cpu_s=1, wall_s=30.0), "while True:\n    pass", "more than 1 s of CPU time"),
-    (SandboxLimits(memory_bytes=160 << 20), "x = bytearray(200 << 20)", "out of memory (limit 160 MiB)"),
-    (SandboxLimits(file_bytes=1 << 20), "open('big', 'wb').write(b'0' * (2 << 20))", "File too large"),
-    (SandboxLimits(output_chars=100), "print('x' * 500)", "printed more than 100 characters"),
-    (SandboxLimits(open_files=20), "fs = [open('f%d' % i, 'w') for i in range(40)]", "Too many open files"),
-    (SandboxLimits(max_code_chars=10), "print('this is longer than ten')", "limit is 10"),
-])
+@pytest.mark.parametrize(
+    "limits, code, fragment",
+    [
+        (SandboxLimits(wall_s=2.0), "import time\ntime.sleep(4)\nprint('late')", "ran longer than 2 s"),
+        (SandboxLimits(cpu_s=1, wall_s=30.0), "while True:\n    pass", "more than 1 s of CPU time"),
+        (SandboxLimits(memory_bytes=160 << 20), "x = bytearray(200 << 20)", "out of memory (limit 160 MiB)"),
+        (SandboxLimits(file_bytes=1 << 20), "open('big', 'wb').write(b'0' * (2 << 20))", "File too large"),
+        (SandboxLimits(output_chars=100), "print('x' * 500)", "printed more than 100 characters"),
+        (SandboxLimits(open_files=20), "fs = [open('f%d' % i, 'w') for i in range(40)]", "Too many open files"),
+        (SandboxLimits(max_code_chars=10), "print('this is longer than ten')", "limit is 10"),
+    ],
+)
 def test_the_specs_limits_are_the_ones_that_run(backend, limits, code, fragment):
     """python_interpreter_spec(SandboxLimits(...)) reaches the sandbox in the worker (it used to change
     only the deadline: a 2 s wall clock still let a 4 s sleep return ok)."""
@@ -60,8 +65,11 @@ def test_the_scratch_tmpfs_is_size_limited():
 
 @pytest.mark.parametrize("backend", LOCAL_BACKENDS)
 def test_files_inside_the_scratch_directory_work_and_vanish(backend):
-    run = run_sandboxed("import os\nopen('a.txt', 'w').write('hi')\nprint(open('a.txt').read(), os.getcwd())",
-                        SandboxLimits(wall_s=5.0), SandboxConfig(backend))
+    run = run_sandboxed(
+        "import os\nopen('a.txt', 'w').write('hi')\nprint(open('a.txt').read(), os.getcwd())",
+        SandboxLimits(wall_s=5.0),
+        SandboxConfig(backend),
+    )
     assert run.error is None and run.stdout.startswith("hi "), run
     scratch = run.stdout.split()[1]
     assert scratch == "/tmp" if backend == "namespaces" else not os.path.exists(scratch)

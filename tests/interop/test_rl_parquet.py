@@ -12,11 +12,13 @@ IMAGE = rgb(20, 24, seed=5)
 
 
 def verl_rows():
-    good = {"data_source": "searchvl", "prompt": [{"role": "system", "content": "s"},
-                                                  {"role": "user", "content": "<image>Who built this?"}],
-            "images": [{"bytes": png_bytes(IMAGE), "path": "x.png"}],
-            "reward_model": {"style": "rule", "ground_truth": ["Thomas Telford", "Telford"]},
-            "extra_info": {"index": "q7"}}
+    good = {
+        "data_source": "searchvl",
+        "prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "<image>Who built this?"}],
+        "images": [{"bytes": png_bytes(IMAGE), "path": "x.png"}],
+        "reward_model": {"style": "rule", "ground_truth": ["Thomas Telford", "Telford"]},
+        "extra_info": {"index": "q7"},
+    }
     bad_image = dict(good, images=[{"bytes": b"not a png", "path": "y.png"}])
     no_answer = dict(good, reward_model={"style": "rule", "ground_truth": None})
     return [good, bad_image, no_answer]
@@ -29,8 +31,12 @@ def test_verl_layout_streams_prompts_with_stats(tmp_path):
     prompts = list(iter_rl_parquet(path, stats, batch_rows=1))
     assert len(prompts) == 1
     prompt = prompts[0]
-    assert (prompt.id, prompt.question, prompt.answer, prompt.aliases) == ("q7", "Who built this?", "Thomas Telford",
-                                                                           ["Telford"])
+    assert (prompt.id, prompt.question, prompt.answer, prompt.aliases) == (
+        "q7",
+        "Who built this?",
+        "Thomas Telford",
+        ["Telford"],
+    )
     np.testing.assert_array_equal(prompt.images[0], IMAGE)
     assert stats.records == 1 and stats.images == 1 and dict(stats.rejected) == {"bad image": 1, "no answer": 1}
 
@@ -42,8 +48,10 @@ def test_verl_layout_streams_prompts_with_stats(tmp_path):
 
 
 def test_release_hf_layout(tmp_path):
-    rows = [{"id": 3, "question": "Which river?", "answer": "Ness", "image": png_bytes(IMAGE)},
-            {"id": 4, "question": "  ", "answer": "x", "image": None}]
+    rows = [
+        {"id": 3, "question": "Which river?", "answer": "Ness", "image": png_bytes(IMAGE)},
+        {"id": 4, "question": "  ", "answer": "x", "image": None},
+    ]
     path = tmp_path / "hf.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     stats = FileStats("hf")
@@ -52,13 +60,16 @@ def test_release_hf_layout(tmp_path):
     assert dict(stats.rejected) == {"empty question": 1}
 
 
-@pytest.mark.parametrize("row, reason", [
-    ({"text": "?"}, "unknown layout"),
-    ({"question": "q", "answer": {"a": 1}}, "bad answer"),
-    ({"prompt": [{"role": "assistant", "content": "hi"}], "reward_model": {"ground_truth": "a"}}, "bad prompt"),
-    ({"question": "<image><image>q", "answer": "a", "images": [png_bytes(IMAGE)]}, "image count mismatch"),
-    ({"question": "q", "answer": "a", "images": ["path.png"]}, "bad image"),
-])
+@pytest.mark.parametrize(
+    "row, reason",
+    [
+        ({"text": "?"}, "unknown layout"),
+        ({"question": "q", "answer": {"a": 1}}, "bad answer"),
+        ({"prompt": [{"role": "assistant", "content": "hi"}], "reward_model": {"ground_truth": "a"}}, "bad prompt"),
+        ({"question": "<image><image>q", "answer": "a", "images": [png_bytes(IMAGE)]}, "image count mismatch"),
+        ({"question": "q", "answer": "a", "images": ["path.png"]}, "bad image"),
+    ],
+)
 def test_bad_rows_are_rejected_with_reasons(row, reason):
     with pytest.raises(Rejected) as info:
         rl_prompt(row, "r0")

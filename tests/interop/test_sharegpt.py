@@ -61,8 +61,13 @@ def test_records_steps_images_and_statistics(dataset, name):
     assert second.steps[0].text.startswith("<tool_call>\n{") and second.steps[0].tool_call.arguments == {"q": "Kessock"}
     assert (stats.records, stats.turns, stats.tool_calls, stats.images) == (2, 6, 4, 2)
     assert stats.tool_calls_per_trajectory == 2.0
-    assert dict(stats.rejected) == {"missing image": 1, "image count mismatch": 1, "no final response": 1,
-                                    "bad tool call": 1, "not an object": 1}
+    assert dict(stats.rejected) == {
+        "missing image": 1,
+        "image count mismatch": 1,
+        "no final response": 1,
+        "bad tool call": 1,
+        "not an object": 1,
+    }
     assert "gone.png" in stats.examples["missing image"] and stats.summary()["records"] == 2
 
 
@@ -70,8 +75,9 @@ def test_records_render_to_token_ids_and_round_trip_through_jsonl(dataset, token
     stats = FileStats("sft")
     record = next(iter_sharegpt(dataset / "sft.jsonl", stats, tokenizer=tokenizer))
     traj = tokenize_steps(record.trajectory, tokenizer)
-    renderer = ChatRenderer(tokenizer, ImageConfig(min_pixels=32 * 32, max_pixels=64 * 64),
-                            tools=record.tools, system_prompt=record.system)
+    renderer = ChatRenderer(
+        tokenizer, ImageConfig(min_pixels=32 * 32, max_pixels=64 * 64), tools=record.tools, system_prompt=record.system
+    )
     rendered = renderer.render_trajectory(traj)
     policy = rendered.input_ids[rendered.loss_mask]
     expected = [i for s in record.trajectory.steps for i in [*tokenizer.encode(s.text), tokenizer.special.im_end]]

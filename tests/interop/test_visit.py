@@ -14,8 +14,10 @@ PAGE = "Intro paragraph about cities.\n\nThe Kessock Bridge opened in 1982 near 
 @pytest.fixture()
 def offline(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
-    rows = [{"id": "p1", "title": "Kessock Bridge", "text": PAGE, "url": "world://p1"},
-            {"id": "p2", "title": "Empty", "text": " ", "url": "world://p2"}]
+    rows = [
+        {"id": "p1", "title": "Kessock Bridge", "text": PAGE, "url": "world://p1"},
+        {"id": "p2", "title": "Empty", "text": " ", "url": "world://p2"},
+    ]
     corpus.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return ToolBackendsConfig(text_search=TextSearchConfig(corpus_path=str(corpus)))
 
@@ -45,8 +47,9 @@ def test_online_visit_goes_through_jina_reader(monkeypatch):
 
     client = httpx.Client(transport=httpx.MockTransport(reader))
     monkeypatch.setattr(http_client, "shared_client", lambda timeout_s: client)
-    online = TextSearchConfig(backend="online", serper_key="k", summarizer_url="http://s/v1",
-                              jina_url="http://reader.test/", jina_key="jk")
+    online = TextSearchConfig(
+        backend="online", serper_key="k", summarizer_url="http://s/v1", jina_url="http://reader.test/", jina_key="jk"
+    )
     config = ToolBackendsConfig(text_search=online)
     out = visit_tool({"url": "https://example.org/kessock", "goal": ""}, [], config)
     assert "opened in 1982" in out.text

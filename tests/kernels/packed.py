@@ -25,7 +25,9 @@ def random_packed_batch(
     cu = torch.zeros(num_seqs + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(lengths, 0)
     T = int(cu[-1])
-    token_step = torch.cat([torch.sort(torch.randint(0, num_steps, (int(n),), generator=g)).values for n in lengths]).int()
+    token_step = torch.cat(
+        [torch.sort(torch.randint(0, num_steps, (int(n),), generator=g)).values for n in lengths]
+    ).int()
     fatal = torch.where(
         torch.rand(num_seqs, generator=g) < fatal_frac,
         torch.randint(0, num_steps, (num_seqs,), generator=g),

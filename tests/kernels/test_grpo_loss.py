@@ -14,7 +14,17 @@ from tests.kernels.packed import random_packed_batch
 
 BACKENDS = ["torch", "triton"]
 AGGS = ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm", "token-sum"]
-LOSS_KEYS = ("target_ids", "cu_seqlens", "loss_mask", "old_logprobs", "rewards", "group_ids", "fatal_step", "token_step", "ref_logprobs")
+LOSS_KEYS = (
+    "target_ids",
+    "cu_seqlens",
+    "loss_mask",
+    "old_logprobs",
+    "rewards",
+    "group_ids",
+    "fatal_step",
+    "token_step",
+    "ref_logprobs",
+)
 
 
 def run_both(batch: dict, backend: str, **kwargs):
@@ -211,8 +221,13 @@ def test_batch_without_tokens(backend):
     logits = torch.zeros(0, 11, requires_grad=True)
     empty_long = torch.zeros(0, dtype=torch.long)
     out = grpo_loss(
-        logits, empty_long, torch.zeros(3, dtype=torch.int32), torch.zeros(0, dtype=torch.bool),
-        rewards=torch.tensor([1.0, 0.0]), group_ids=torch.zeros(2, dtype=torch.long), backend=backend,
+        logits,
+        empty_long,
+        torch.zeros(3, dtype=torch.int32),
+        torch.zeros(0, dtype=torch.bool),
+        rewards=torch.tensor([1.0, 0.0]),
+        group_ids=torch.zeros(2, dtype=torch.long),
+        backend=backend,
     )
     out.loss.backward()
     assert out.loss.item() == 0.0 and logits.grad.shape == (0, 11)
@@ -224,12 +239,21 @@ def _pass_and_plan(weight: list[float]):
     valid = w > 0
     T = w.numel()
     result = TokenPassResult(
-        logp=-torch.rand(T), entropy=torch.rand(T), loss=torch.randn(T), ratio=1 + 0.1 * torch.randn(T),
-        clipped=torch.zeros(T, dtype=torch.bool), dual_clipped=torch.zeros(T, dtype=torch.bool), kl=torch.zeros(T),
+        logp=-torch.rand(T),
+        entropy=torch.rand(T),
+        loss=torch.randn(T),
+        ratio=1 + 0.1 * torch.randn(T),
+        clipped=torch.zeros(T, dtype=torch.bool),
+        dual_clipped=torch.zeros(T, dtype=torch.bool),
+        kl=torch.zeros(T),
     )
     plan = LossPlan(
-        valid=valid, weight=w, token_advantage=torch.randn(T), advantages=torch.randn(2),
-        is_fatal=torch.tensor([True, False]), clamped=torch.tensor([True, False]),
+        valid=valid,
+        weight=w,
+        token_advantage=torch.randn(T),
+        advantages=torch.randn(2),
+        is_fatal=torch.tensor([True, False]),
+        clamped=torch.tensor([True, False]),
     )
     return result, plan
 

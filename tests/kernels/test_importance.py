@@ -16,7 +16,17 @@ from osvl_kernels.reference import reference_grpo_loss
 from tests.kernels.packed import random_packed_batch
 
 BACKENDS = ["torch", "triton"]
-KEYS = ("target_ids", "cu_seqlens", "loss_mask", "old_logprobs", "rewards", "group_ids", "fatal_step", "token_step", "ref_logprobs")
+KEYS = (
+    "target_ids",
+    "cu_seqlens",
+    "loss_mask",
+    "old_logprobs",
+    "rewards",
+    "group_ids",
+    "fatal_step",
+    "token_step",
+    "ref_logprobs",
+)
 
 
 def batch_with_behavior(seed: int) -> dict:
@@ -78,12 +88,29 @@ def test_linear_grpo_loss_takes_the_same_weights():
     correction = RolloutCorrection(level="token", high=1.3)
     h = b["hidden"].clone().requires_grad_()
     w = b["weight"].clone().requires_grad_()
-    out = linear_grpo_loss(h, w, **inputs, behavior_logprobs=b["behavior_logprobs"], rollout_correction=correction,
-                           kl_coef=0.1, kl_max=0.8, kl_is_weighted=True, backend="torch", chunk_size=5)
+    out = linear_grpo_loss(
+        h,
+        w,
+        **inputs,
+        behavior_logprobs=b["behavior_logprobs"],
+        rollout_correction=correction,
+        kl_coef=0.1,
+        kl_max=0.8,
+        kl_is_weighted=True,
+        backend="torch",
+        chunk_size=5,
+    )
     out.loss.backward()
     h64, w64 = b["hidden"].double().requires_grad_(), b["weight"].double().requires_grad_()
-    ref, _, _ = reference_grpo_loss(h64 @ w64.T, **inputs, behavior_logprobs=b["behavior_logprobs"],
-                                    rollout_correction=correction, kl_coef=0.1, kl_max=0.8, kl_is_weighted=True)
+    ref, _, _ = reference_grpo_loss(
+        h64 @ w64.T,
+        **inputs,
+        behavior_logprobs=b["behavior_logprobs"],
+        rollout_correction=correction,
+        kl_coef=0.1,
+        kl_max=0.8,
+        kl_is_weighted=True,
+    )
     ref.backward()
     torch.testing.assert_close(out.loss.double(), ref.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(h.grad.double(), h64.grad, rtol=1e-5, atol=1e-6)
@@ -108,8 +135,14 @@ def test_kl_clamp_and_ratio_weighted_kl(backend, on_policy):
 def test_kl_clamp_cuts_the_kl_gradient():
     """A token whose k3 exceeds kl_max contributes kl_max and no KL gradient (verl's clamp)."""
     logits = torch.tensor([[2.0, -1.0, 0.5]], requires_grad=True)
-    args = dict(target_ids=torch.tensor([1]), cu_seqlens=torch.tensor([0, 1]), loss_mask=torch.tensor([True]),
-                advantages=torch.zeros(1), ref_logprobs=torch.tensor([-0.01]), kl_coef=1.0)
+    args = dict(
+        target_ids=torch.tensor([1]),
+        cu_seqlens=torch.tensor([0, 1]),
+        loss_mask=torch.tensor([True]),
+        advantages=torch.zeros(1),
+        ref_logprobs=torch.tensor([-0.01]),
+        kl_coef=1.0,
+    )
     out = grpo_loss(logits, **args, kl_max=1.0, backend="torch")
     out.loss.backward()
     assert out.loss.item() == pytest.approx(1.0)
@@ -145,8 +178,14 @@ def test_bad_importance_inputs_raise_value_error():
     logits = b["logits"]
     T = logits.shape[0]
     cases = [
-        (dict(is_weights=b["is_weights"], behavior_logprobs=b["behavior_logprobs"],
-              rollout_correction=RolloutCorrection()), "either is_weights or behavior_logprobs"),
+        (
+            dict(
+                is_weights=b["is_weights"],
+                behavior_logprobs=b["behavior_logprobs"],
+                rollout_correction=RolloutCorrection(),
+            ),
+            "either is_weights or behavior_logprobs",
+        ),
         (dict(behavior_logprobs=b["behavior_logprobs"]), "go together"),
         (dict(rollout_correction=RolloutCorrection()), "go together"),
         (dict(is_weights=torch.ones(T + 1)), r"is_weights must have shape"),
@@ -158,8 +197,12 @@ def test_bad_importance_inputs_raise_value_error():
         with pytest.raises(ValueError, match=message):
             grpo_loss(logits, **inputs, **kwargs)
     with pytest.raises(ValueError, match="needs old_logprobs"):
-        grpo_loss(logits, **(inputs | {"old_logprobs": None}), behavior_logprobs=b["behavior_logprobs"],
-                  rollout_correction=RolloutCorrection())
+        grpo_loss(
+            logits,
+            **(inputs | {"old_logprobs": None}),
+            behavior_logprobs=b["behavior_logprobs"],
+            rollout_correction=RolloutCorrection(),
+        )
     for kwargs, message in [
         (dict(level="geometric"), "level must be one of"),
         (dict(mode="clip"), "mode must be one of"),

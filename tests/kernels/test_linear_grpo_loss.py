@@ -28,7 +28,17 @@ BACKENDS = ["torch"] + (["triton"] if importlib.util.find_spec("osvl_kernels.tri
 # "torch"; the Triton interpreter is slow, so it covers one representative case per axis.
 TRITON = BACKENDS[1:]
 AGGS = ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm", "token-sum"]
-LOSS_KEYS = ("target_ids", "cu_seqlens", "loss_mask", "old_logprobs", "rewards", "group_ids", "fatal_step", "token_step", "ref_logprobs")
+LOSS_KEYS = (
+    "target_ids",
+    "cu_seqlens",
+    "loss_mask",
+    "old_logprobs",
+    "rewards",
+    "group_ids",
+    "fatal_step",
+    "token_step",
+    "ref_logprobs",
+)
 MATMUL_OPS = ("mm", "addmm", "matmul", "bmm", "baddbmm", "addmv", "mv", "dot", "linear")
 
 
@@ -309,7 +319,9 @@ def test_add_matmul_into_half_rounds_once_per_call():
     assert (acc.double() == once.double()).float().mean() > 0.95
 
 
-@pytest.mark.parametrize("accum, dtype", [(None, torch.bfloat16), (torch.float32, torch.bfloat16), (None, torch.float32)])
+@pytest.mark.parametrize(
+    "accum, dtype", [(None, torch.bfloat16), (torch.float32, torch.bfloat16), (None, torch.float32)]
+)
 def test_grad_weight_accumulator_never_holds_a_wider_vh_buffer_than_asked(accum, dtype):
     """The default keeps dW in the weight's dtype: no fp32 [V, H] tensor is ever created."""
     batch = random_packed_batch(seed=37, vocab=64, num_seqs=6)
@@ -317,7 +329,6 @@ def test_grad_weight_accumulator_never_holds_a_wider_vh_buffer_than_asked(accum,
     seen: set[torch.dtype] = set()
 
     class VHDtypes(TorchDispatchMode):
-
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             for x in out if isinstance(out, (tuple, list)) else (out,):
@@ -344,7 +355,9 @@ def test_half_accumulation_error_is_bounded_by_one_rounding_per_chunk():
     _, _, _, ref_h, ref_w = run_reference(batch, dtype=torch.bfloat16)
     errors = {}
     for accum in (None, torch.float32):
-        _, grad_h, grad_w = run_linear(batch, "torch", dtype=torch.bfloat16, chunk_size=4, grad_weight_accum_dtype=accum)
+        _, grad_h, grad_w = run_linear(
+            batch, "torch", dtype=torch.bfloat16, chunk_size=4, grad_weight_accum_dtype=accum
+        )
         errors[accum] = ((grad_w.double() - ref_w).norm() / ref_w.norm()).item()
         assert ((grad_h.double() - ref_h).norm() / ref_h.norm()).item() < 2e-2
     chunks = len(token_chunks(batch["hidden"].shape[0], 4))
@@ -358,7 +371,11 @@ def test_grad_weight_accum_dtype_choices():
     assert grad_weight_accum_dtype_for(torch.bfloat16, torch.float32) == torch.float32
     assert grad_weight_accum_dtype_for(torch.float32, None) == torch.float32
     assert grad_weight_accum_dtype_for(torch.float64, torch.float64) == torch.float64
-    for weight_dtype, bad in ((torch.bfloat16, torch.float16), (torch.float32, torch.bfloat16), (torch.float16, torch.float64)):
+    for weight_dtype, bad in (
+        (torch.bfloat16, torch.float16),
+        (torch.float32, torch.bfloat16),
+        (torch.float16, torch.float64),
+    ):
         with pytest.raises(ValueError, match="grad_weight_accum_dtype must be"):
             grad_weight_accum_dtype_for(weight_dtype, bad)
 

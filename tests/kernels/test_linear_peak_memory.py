@@ -9,6 +9,8 @@ recorded and replayed alone, at the same shapes, strides and dtypes, and its pea
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -56,14 +58,19 @@ def gemm_scratch_bytes(fn) -> int:
         fn()
     assert recorder.calls, "the step ran no GEMM: the recorder missed them"
     scratch = 0
+
+    def is_layout(x):
+        return isinstance(x, tuple) and len(x) == 3 and isinstance(x[2], torch.dtype)
+
+    def make(x):
+        return torch.empty_strided(x[0], x[1], dtype=x[2]).normal_() if is_layout(x) else x
+
     for func, args, kwargs in {(f, repr(a), repr(k)): (f, a, k) for f, a, k in recorder.calls}.values():
-        is_layout = lambda x: isinstance(x, tuple) and len(x) == 3 and isinstance(x[2], torch.dtype)  # noqa: E731
-        make = lambda x: torch.empty_strided(x[0], x[1], dtype=x[2]).normal_() if is_layout(x) else x  # noqa: E731
         real_args = tree_map(make, args, is_leaf=is_layout)
         real_kwargs = tree_map(make, kwargs, is_leaf=is_layout)
         func(*real_args, **real_kwargs)  # warm-up, as the step had
         result_bytes = 0 if "out" in real_kwargs or func.__name__.endswith("_") else None
-        peak = peak_allocated_bytes(lambda: func(*real_args, **real_kwargs))
+        peak = peak_allocated_bytes(functools.partial(func, *real_args, **real_kwargs))
         if result_bytes is None:
             shape = func(*real_args, **real_kwargs)
             result_bytes = shape.numel() * shape.element_size()
@@ -77,7 +84,19 @@ def run_step(accum: torch.dtype | None) -> tuple[int, int, int]:
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(T, H, generator=g).bfloat16().requires_grad_()
     weight = (torch.randn(V, H, generator=g) * 0.1).bfloat16().requires_grad_()
-    inputs = {k: batch[k] for k in ("target_ids", "cu_seqlens", "loss_mask", "old_logprobs", "rewards", "group_ids", "fatal_step", "token_step")}
+    inputs = {
+        k: batch[k]
+        for k in (
+            "target_ids",
+            "cu_seqlens",
+            "loss_mask",
+            "old_logprobs",
+            "rewards",
+            "group_ids",
+            "fatal_step",
+            "token_step",
+        )
+    }
 
     def step():
         out = linear_grpo_loss(

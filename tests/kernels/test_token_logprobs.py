@@ -78,8 +78,13 @@ def test_padded_vocab_entries_are_ignored_and_logp_is_at_most_zero():
 def test_linear_token_logprobs_match_reference(backend, chunk_size):
     rows = random_rows(seed=5, T=11, V=53)
     logp, entropy = linear_token_logprobs(
-        rows["hidden"], rows["weight"], rows["target_ids"], temperature=0.8, return_entropy=True,
-        chunk_size=chunk_size, backend=backend,
+        rows["hidden"],
+        rows["weight"],
+        rows["target_ids"],
+        temperature=0.8,
+        return_entropy=True,
+        chunk_size=chunk_size,
+        backend=backend,
     )
     logits = rows["hidden"].double() @ rows["weight"].double().T
     ref_logp, ref_entropy = reference_token_logprobs(logits, rows["target_ids"], 0.8)

@@ -14,7 +14,17 @@ from osvl_kernels.token_pass import expected_logit, softmax_block
 from tests.kernels.packed import random_packed_batch
 from tests.kernels.test_linear_peak_memory import peak_allocated_bytes
 
-LOSS_KEYS = ("target_ids", "cu_seqlens", "loss_mask", "old_logprobs", "rewards", "group_ids", "fatal_step", "token_step", "ref_logprobs")
+LOSS_KEYS = (
+    "target_ids",
+    "cu_seqlens",
+    "loss_mask",
+    "old_logprobs",
+    "rewards",
+    "group_ids",
+    "fatal_step",
+    "token_step",
+    "ref_logprobs",
+)
 EVERY_TERM = dict(dual_clip=3.0, kl_coef=0.05, entropy_coef=0.02, temperature=0.8)
 
 

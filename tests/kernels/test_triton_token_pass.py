@@ -27,9 +27,7 @@ from osvl_kernels.triton_token_pass import (
 from osvl_kernels.vocab_parallel import vocab_parallel_token_pass
 
 NINF = float("-inf")
-EVERYTHING = LossHyper(
-    eps_low=0.1, eps_high=0.3, dual_clip=2.0, kl_coef=0.1, entropy_coef=0.05, temperature=0.7
-)
+EVERYTHING = LossHyper(eps_low=0.1, eps_high=0.3, dual_clip=2.0, kl_coef=0.1, entropy_coef=0.05, temperature=0.7)
 
 
 def make_rows(seed: int, T: int = 10, V: int = 37, dtype: torch.dtype = torch.float32) -> dict:
@@ -70,15 +68,20 @@ def float64_token_pass(rows: dict, hyper: LossHyper, on_policy: bool):
     return on_valid(logp), on_valid(entropy), on_valid(loss), z.grad
 
 
-def run_triton(
-    rows: dict, hyper: LossHyper, on_policy: bool, block_v: int | None = 16, inplace: bool = False
-):
+def run_triton(rows: dict, hyper: LossHyper, on_policy: bool, block_v: int | None = 16, inplace: bool = False):
     """With `inplace` the gradient overwrites rows["logits"]."""
     logits = rows["logits"]
     grad = logits if inplace else torch.full_like(logits, float("nan"))
     old = None if on_policy else rows["old_logprobs"]
     out = token_pass_triton(
-        logits, rows["target_ids"], rows["weight"], rows["advantage"], old, rows["ref_logprobs"], hyper, grad,
+        logits,
+        rows["target_ids"],
+        rows["weight"],
+        rows["advantage"],
+        old,
+        rows["ref_logprobs"],
+        hyper,
+        grad,
         block_v=block_v,
     )
     return out, grad
@@ -88,8 +91,15 @@ def run_torch(rows: dict, hyper: LossHyper, on_policy: bool):
     grad = torch.empty_like(rows["logits"])
     old = None if on_policy else rows["old_logprobs"]
     out = token_pass(
-        rows["logits"], rows["target_ids"], rows["weight"], rows["advantage"], old, rows["ref_logprobs"],
-        hyper, grad, backend="torch",
+        rows["logits"],
+        rows["target_ids"],
+        rows["weight"],
+        rows["advantage"],
+        old,
+        rows["ref_logprobs"],
+        hyper,
+        grad,
+        backend="torch",
     )
     return out, grad
 
@@ -295,8 +305,17 @@ def test_vocab_parallel_token_pass_without_a_group_is_the_whole_vocab_pass(backe
     logp, entropy, loss, full_grad = float64_token_pass(rows, EVERYTHING, on_policy=False)
     grad = torch.full_like(rows["logits"], float("nan"))
     out = vocab_parallel_token_pass(
-        rows["logits"], rows["target_ids"], 0, rows["weight"], rows["advantage"], rows["old_logprobs"],
-        rows["ref_logprobs"], EVERYTHING, grad, None, backend=backend,
+        rows["logits"],
+        rows["target_ids"],
+        0,
+        rows["weight"],
+        rows["advantage"],
+        rows["old_logprobs"],
+        rows["ref_logprobs"],
+        EVERYTHING,
+        grad,
+        None,
+        backend=backend,
     )
     torch.testing.assert_close(out.logp.double(), logp, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out.entropy.double(), entropy, rtol=1e-5, atol=1e-6)
@@ -335,8 +354,14 @@ def test_launch_config_for_qwen_vocab_and_small_rows():
 
 def test_empty_batch():
     out = token_pass_triton(
-        torch.empty(0, 11), torch.empty(0, dtype=torch.long), torch.empty(0), torch.empty(0), None, None,
-        LossHyper(), torch.empty(0, 11),
+        torch.empty(0, 11),
+        torch.empty(0, dtype=torch.long),
+        torch.empty(0),
+        torch.empty(0),
+        None,
+        None,
+        LossHyper(),
+        torch.empty(0, 11),
     )
     assert out.logp.shape == (0,) and out.clipped.dtype == torch.bool
 

@@ -29,7 +29,17 @@ WORLD = 2
 BATCH = dict(seed=41, vocab=67, num_seqs=8, max_len=9, group_size=4)
 UNEVEN = (40, 27)  # laid out from all-gathered sizes
 EVEN = (34, 33)  # passed as explicit vocab_start
-LOSS_KEYS = ("target_ids", "cu_seqlens", "loss_mask", "old_logprobs", "rewards", "group_ids", "fatal_step", "token_step", "ref_logprobs")
+LOSS_KEYS = (
+    "target_ids",
+    "cu_seqlens",
+    "loss_mask",
+    "old_logprobs",
+    "rewards",
+    "group_ids",
+    "fatal_step",
+    "token_step",
+    "ref_logprobs",
+)
 OPTIONS = dict(kl_coef=0.1, entropy_coef=0.02, dual_clip=3.0, temperature=0.9)
 ON_POLICY = dict(loss_agg="token-mean", estimator="rloo", override={"old_logprobs": None})
 CHUNK = 8
@@ -55,8 +65,12 @@ def run_loss(hidden, weight, batch, *, scale=SCALE, **kwargs) -> dict:
     if out.loss.requires_grad:
         (out.loss * scale).backward()
     return dict(
-        loss=out.loss.detach(), logprobs=out.logprobs, advantages=out.advantages, metrics=out.metrics,
-        grad_hidden=hidden.grad, grad_weight=weight.grad,
+        loss=out.loss.detach(),
+        logprobs=out.logprobs,
+        advantages=out.advantages,
+        metrics=out.metrics,
+        grad_hidden=hidden.grad,
+        grad_weight=weight.grad,
     )
 
 
@@ -83,17 +97,27 @@ def tp_worker(rank: int, port: int, out_dir: str, backends: list[str]) -> None:
 
         for backend in backends:
             record[f"loss-{backend}"] = run_loss(
-                hidden.clone().requires_grad_(), weight[uneven].clone().requires_grad_(), batch,
-                tp_group=group, backend=backend, **OPTIONS,
+                hidden.clone().requires_grad_(),
+                weight[uneven].clone().requires_grad_(),
+                batch,
+                tp_group=group,
+                backend=backend,
+                **OPTIONS,
             )
         for validate in (True, False):
             record[f"explicit-validate={validate}"] = run_loss(
-                hidden.clone().requires_grad_(), weight[even].clone(), batch,
-                tp_group=group, vocab_start=even.start, validate=validate, backend="torch", **ON_POLICY,
+                hidden.clone().requires_grad_(),
+                weight[even].clone(),
+                batch,
+                tp_group=group,
+                vocab_start=even.start,
+                validate=validate,
+                backend="torch",
+                **ON_POLICY,
             )
 
         logits = hidden @ weight.T
-        logits[0, UNEVEN[0]:] = float("-inf")  # rank 1 holds no finite logit of row 0
+        logits[0, UNEVEN[0] :] = float("-inf")  # rank 1 holds no finite logit of row 0
         targets = batch["target_ids"].clone()
         targets[0] = 3
         for backend in backends:
@@ -101,7 +125,13 @@ def tp_worker(rank: int, port: int, out_dir: str, backends: list[str]) -> None:
                 logits[:, uneven], targets, temperature=0.9, return_entropy=True, tp_group=group, backend=backend
             )
         record["linear_token_logprobs"] = linear_token_logprobs(
-            hidden, weight[uneven], targets, temperature=0.9, return_entropy=True, tp_group=group, chunk_size=4,
+            hidden,
+            weight[uneven],
+            targets,
+            temperature=0.9,
+            return_entropy=True,
+            tp_group=group,
+            chunk_size=4,
             backend="torch",
         )
 
@@ -116,8 +146,17 @@ def tp_worker(rank: int, port: int, out_dir: str, backends: list[str]) -> None:
         hyper = LossHyper(**OPTIONS)
         shard_logits = logits[:, uneven].clone()
         result = vocab_parallel_token_pass(
-            shard_logits, targets, uneven.start, weights, advantage, batch["old_logprobs"], batch["ref_logprobs"],
-            hyper, shard_logits, group, backend="torch",
+            shard_logits,
+            targets,
+            uneven.start,
+            weights,
+            advantage,
+            batch["old_logprobs"],
+            batch["ref_logprobs"],
+            hyper,
+            shard_logits,
+            group,
+            backend="torch",
         )
         record["token_pass"] = dict(logp=result.logp, loss=result.loss, grad=shard_logits)
 
@@ -132,7 +171,10 @@ def tp_worker(rank: int, port: int, out_dir: str, backends: list[str]) -> None:
             ),
             "target": capture_error(
                 lambda: linear_grpo_loss(
-                    hidden, weight[uneven], **loss_inputs(batch, {"target_ids": bad_targets}), tp_group=group,
+                    hidden,
+                    weight[uneven],
+                    **loss_inputs(batch, {"target_ids": bad_targets}),
+                    tp_group=group,
                     backend="torch",
                 )
             ),
@@ -165,8 +207,11 @@ def batch() -> dict:
 
 def unsharded(batch: dict, *, weight_grad: bool = True, **kwargs) -> dict:
     return run_loss(
-        batch["hidden"].clone().requires_grad_(), batch["weight"].clone().requires_grad_(weight_grad), batch,
-        backend="torch", **kwargs,
+        batch["hidden"].clone().requires_grad_(),
+        batch["weight"].clone().requires_grad_(weight_grad),
+        batch,
+        backend="torch",
+        **kwargs,
     )
 
 
@@ -220,7 +265,7 @@ def test_tp_explicit_vocab_start_with_hidden_grad_only(ranks, batch, validate):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tp_token_logprobs_equal_unsharded_with_an_all_masked_shard_row(ranks, batch, backend):
     logits = batch["hidden"] @ batch["weight"].T
-    logits[0, UNEVEN[0]:] = float("-inf")
+    logits[0, UNEVEN[0] :] = float("-inf")
     targets = batch["target_ids"].clone()
     targets[0] = 3
     ref_logp, ref_entropy = reference_token_logprobs(logits, targets, 0.9)
@@ -246,7 +291,7 @@ def test_tp_linear_token_logprobs_equal_unsharded(ranks, batch):
 
 def test_all_reduced_row_stats_equal_whole_vocab_stats(ranks, batch):
     logits = batch["hidden"] @ batch["weight"].T
-    logits[0, UNEVEN[0]:] = float("-inf")
+    logits[0, UNEVEN[0] :] = float("-inf")
     targets = batch["target_ids"].clone()
     targets[0] = 3
     whole = row_stats(logits, targets, torch.ones_like(batch["loss_mask"]), 0, 0.9, "torch")
@@ -259,14 +304,21 @@ def test_all_reduced_row_stats_equal_whole_vocab_stats(ranks, batch):
 
 def test_vocab_parallel_token_pass_writes_this_shards_gradient(ranks, batch):
     logits = batch["hidden"] @ batch["weight"].T
-    logits[0, UNEVEN[0]:] = float("-inf")
+    logits[0, UNEVEN[0] :] = float("-inf")
     targets = batch["target_ids"].clone()
     targets[0] = 3
     valid = batch["loss_mask"]
     grad = torch.empty_like(logits)
     whole = token_pass(
-        logits, targets, valid.float() / 10, torch.linspace(-1.0, 1.0, valid.numel()), batch["old_logprobs"],
-        batch["ref_logprobs"], LossHyper(**OPTIONS), grad, backend="torch",
+        logits,
+        targets,
+        valid.float() / 10,
+        torch.linspace(-1.0, 1.0, valid.numel()),
+        batch["old_logprobs"],
+        batch["ref_logprobs"],
+        LossHyper(**OPTIONS),
+        grad,
+        backend="torch",
     )
     for rank, record in enumerate(ranks):
         got = record["token_pass"]

@@ -133,7 +133,8 @@ def test_shard_plan_balances_consecutive_runs_by_bytes():
     plan = shard_plan(_specs([10, 10, 10, 10, 10, 10]), world_size=2, max_shard_bytes=10**6)
     assert [(f.name, f.owner, f.tensors) for f in plan] == [
         ("model-00001-of-00002.safetensors", 0, ("t0", "t1", "t2")),
-        ("model-00002-of-00002.safetensors", 1, ("t3", "t4", "t5"))]
+        ("model-00002-of-00002.safetensors", 1, ("t3", "t4", "t5")),
+    ]
     assert [f.nbytes for f in plan] == [120, 120]
     # a dominant tensor: its owner holds its byte midpoint, the others share the rest
     plan = shard_plan(_specs([1, 1, 100, 1, 1]), world_size=4, max_shard_bytes=10**6)
@@ -145,7 +146,9 @@ def test_shard_plan_cuts_files_at_the_limit_and_names_a_single_file_like_hf():
     assert [f.tensors for f in plan] == [("t0", "t1"), ("t2",), ("t3",), ("t4",)]  # 80 B alone, over the limit
     assert [f.name for f in plan][-1] == "model-00004-of-00004.safetensors" and {f.owner for f in plan} == {0}
     assert [f.name for f in shard_plan(_specs([4, 4]), 3, 10**6)] == [
-        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]  # 3 ranks, 2 tensors: 2 writers
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]  # 3 ranks, 2 tensors: 2 writers
     assert [f.name for f in shard_plan(_specs([4, 4]), 1, 10**6)] == ["model.safetensors"]
     with pytest.raises(ValueError, match="at least one tensor"):
         shard_plan([], 1, 10)

@@ -18,10 +18,20 @@ def test_packed_documents_are_independent(moe):
         packed = model(ids, cu_seqlens=cu, position_ids=pos, pixel_values=px, image_grid_thw=grid)
         n0 = grids[0][1] * grids[0][2]
         alone = [
-            model(ids[: lengths[0]], cu_seqlens=torch.tensor([0, lengths[0]]), position_ids=pos[:, : lengths[0]],
-                  pixel_values=px[:n0], image_grid_thw=grid[:1]),
-            model(ids[lengths[0]:], cu_seqlens=torch.tensor([0, lengths[1]]), position_ids=pos[:, lengths[0]:],
-                  pixel_values=px[n0:], image_grid_thw=grid[1:]),
+            model(
+                ids[: lengths[0]],
+                cu_seqlens=torch.tensor([0, lengths[0]]),
+                position_ids=pos[:, : lengths[0]],
+                pixel_values=px[:n0],
+                image_grid_thw=grid[:1],
+            ),
+            model(
+                ids[lengths[0] :],
+                cu_seqlens=torch.tensor([0, lengths[1]]),
+                position_ids=pos[:, lengths[0] :],
+                pixel_values=px[n0:],
+                image_grid_thw=grid[1:],
+            ),
         ]
     assert packed.shape == (len(ids), config.text.vocab_size)
     torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
@@ -50,8 +60,12 @@ def test_backward_reaches_vision_and_decoder():
     model = build_model(config)
     ids, cu, pos, px, grid, _ = _image_batch(config, [(1, 2, 2), (2, 2, 2)])
     model(ids, cu_seqlens=cu, position_ids=pos, pixel_values=px, image_grid_thw=grid).logsumexp(-1).sum().backward()
-    for name in ("visual.patch_embed.proj.weight", "visual.deepstack_merger_list.0.linear_fc2.weight",
-                 "layers.0.attention.qkv_linear.wq.weight", "layers.1.moe.routed_experts.inner_experts.w1_EFD"):
+    for name in (
+        "visual.patch_embed.proj.weight",
+        "visual.deepstack_merger_list.0.linear_fc2.weight",
+        "layers.0.attention.qkv_linear.wq.weight",
+        "layers.1.moe.routed_experts.inner_experts.w1_EFD",
+    ):
         grad = dict(model.named_parameters())[name].grad
         assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
 
@@ -82,12 +96,30 @@ def test_meta_build_allocates_nothing():
         (dict(cu_seqlens=torch.tensor([0, 7])), "end at 6"),
         (dict(pixel_values=torch.zeros(4, 24)), "given together"),
         (dict(pixel_values=torch.zeros(4, 24), image_grid_thw=torch.tensor([[1, 2, 2]])), "MRoPE position_ids"),
-        (dict(pixel_values=torch.zeros(4, 24), image_grid_thw=torch.tensor([[1, 2, 2]]),
-              position_ids=torch.zeros(3, 6, dtype=torch.long)), "1 embeddings"),
-        (dict(pixel_values=torch.zeros(5, 24), image_grid_thw=torch.tensor([[1, 2, 2]]),
-              position_ids=torch.zeros(3, 6, dtype=torch.long)), r"pixel_values must be \[4, 24\]"),
-        (dict(pixel_values=torch.zeros(3, 24), image_grid_thw=torch.tensor([[1, 3, 1]]),
-              position_ids=torch.zeros(3, 6, dtype=torch.long)), "divisible by 2"),
+        (
+            dict(
+                pixel_values=torch.zeros(4, 24),
+                image_grid_thw=torch.tensor([[1, 2, 2]]),
+                position_ids=torch.zeros(3, 6, dtype=torch.long),
+            ),
+            "1 embeddings",
+        ),
+        (
+            dict(
+                pixel_values=torch.zeros(5, 24),
+                image_grid_thw=torch.tensor([[1, 2, 2]]),
+                position_ids=torch.zeros(3, 6, dtype=torch.long),
+            ),
+            r"pixel_values must be \[4, 24\]",
+        ),
+        (
+            dict(
+                pixel_values=torch.zeros(3, 24),
+                image_grid_thw=torch.tensor([[1, 3, 1]]),
+                position_ids=torch.zeros(3, 6, dtype=torch.long),
+            ),
+            "divisible by 2",
+        ),
     ],
 )
 def test_bad_inputs_raise_value_error(kwargs, match):

@@ -12,23 +12,52 @@ from tests.model.hf_reference import hf_module
 
 # Published config.json values, spelled independently of osvl/model/presets.py.
 _SHARED_TEXT = {
-    "vocab_size": 151936, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 5e6, "mrope_section": (24, 20, 20),
-    "max_position_embeddings": 262144, "attention_bias": False, "decoder_sparse_step": 1, "mlp_only_layers": (),
+    "vocab_size": 151936,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 5e6,
+    "mrope_section": (24, 20, 20),
+    "max_position_embeddings": 262144,
+    "attention_bias": False,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": (),
 }
-_SIZE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "num_experts", "num_experts_per_tok", "moe_intermediate_size")
+_SIZE_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+)
 _SIZES = {
     "qwen3_vl_8b": (4096, 12288, 36, 32, 8, 0, 0, 0),
     "qwen3_vl_30b_a3b": (2048, 6144, 48, 32, 4, 128, 8, 768),
     "qwen3_vl_32b": (5120, 25600, 64, 64, 8, 0, 0, 0),
 }
 _VISION = {
-    "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "in_channels": 3, "patch_size": 16,
-    "temporal_patch_size": 2, "spatial_merge_size": 2, "num_position_embeddings": 2304,
-    "deepstack_visual_indexes": (8, 16, 24), "rope_theta": 10000.0, "layer_norm_eps": 1e-6,
+    "depth": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_heads": 16,
+    "in_channels": 3,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "num_position_embeddings": 2304,
+    "deepstack_visual_indexes": (8, 16, 24),
+    "rope_theta": 10000.0,
+    "layer_norm_eps": 1e-6,
 }
-_TOKENS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
-           "vision_end_token_id": 151653, "tie_word_embeddings": False}
+_TOKENS = {
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "tie_word_embeddings": False,
+}
 
 
 @pytest.mark.parametrize("name", sorted(_SIZES))

@@ -62,12 +62,14 @@ def test_transformers_definition_is_top_k_times_one_layers_balance():
 
     def ours_mean(*layers):
         probs = [torch.softmax(layer, -1) for layer in layers]
-        return sum(float(balance_loss(p.sum(0), expert_counts(p.topk(K, -1).indices, everyone, E), 30, K))
-                   for p in probs) / len(layers)
+        return sum(
+            float(balance_loss(p.sum(0), expert_counts(p.topk(K, -1).indices, everyone, E), 30, K)) for p in probs
+        ) / len(layers)
 
     # pooled over layers: equal to k x the mean of the layers only when their loads agree
     assert float(load_balancing_loss_func((logits, logits.flip(0)), E, K)) == pytest.approx(
-        K * ours_mean(logits, logits.flip(0)), rel=1e-6)
+        K * ours_mean(logits, logits.flip(0)), rel=1e-6
+    )
     first, second = logits.clone(), logits.clone()
     first[:, :2] += 5.0  # each layer overloads two experts, different ones: pooling hides it
     second[:, 2:4] += 5.0
@@ -152,18 +154,21 @@ def test_injected_gradient_survives_activation_checkpointing():
 def test_injector_adds_the_loss_gradient_and_returns_the_activation():
     activation = torch.randn(3, requires_grad=True)
     weight = torch.randn(3, requires_grad=True)
-    out = AuxLossInjector.apply(activation, (weight ** 2).sum())
+    out = AuxLossInjector.apply(activation, (weight**2).sum())
     torch.testing.assert_close(out, activation)
     (out * 2).sum().backward()
     torch.testing.assert_close(activation.grad, torch.full((3,), 2.0))
     torch.testing.assert_close(weight.grad, 2 * weight)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(aux_coef=-1.0, z_coef=0.0, routed_tokens=1, step_tokens=1), "coefficients"),
-    (dict(aux_coef=0.0, z_coef=0.0, routed_tokens=5, step_tokens=4), "routed_tokens"),
-    (dict(aux_coef=0.0, z_coef=0.0, routed_tokens=0, step_tokens=0), "step_tokens"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(aux_coef=-1.0, z_coef=0.0, routed_tokens=1, step_tokens=1), "coefficients"),
+        (dict(aux_coef=0.0, z_coef=0.0, routed_tokens=5, step_tokens=4), "routed_tokens"),
+        (dict(aux_coef=0.0, z_coef=0.0, routed_tokens=0, step_tokens=0), "step_tokens"),
+    ],
+)
 def test_bad_router_loss_inputs(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RouterLossInputs(**kwargs)

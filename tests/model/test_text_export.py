@@ -44,8 +44,10 @@ def test_the_export_has_no_vision_tensors_and_the_specs_match_the_stream():
 def test_split_experts_are_the_fused_projections():
     E, D, F = 3, 4, 5
     gate_up, down = torch.randn(E, D, 2 * F), torch.randn(E, F, D)
-    split = dict(to_text_hf("model.language_model.layers.2.mlp.experts.gate_up_proj", gate_up)
-                 + to_text_hf("model.language_model.layers.2.mlp.experts.down_proj", down))
+    split = dict(
+        to_text_hf("model.language_model.layers.2.mlp.experts.gate_up_proj", gate_up)
+        + to_text_hf("model.language_model.layers.2.mlp.experts.down_proj", down)
+    )
     x = torch.randn(D)
     for e in range(E):  # expert e's SwiGLU, fused vs split
         g, u = (x @ gate_up[e]).split(F)

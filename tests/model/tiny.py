@@ -49,8 +49,11 @@ def image_batch(config, grids, n_text=4, seed=0):
     ids, pos, lengths = [], [], []
     for t, h, w in grids:
         n_img = t * h * w // 4
-        ids += [torch.randint(10, VOCAB, (n_text,), generator=gen), torch.full((n_img,), IMAGE_TOKEN),
-                torch.randint(10, VOCAB, (n_text,), generator=gen)]
+        ids += [
+            torch.randint(10, VOCAB, (n_text,), generator=gen),
+            torch.full((n_img,), IMAGE_TOKEN),
+            torch.randint(10, VOCAB, (n_text,), generator=gen),
+        ]
         grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h // 2), torch.arange(w // 2), indexing="ij"))
         img_pos = grid.reshape(3, -1) + n_text
         after = torch.arange(n_text).expand(3, -1) + n_text + max(h, w) // 2

@@ -32,9 +32,21 @@ FILLER = 3  # tokens of the filler document each rank's micro-batch ends with
 
 def tiny_moe():
     """The tiny_moe CPU preset (osvl.trainer.policy) with the test batches' vocabulary and vision ids."""
-    special = SpecialTokens(endoftext=0, im_start=1, im_end=2, vision_start=VISION_START, vision_end=VISION_END,
-                            image_pad=IMAGE_TOKEN, video_pad=VIDEO_TOKEN, tool_call_start=7, tool_call_end=8,
-                            tool_response_start=9, tool_response_end=10, think_start=11, think_end=12)
+    special = SpecialTokens(
+        endoftext=0,
+        im_start=1,
+        im_end=2,
+        vision_start=VISION_START,
+        vision_end=VISION_END,
+        image_pad=IMAGE_TOKEN,
+        video_pad=VIDEO_TOKEN,
+        tool_call_start=7,
+        tool_call_end=8,
+        tool_response_start=9,
+        tool_response_end=10,
+        think_start=11,
+        think_end=12,
+    )
     return tiny_arch(VOCAB, special, "tiny_moe")
 
 
@@ -54,8 +66,10 @@ def _with_filler(batch):
 def _micro_batches(arch, dp_size):
     full = image_batch(arch, GRIDS)
     labels = torch.zeros(full[0].shape[0], dtype=torch.long)
-    return [_with_filler(_rank_batch(full, labels, [d for d in range(len(GRIDS)) if d % dp_size == r])[0])
-            for r in range(dp_size)]
+    return [
+        _with_filler(_rank_batch(full, labels, [d for d in range(len(GRIDS)) if d % dp_size == r])[0])
+        for r in range(dp_size)
+    ]
 
 
 def _forward(model, batch):
@@ -88,8 +102,12 @@ def _reference(model, batches, top_k):
     loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     cv = load_cv(counts)
-    stats = {"moe_aux_loss": balance_sum / total, "moe_z_loss": z_sum / total, "moe_load_cv": float(cv.mean()),
-             "moe_load_cv_max": float(cv.max())}
+    stats = {
+        "moe_aux_loss": balance_sum / total,
+        "moe_z_loss": z_sum / total,
+        "moe_load_cv": float(cv.mean()),
+        "moe_load_cv_max": float(cv.max()),
+    }
     return float(loss), grads, stats
 
 
@@ -117,8 +135,13 @@ def router_losses_match_float64(rank: int, world: int, parallel_kwargs: dict) ->
     losses.start(mine)
     losses.prepare(mine[0])
     (_full(_forward(model, batches[dp_rank])).sum() * 0).backward()  # only the attached router losses
-    injected = torch.tensor(sum(AUX * r.stats.tokens / r.loss_inputs.step_tokens * float(r.stats.balance)
-                                + Z * float(r.stats.z_sum) / r.loss_inputs.step_tokens for r in losses.routers))
+    injected = torch.tensor(
+        sum(
+            AUX * r.stats.tokens / r.loss_inputs.step_tokens * float(r.stats.balance)
+            + Z * float(r.stats.z_sum) / r.loss_inputs.step_tokens
+            for r in losses.routers
+        )
+    )
     if dp_size > 1:
         dist.all_reduce(injected)
     assert abs(float(injected) - ref_loss) <= 1e-5 * abs(ref_loss), (float(injected), ref_loss)

@@ -33,7 +33,9 @@ def test_two_rank_scenarios_match_one_process(two_ranks):
 
 def _tensors(path):
     index = path / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    )
     out = {}
     for name in files:
         with safe_open(str(path / name), framework="pt") as f:
@@ -87,6 +89,11 @@ def test_transformers_loads_the_streamed_write(two_ranks, name):
     pixels = pixels_for(doc.grids, ours.arch.vision.patch_dim, gen)
     positions = torch.from_numpy(mrope_position_ids(doc.input_ids.numpy(), doc.grids, IMAGE_TOKEN))
     with torch.no_grad():
-        got = ours(doc.input_ids, cu_seqlens=torch.tensor([0, len(doc.input_ids)], dtype=torch.int32),
-                   position_ids=positions, pixel_values=pixels, image_grid_thw=torch.tensor(doc.grids))
+        got = ours(
+            doc.input_ids,
+            cu_seqlens=torch.tensor([0, len(doc.input_ids)], dtype=torch.int32),
+            position_ids=positions,
+            pixel_values=pixels,
+            image_grid_thw=torch.tensor(doc.grids),
+        )
     torch.testing.assert_close(got, hf_logits(hf_model, doc, pixels), rtol=1e-4, atol=1e-4)

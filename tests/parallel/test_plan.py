@@ -39,7 +39,9 @@ def test_ep_and_tp_plans_on_tiny_config(capsys):
     assert ep.total_params == tp.total_params
     assert ep.rank0_params < ep.total_params / 2
     assert tp.rank0_params < tp.total_params / 2
-    report = main(["--model", "qwen3_vl_30b_a3b", "--world-size", "16", "--fsdp", "16", "--ep", "8", "--tokens", "4096"])
+    report = main(
+        ["--model", "qwen3_vl_30b_a3b", "--world-size", "16", "--fsdp", "16", "--ep", "8", "--tokens", "4096"]
+    )
     out = capsys.readouterr().out
     assert "largest all-gather" in out and "qwen3_vl_30b_a3b" in out
     assert report.total_params == 31_070_754_032
@@ -84,10 +86,18 @@ def test_tp_plan_gathers_only_the_fsdp_shards():
 def _medium(moe: bool):
     """Widths where per-token constants (norm statistics, routing indices) no longer dominate."""
     base = tiny_config(moe=moe)
-    text = dataclasses.replace(base.text, hidden_size=256, intermediate_size=768, num_attention_heads=4,
-                               num_key_value_heads=2, head_dim=64, mrope_section=(16, 8, 8),
-                               num_experts=8 if moe else 0, num_experts_per_tok=2 if moe else 0,
-                               moe_intermediate_size=128 if moe else 0)
+    text = dataclasses.replace(
+        base.text,
+        hidden_size=256,
+        intermediate_size=768,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        mrope_section=(16, 8, 8),
+        num_experts=8 if moe else 0,
+        num_experts_per_tok=2 if moe else 0,
+        moe_intermediate_size=128 if moe else 0,
+    )
     vision = dataclasses.replace(base.vision, hidden_size=128, intermediate_size=512, num_heads=2, out_hidden_size=256)
     return dataclasses.replace(base, text=text, vision=vision)
 
@@ -117,8 +127,9 @@ def test_layer_activation_estimate_matches_what_a_forward_saves(moe):
     cu = torch.arange(0, tokens + 1, 16, dtype=torch.int32)
     rope = mrope_table(text_position_ids(cu, tokens), head_dim=64, theta=1e4, sections=(16, 8, 8))
     h = torch.randn(1, tokens, 256, requires_grad=True)
-    measured = _saved_bytes(lambda: model.layers["0"](h, packed_metadata(cu, tokens), rope),
-                            [*model.parameters(), rope])
+    measured = _saved_bytes(
+        lambda: model.layers["0"](h, packed_metadata(cu, tokens), rope), [*model.parameters(), rope]
+    )
     estimate = layer_activation_elements(arch, tp=1) * tokens * 4
     assert 0.8 < measured / estimate < 1.25
     assert activation_bytes(arch, tokens, tp=1, ac="none", dtype_bytes=4) == 2 * estimate  # two layers
@@ -147,15 +158,26 @@ def test_fit_verdict_and_the_largest_micro_batch_that_fits():
     parallel = ParallelConfig(dp_shard=16, tp=4, activation_checkpoint="full")
     roomy = plan("qwen3_vl_8b", world_size=64, parallel=parallel, tokens_per_rank=32768, gpu_memory_gib=95.5)
     assert roomy.fits and roomy.max_tokens_fit > 32768
-    at_limit = plan("qwen3_vl_8b", world_size=64, parallel=parallel, tokens_per_rank=roomy.max_tokens_fit,
-                    gpu_memory_gib=95.5)
+    at_limit = plan(
+        "qwen3_vl_8b", world_size=64, parallel=parallel, tokens_per_rank=roomy.max_tokens_fit, gpu_memory_gib=95.5
+    )
     assert at_limit.fits and at_limit.gpu_bytes > 0.99 * at_limit.usable_bytes  # the bound is tight
-    over = plan("qwen3_vl_8b", world_size=64, parallel=parallel, tokens_per_rank=roomy.max_tokens_fit + 4096,
-                gpu_memory_gib=95.5)
+    over = plan(
+        "qwen3_vl_8b",
+        world_size=64,
+        parallel=parallel,
+        tokens_per_rank=roomy.max_tokens_fit + 4096,
+        gpu_memory_gib=95.5,
+    )
     assert over.fits is False and over.max_tokens_fit == roomy.max_tokens_fit
     assert any("cpu_offload=true" in line for line in over.lines())
     assert over.max_tokens_fit_offload > over.max_tokens_fit
-    offloaded = plan("qwen3_vl_8b", world_size=64, parallel=dataclasses.replace(parallel, cpu_offload=True),
-                     tokens_per_rank=32768, gpu_memory_gib=95.5)
+    offloaded = plan(
+        "qwen3_vl_8b",
+        world_size=64,
+        parallel=dataclasses.replace(parallel, cpu_offload=True),
+        tokens_per_rank=32768,
+        gpu_memory_gib=95.5,
+    )
     assert offloaded.gpu_bytes == roomy.gpu_bytes - roomy.steady_state_bytes
     assert plan("qwen3_vl_8b", world_size=64, parallel=parallel, tokens_per_rank=1024).fits is None  # no budget given

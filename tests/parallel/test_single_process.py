@@ -44,7 +44,9 @@ def test_compiled_selective_ac_matches_eager():
     finally:
         dist.destroy_process_group()
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
-    compiled = {n.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", ""): p for n, p in model.named_parameters()}
+    compiled = {
+        n.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", ""): p for n, p in model.named_parameters()
+    }
     for name, p in eager.named_parameters():
         torch.testing.assert_close(compiled[name].grad, p.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
@@ -53,8 +55,9 @@ def test_compiled_blocks_attach_the_same_router_losses():
     """fullgraph capture of a block whose router attaches its losses and records its statistics."""
     torch.manual_seed(0)
     arch = tiny_config(moe=True)
-    parallel = ParallelConfig(dp_shard=1, activation_checkpoint="full", compile=True, compile_backend="aot_eager",
-                              param_dtype="float32")
+    parallel = ParallelConfig(
+        dp_shard=1, activation_checkpoint="full", compile=True, compile_backend="aot_eager", param_dtype="float32"
+    )
     model = sharded_model_config(arch, parallel).build()
     with torch.no_grad():
         model.init_states()
@@ -68,20 +71,23 @@ def test_compiled_blocks_attach_the_same_router_losses():
         balances = []
         for m in (eager, model):
             for router in (r for r in m.modules() if isinstance(r, Qwen3VLRouter)):
-                router.loss_inputs = RouterLossInputs(0.5, 0.1, routed_tokens=ids.shape[0] - 3,
-                                                      step_tokens=ids.shape[0])
+                router.loss_inputs = RouterLossInputs(
+                    0.5, 0.1, routed_tokens=ids.shape[0] - 3, step_tokens=ids.shape[0]
+                )
             out = m(ids, cu_seqlens=cu, position_ids=pos, pixel_values=px, image_grid_thw=grid)
             (out.sum() * 0).backward()  # only the attached router losses
             balances.append([float(r.stats.balance) for r in m.modules() if isinstance(r, Qwen3VLRouter)])
     finally:
         dist.destroy_process_group()
     assert balances[1] == pytest.approx(balances[0], rel=1e-6)
-    compiled = {n.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", ""): p
-                for n, p in model.named_parameters()}
+    compiled = {
+        n.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", ""): p for n, p in model.named_parameters()
+    }
     checked = 0
     for name, p in eager.named_parameters():
         if p.grad is not None and p.grad.any():
-            torch.testing.assert_close(compiled[name].grad, p.grad, rtol=1e-4, atol=1e-6,
-                                       msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(
+                compiled[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+            )
             checked += 1
     assert checked > 5

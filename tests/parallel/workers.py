@@ -180,9 +180,10 @@ def streaming_hf_write(rank: int, world: int, name: str, out: str) -> None:
 def run_scenarios(rank: int, world: int, out_dir: str) -> None:
     """Every scenario and HF write on the same 2 ranks (one spawn); rank 0 records ok / traceback per
     scenario."""
-    runs = {name: (fn, (kwargs, moe, *((str(Path(out_dir) / f"ckpt_{name}"),) if fn is dcp_round_trip_is_exact
-                                         else ())))
-            for name, (fn, kwargs, moe) in SCENARIOS.items()}
+    runs = {
+        name: (fn, (kwargs, moe, *((str(Path(out_dir) / f"ckpt_{name}"),) if fn is dcp_round_trip_is_exact else ())))
+        for name, (fn, kwargs, moe) in SCENARIOS.items()
+    }
     runs.update({name: (streaming_hf_write, (name, out_dir)) for name in HF_WRITES})
     results = {}
     for name, (fn, args) in runs.items():

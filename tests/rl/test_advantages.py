@@ -85,15 +85,13 @@ def test_unscored_samples_are_left_out_of_their_group() -> None:
 
 
 def test_exclusion_reasons_override_rewards() -> None:
-    batch = compute_advantages([1.0, 0.0, 0.5], [0, 0, 0], [-1, -1, -1],
-                               exclusions=[None, "infra_error", None])
+    batch = compute_advantages([1.0, 0.0, 0.5], [0, 0, 0], [-1, -1, -1], exclusions=[None, "infra_error", None])
     assert batch.drop_reasons == (None, "infra_error", None)
     np.testing.assert_allclose(batch.advantages.numpy()[[0, 2]], grpo([1.0, 0.5]), rtol=1e-6)
 
 
 def test_rloo_estimator_is_passed_through() -> None:
-    batch = compute_advantages([1.0, 0.0, 0.5], [0, 0, 0], [-1, 2, -1],
-                               AdvantageConfig(estimator="rloo"))
+    batch = compute_advantages([1.0, 0.0, 0.5], [0, 0, 0], [-1, 2, -1], AdvantageConfig(estimator="rloo"))
     np.testing.assert_allclose(batch.pre_clamp.numpy(), [0.75, -0.75, 0.0], atol=1e-6)
     np.testing.assert_allclose(batch.advantages.numpy(), [0.75, 0.0, 0.0], atol=1e-6)
 
@@ -118,12 +116,15 @@ def test_clamp_only_lifts_fatal_sequences(data, n) -> None:
     assert (clamp.advantages[[r is None for r in rewards]] == 0).all()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(mode="clamp"), "unknown fatal mode 'clamp'"),
-    (dict(mode="Fatal_Clamp"), "unknown fatal mode"),
-    (dict(estimator="ppo"), "unknown estimator"),
-    (dict(std="sample"), "unknown std"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(mode="clamp"), "unknown fatal mode 'clamp'"),
+        (dict(mode="Fatal_Clamp"), "unknown fatal mode"),
+        (dict(estimator="ppo"), "unknown estimator"),
+        (dict(std="sample"), "unknown std"),
+    ],
+)
 def test_bad_config(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         AdvantageConfig(**kwargs)
@@ -139,15 +140,18 @@ def test_bad_lengths() -> None:
 def test_trajectories_end_to_end_with_offline_judges() -> None:
     batch = [
         trajectory(["ok"], answer="1982", group_id=0, sample_index=0),
-        trajectory(["ok", "tool_error", "tool_error", "tool_error"], answer=None, group_id=0,
-                   sample_index=1),
+        trajectory(["ok", "tool_error", "tool_error", "tool_error"], answer=None, group_id=0, sample_index=1),
         trajectory(["ok"], answer="1990", group_id=0, sample_index=2),
-        trajectory(["ok", "infra_error"], answer="1982", group_id=0, sample_index=3, ),
+        trajectory(
+            ["ok", "infra_error"],
+            answer="1982",
+            group_id=0,
+            sample_index=3,
+        ),
         trajectory(["ok"], answer="1982", group_id=1, sample_index=0),
     ]
     scored = score_batch(batch, ExactMatchAccuracyJudge(), HeuristicQueryJudge())
-    scored[4].reward = RewardParts(fmt=1.0, acc=None, query=0.5, total=None,
-                                   unscored_reason="accuracy:timeout")
+    scored[4].reward = RewardParts(fmt=1.0, acc=None, query=0.5, total=None, unscored_reason="accuracy:timeout")
     result = trajectory_advantages(scored)
     assert result.drop_reasons == (None, None, None, "infra_error", "unscored")
     assert result.loss_fatal_steps.tolist() == [-1, 3, -1, -1, -1]
@@ -180,8 +184,9 @@ def test_kept_outage_rollouts_enter_the_group_and_are_counted() -> None:
     np.testing.assert_allclose(result.pre_clamp.numpy(), grpo([t.reward.total for t in scored]), rtol=1e-5)
     stats = batch_stats(result, scored)
     assert (stats.infra_kept, stats.infra_dropped, stats.fatal) == (2, 0, 1)
-    dropped = batch_stats(trajectory_advantages(score_batch(batch, ExactMatchAccuracyJudge(), HeuristicQueryJudge())),
-                          scored)
+    dropped = batch_stats(
+        trajectory_advantages(score_batch(batch, ExactMatchAccuracyJudge(), HeuristicQueryJudge())), scored
+    )
     assert (dropped.infra_kept, dropped.infra_dropped, dropped.scored) == (0, 2, 2)
 
 
@@ -205,8 +210,7 @@ def test_figure5_bookkeeping() -> None:
     assert metrics["rl/clamped_fraction"] == pytest.approx(2 / 3)
     assert all(isinstance(v, float) for v in metrics.values())
     # the non-clamping ablations report the same split (what the clamp would have done)
-    assert batch_stats(compute_advantages(rewards, groups, fatal,
-                                          AdvantageConfig(mode="vanilla"))).clamped == 2
+    assert batch_stats(compute_advantages(rewards, groups, fatal, AdvantageConfig(mode="vanilla"))).clamped == 2
 
 
 def test_fatal_at_the_group_mean_is_preserved_not_zeroed() -> None:

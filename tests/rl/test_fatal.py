@@ -84,10 +84,9 @@ STATUS = st.sampled_from([OK, E, P, T, INF, None])
 
 def reference_breach(statuses: list, k: int) -> int:
     """Independent formulation: first step whose k most recent counting statuses are all errors."""
-    counting: list[tuple[int, str]] = [(i, s) for i, s in enumerate(statuses)
-                                       if s not in (None, INF)]
+    counting: list[tuple[int, str]] = [(i, s) for i, s in enumerate(statuses) if s not in (None, INF)]
     for j in range(k - 1, len(counting)):
-        window = counting[j - k + 1: j + 1]
+        window = counting[j - k + 1 : j + 1]
         if all(s != OK for _, s in window):
             return counting[j][0]
     return -1
@@ -109,7 +108,7 @@ def test_onset_is_start_of_the_breaching_cascade(statuses, k) -> None:
         return
     assert 0 <= onset <= breach < len(statuses)
     assert statuses[onset] in (E, P, T) and statuses[breach] in (E, P, T)
-    between = statuses[onset:breach + 1]
+    between = statuses[onset : breach + 1]
     assert OK not in between
     assert sum(s in (E, P, T) for s in between) == k
     # the cascade starts right after the last ok (or at the first error of the trajectory)
@@ -118,9 +117,13 @@ def test_onset_is_start_of_the_breaching_cascade(statuses, k) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(statuses=st.lists(STATUS, max_size=15), k=st.integers(1, 4),
-       anchor=st.sampled_from(["breach", "onset"]), position=st.integers(0, 15),
-       neutral=st.sampled_from([None, INF]))
+@given(
+    statuses=st.lists(STATUS, max_size=15),
+    k=st.integers(1, 4),
+    anchor=st.sampled_from(["breach", "onset"]),
+    position=st.integers(0, 15),
+    neutral=st.sampled_from([None, INF]),
+)
 def test_neutral_statuses_only_shift_indices(statuses, k, anchor, position, neutral) -> None:
     position = min(position, len(statuses))
     before = find_fatal_step(statuses, k=k, anchor=anchor)
@@ -133,8 +136,7 @@ def test_neutral_statuses_only_shift_indices(statuses, k, anchor, position, neut
 
 
 @settings(max_examples=100, deadline=None)
-@given(statuses=st.lists(STATUS, max_size=15), k=st.integers(1, 4),
-       neutral=st.sampled_from([None, INF]))
+@given(statuses=st.lists(STATUS, max_size=15), k=st.integers(1, 4), neutral=st.sampled_from([None, INF]))
 def test_ok_cuts_the_history(statuses, k, neutral) -> None:
     """k-1 errors followed by an ok leave no trace: the rest behaves as if it stood alone."""
     prefix = [E, neutral] * (k - 1)
@@ -146,6 +148,7 @@ def test_ok_cuts_the_history(statuses, k, neutral) -> None:
 
 
 # --- trajectory helpers ----------------------------------------------------------------------
+
 
 def test_response_trajectory_without_cascade_is_not_fatal() -> None:
     traj = trajectory([OK, E, OK])

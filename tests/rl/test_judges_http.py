@@ -32,15 +32,17 @@ class Reply:
 
 
 def chat(content: str) -> Reply:
-    body = {"id": "c1", "object": "chat.completion", "model": "judge",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": content}}]}
+    body = {
+        "id": "c1",
+        "object": "chat.completion",
+        "model": "judge",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+    }
     return Reply(body=json.dumps(body).encode())
 
 
 def error(status: int, **headers: str) -> Reply:
-    return Reply(status=status, body=json.dumps({"error": {"message": "nope"}}).encode(),
-                 headers=headers)
+    return Reply(status=status, body=json.dumps({"error": {"message": "nope"}}).encode(), headers=headers)
 
 
 class ChatServer:
@@ -59,8 +61,7 @@ class ChatServer:
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                request = {"path": self.path, "auth": self.headers.get("Authorization"),
-                           "body": json.loads(raw)}
+                request = {"path": self.path, "auth": self.headers.get("Authorization"), "body": json.loads(raw)}
                 with server.lock:
                     server.requests.append(request)
                     if server.route is not None:
@@ -84,8 +85,7 @@ class ChatServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self.thread.start()
 
     def close(self) -> None:
@@ -110,9 +110,17 @@ class Sleeps(list):
 
 
 def make_client(server: ChatServer, sleeps: Sleeps, **overrides) -> ChatCompletionsClient:
-    config = dict(base_url=server.base_url, model="judge-model", api_key="sk-test", timeout_s=2.0,
-                  max_attempts=4, backoff_initial_s=0.01, backoff_multiplier=2.0,
-                  backoff_max_s=0.05, max_retry_after_s=30.0)
+    config = dict(
+        base_url=server.base_url,
+        model="judge-model",
+        api_key="sk-test",
+        timeout_s=2.0,
+        max_attempts=4,
+        backoff_initial_s=0.01,
+        backoff_multiplier=2.0,
+        backoff_max_s=0.05,
+        max_retry_after_s=30.0,
+    )
     config.update(overrides)
     return ChatCompletionsClient(ChatJudgeConfig(**config), sleep=sleeps)
 
@@ -171,8 +179,7 @@ def test_429_honours_retry_after(server) -> None:
 
 def test_503_retry_after_http_date_is_honoured(server) -> None:
     sleeps = Sleeps()
-    server.script = [error(503, **{"Retry-After": "Thu, 01 Jan 1970 00:00:00 GMT"}),
-                     chat("verdict: correct")]
+    server.script = [error(503, **{"Retry-After": "Thu, 01 Jan 1970 00:00:00 GMT"}), chat("verdict: correct")]
     with make_client(server, sleeps) as client:
         assert LLMAccuracyJudge(client).judge_answer(PROMPT, "1982").score == 1.0
     assert sleeps == [0.0]  # a date in the past means: retry now
@@ -206,9 +213,12 @@ def test_401_is_not_retried_and_unscored(server) -> None:
 
 def test_malformed_bodies_are_retried(server) -> None:
     sleeps = Sleeps()
-    server.script = [Reply(body=b"{not json"), Reply(body=b'{"choices": []}'),
-                     Reply(body=b'{"choices": [{"message": {"content": null}}]}'),
-                     chat("verdict: correct")]
+    server.script = [
+        Reply(body=b"{not json"),
+        Reply(body=b'{"choices": []}'),
+        Reply(body=b'{"choices": [{"message": {"content": null}}]}'),
+        chat("verdict: correct"),
+    ]
     with make_client(server, sleeps) as client:
         verdict = LLMAccuracyJudge(client).judge_answer(PROMPT, "1982")
     assert verdict.score == 1.0 and verdict.attempts == 4 and len(sleeps) == 3
@@ -245,8 +255,7 @@ def test_connection_refused_is_unscored(server) -> None:
     base_url = server.base_url
     server.close()
     sleeps = Sleeps()
-    config = ChatJudgeConfig(base_url=base_url, model="m", max_attempts=3, backoff_initial_s=0.01,
-                             timeout_s=1.0)
+    config = ChatJudgeConfig(base_url=base_url, model="m", max_attempts=3, backoff_initial_s=0.01, timeout_s=1.0)
     with ChatCompletionsClient(config, sleep=sleeps) as client:
         verdict = LLMAccuracyJudge(client).judge_answer(PROMPT, "1982")
     assert verdict.score is None and verdict.reason == "connection_error" and verdict.attempts == 3
@@ -261,8 +270,7 @@ def test_unparsable_model_output_is_unscored(server) -> None:
 
 
 def test_query_judge_scores_rubric(server) -> None:
-    server.script = [chat('Good chain.\n{"relevance": 8, "progression": 6, "signal_to_noise": 10, '
-                          '"cross_modal": 0}')]
+    server.script = [chat('Good chain.\n{"relevance": 8, "progression": 6, "signal_to_noise": 10, "cross_modal": 0}')]
     traj = trajectory(["ok", "tool_error"])
     with make_client(server, Sleeps()) as client:
         verdict = LLMQueryJudge(client).judge_queries(PROMPT, traj.steps[:2])
@@ -294,8 +302,7 @@ def test_batch_scoring_loses_nothing(server) -> None:
             return error(503)
         if "answer-slow" in content:
             return Reply(body=chat("verdict: correct").body, delay_s=5.0)
-        return chat("verdict: correct" if "1982" in content.split("final answer:")[-1] else
-                    "verdict: incorrect")
+        return chat("verdict: correct" if "1982" in content.split("final answer:")[-1] else "verdict: incorrect")
 
     server.route = route
     answers = ["1982", "answer-401", "1990", "answer-503", "1982", "answer-slow", None, "1982"]
@@ -308,14 +315,18 @@ def test_batch_scoring_loses_nothing(server) -> None:
     assert by_answer["1982"].reward.acc == 1.0 and by_answer["1990"].reward.acc == 0.0
     assert by_answer["1982"].reward.total == pytest.approx(1.0)
     assert by_answer["None"].reward.acc == 0.0 and by_answer["None"].fatal_step == 1
-    for bad, reason in (("answer-401", "accuracy:http_401"), ("answer-503", "accuracy:http_503"),
-                        ("answer-slow", "accuracy:timeout")):
+    for bad, reason in (
+        ("answer-401", "accuracy:http_401"),
+        ("answer-503", "accuracy:http_503"),
+        ("answer-slow", "accuracy:timeout"),
+    ):
         assert by_answer[bad].reward.total is None
         assert by_answer[bad].reward.unscored_reason == reason
         assert by_answer[bad].reward.query == 1.0  # the other judge's verdict is kept
     assert sum(t.reward.scored for t in scored) == 5
-    accuracy_requests = [r for r in server.requests
-                         if "Tool calls (in order)" not in r["body"]["messages"][0]["content"]]
+    accuracy_requests = [
+        r for r in server.requests if "Tool calls (in order)" not in r["body"]["messages"][0]["content"]
+    ]
     # 3 good + 1 wrong + 401 once + 503 three times + slow three times; the fatal one asks nobody
     assert len(accuracy_requests) == 4 + 1 + 3 + 3
     assert len(server.requests) - len(accuracy_requests) == len(answers)

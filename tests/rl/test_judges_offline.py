@@ -22,15 +22,18 @@ from osvl.rl.trajectory import Prompt
 from .helpers import PROMPT, rgb, tool_step
 
 
-@pytest.mark.parametrize("raw, normalized", [
-    ("The Kessock Bridge!", "kessock bridge"),
-    ("  kessock\tBRIDGE ", "kessock bridge"),
-    ("１９８２", "1982"),
-    ("Straße", "strasse"),
-    ("an apple, a pear", "apple pear"),
-    ("“Théâtre”", "théâtre"),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "raw, normalized",
+    [
+        ("The Kessock Bridge!", "kessock bridge"),
+        ("  kessock\tBRIDGE ", "kessock bridge"),
+        ("１９８２", "1982"),
+        ("Straße", "strasse"),
+        ("an apple, a pear", "apple pear"),
+        ("“Théâtre”", "théâtre"),
+        ("", ""),
+    ],
+)
 def test_normalize_answer(raw: str, normalized: str) -> None:
     assert normalize_answer(raw) == normalized
 
@@ -64,45 +67,53 @@ def test_heuristic_query_judge_dimensions() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(statuses=st.lists(st.sampled_from(["ok", "tool_error", "timeout", "parse_error", None]),
-                         max_size=8),
-       queries=st.lists(st.text(max_size=20), min_size=8, max_size=8))
+@given(
+    statuses=st.lists(st.sampled_from(["ok", "tool_error", "timeout", "parse_error", None]), max_size=8),
+    queries=st.lists(st.text(max_size=20), min_size=8, max_size=8),
+)
 def test_heuristic_query_score_is_bounded(statuses, queries) -> None:
     steps = [tool_step(s, arguments={"query": q}) for s, q in zip(statuses, queries)]
     score = HeuristicQueryJudge().judge_queries(PROMPT, steps).score
     assert 0.0 <= score <= 1.0
 
 
-@pytest.mark.parametrize("text, score", [
-    ("reasoning...\nverdict: correct", 1.0),
-    ("verdict: incorrect", 0.0),
-    ("VERDICT = Correct", 1.0),
-    ("verdict: **incorrect**", 0.0),
-    ("first verdict: correct\nfinal verdict: incorrect", 0.0),
-    ("The answer is correct.", None),
-    ("verdict: incorrectly formatted", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text, score",
+    [
+        ("reasoning...\nverdict: correct", 1.0),
+        ("verdict: incorrect", 0.0),
+        ("VERDICT = Correct", 1.0),
+        ("verdict: **incorrect**", 0.0),
+        ("first verdict: correct\nfinal verdict: incorrect", 0.0),
+        ("The answer is correct.", None),
+        ("verdict: incorrectly formatted", None),
+        ("", None),
+    ],
+)
 def test_parse_accuracy_verdict(text, score) -> None:
     assert parse_accuracy_verdict(text) == score
 
 
-@pytest.mark.parametrize("text, score", [
-    ('{"relevance": 10, "progression": 10, "signal_to_noise": 10, "cross_modal": 10}', 1.0),
-    ('bla {"x": 1} then {"relevance": 0, "progression": 4, "signal_to_noise": 2, "cross_modal": 2}', 0.2),
-    ('{"relevance": 5, "progression": 5, "signal_to_noise": 5}', None),
-    ('{"relevance": 5, "progression": 5, "signal_to_noise": 5, "cross_modal": -1}', None),
-    ('{"relevance": true, "progression": 5, "signal_to_noise": 5, "cross_modal": 5}', None),
-    ('{"relevance": "5", "progression": 5, "signal_to_noise": 5, "cross_modal": 5}', None),
-    ("no json at all", None),
-    ("{broken json}", None),
-])
+@pytest.mark.parametrize(
+    "text, score",
+    [
+        ('{"relevance": 10, "progression": 10, "signal_to_noise": 10, "cross_modal": 10}', 1.0),
+        ('bla {"x": 1} then {"relevance": 0, "progression": 4, "signal_to_noise": 2, "cross_modal": 2}', 0.2),
+        ('{"relevance": 5, "progression": 5, "signal_to_noise": 5}', None),
+        ('{"relevance": 5, "progression": 5, "signal_to_noise": 5, "cross_modal": -1}', None),
+        ('{"relevance": true, "progression": 5, "signal_to_noise": 5, "cross_modal": 5}', None),
+        ('{"relevance": "5", "progression": 5, "signal_to_noise": 5, "cross_modal": 5}', None),
+        ("no json at all", None),
+        ("{broken json}", None),
+    ],
+)
 def test_parse_query_scores(text, score) -> None:
     assert parse_query_scores(text) == (None if score is None else pytest.approx(score))
 
 
 def test_parse_retry_after() -> None:
     from datetime import datetime, timezone
+
     now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
     assert parse_retry_after("5") == 5.0
     assert parse_retry_after(" 1.5 ") == 1.5

@@ -84,8 +84,9 @@ def test_dropping_outage_hit_rollouts_leaves_nothing_for_the_modes_to_differ_on(
 def test_counting_only_policy_errors_leaves_outage_rollouts_unmasked():
     """An outage never breaches the policy-only rule: the rollout runs out of turns, fatal at its end
     with nothing masked, so fatal masking is vanilla there and only the clamp protects the calls."""
-    vanilla, mask, clamp = (expected_push(AGENT, 0.4, m, "policy", "keep")
-                            for m in ("vanilla", "fatal_mask", "fatal_clamp"))
+    vanilla, mask, clamp = (
+        expected_push(AGENT, 0.4, m, "policy", "keep") for m in ("vanilla", "fatal_mask", "fatal_clamp")
+    )
     assert math.isclose(vanilla.on_logit, mask.on_logit, rel_tol=1e-9) and vanilla.from_fatal < 0
     assert clamp.on_probability > vanilla.on_probability
 
@@ -96,8 +97,9 @@ def test_expected_advantages_are_exact(estimator):
     agent = ToyAgent(estimator=estimator)
     scored = scored_rollouts(agent, 0.4, "all", "keep")
     keys = sorted({(reward, step >= 0, reason) for _, reward, step, reason in scored}, key=str)
-    probability = [sum(r.probability for r, reward, step, reason in scored if (reward, step >= 0, reason) == k)
-                   for k in keys]
+    probability = [
+        sum(r.probability for r, reward, step, reason in scored if (reward, step >= 0, reason) == k) for k in keys
+    ]
     plain = expected_advantages(keys, probability, "vanilla", agent)
     clamped = expected_advantages(keys, probability, "fatal_clamp", agent)
     mean = sum(p * a for p, a in zip(probability, plain))
@@ -138,5 +140,10 @@ def test_the_table_reads_and_bad_settings_are_refused():
     with pytest.raises(ValueError, match="max_turns > hops"):
         ToyAgent(hops=3, max_turns=3)
     with pytest.raises(ValueError, match="kernel"):
-        loss_gradient(pack(enumerate_rollouts(AGENT, 0.0, "all")), torch.zeros(5, dtype=torch.float64),
-                      torch.full((5,), -1), 0.0, "triton")
+        loss_gradient(
+            pack(enumerate_rollouts(AGENT, 0.0, "all")),
+            torch.zeros(5, dtype=torch.float64),
+            torch.full((5,), -1),
+            0.0,
+            "triton",
+        )

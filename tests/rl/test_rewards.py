@@ -80,16 +80,28 @@ def test_response_only_valid_as_last_step() -> None:
     assert not step_format_valid(step, is_last=False)
 
 
-@pytest.mark.parametrize("status, valid", [("ok", True), ("tool_error", False),
-                                           ("parse_error", False), ("timeout", False),
-                                           ("infra_error", True), (None, True)])
+@pytest.mark.parametrize(
+    "status, valid",
+    [
+        ("ok", True),
+        ("tool_error", False),
+        ("parse_error", False),
+        ("timeout", False),
+        ("infra_error", True),
+        (None, True),
+    ],
+)
 def test_tool_execution_errors_make_the_step_invalid(status, valid) -> None:
     assert step_format_valid(text_step(f"<think>p</think>{CALL}", status), is_last=False) is valid
 
 
 def test_format_reward_is_a_fraction() -> None:
-    steps = [text_step(f"<think>p</think>{CALL}", "ok"), text_step(f"<think>p</think>{CALL}", "timeout"),
-             text_step("junk", "ok"), response_step()]
+    steps = [
+        text_step(f"<think>p</think>{CALL}", "ok"),
+        text_step(f"<think>p</think>{CALL}", "timeout"),
+        text_step("junk", "ok"),
+        response_step(),
+    ]
     assert format_reward(steps) == pytest.approx(0.5)
     assert format_reward([]) == 0.0
     assert format_reward([response_step()]) == 1.0
@@ -211,8 +223,9 @@ def test_unscored_verdict_marks_sample_unscored_not_zero() -> None:
     out = score_trajectory(trajectory(["ok"]), SpyAccuracy(Verdict(None, "timeout")), SpyQuery())
     assert out.reward.total is None and out.reward.acc is None
     assert out.reward.unscored_reason == "accuracy:timeout" and out.reward.query == 0.5
-    both = score_trajectory(trajectory(["ok"]), SpyAccuracy(Verdict(None, "http_401")),
-                            SpyQuery(Verdict(None, "http_503")))
+    both = score_trajectory(
+        trajectory(["ok"]), SpyAccuracy(Verdict(None, "http_401")), SpyQuery(Verdict(None, "http_503"))
+    )
     assert both.reward.unscored_reason == "accuracy:http_401; query:http_503"
 
 
@@ -223,8 +236,7 @@ def test_judge_exception_becomes_unscored() -> None:
 
 
 def test_score_batch_keeps_order_and_length() -> None:
-    batch = [trajectory(["ok"] * (i % 3), answer="1982" if i % 2 else None, sample_index=i)
-             for i in range(17)]
+    batch = [trajectory(["ok"] * (i % 3), answer="1982" if i % 2 else None, sample_index=i) for i in range(17)]
     out = score_batch(batch, SpyAccuracy(), SpyQuery(), max_workers=4)
     assert [t.sample_index for t in out] == list(range(17))
     assert all(t.reward is not None for t in out)

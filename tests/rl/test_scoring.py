@@ -24,15 +24,26 @@ from osvl.rl.scoring import GroupScorer, JudgeStats, VerdictCache
 from osvl.rl.trajectory import FinishReason, Prompt, Step, ToolCall, ToolResult, ToolStatus, Trajectory
 
 
-def _answered(answer: str, question: str = "Which year did the bridge open?", truth: str = "1982",
-              sample: int = 0) -> Trajectory:
-    call = Step(token_ids=[1], logprobs=[0.0], text='<think>search</think><tool_call>{"name": "text_search"}</tool_call>',
-                tool_call=ToolCall("text_search", {"query": "bridge opened"}),
-                tool_result=ToolResult(ToolStatus.OK, "text_search", text="It opened in 1982."))
-    final = Step(token_ids=[2], logprobs=[0.0], text=f"<think>done</think><response>{answer}</response>",
-                 response=answer)
-    return Trajectory(Prompt(id="q", question=question, answer=truth), [call, final], FinishReason.RESPONSE,
-                      group_id=0, sample_index=sample)
+def _answered(
+    answer: str, question: str = "Which year did the bridge open?", truth: str = "1982", sample: int = 0
+) -> Trajectory:
+    call = Step(
+        token_ids=[1],
+        logprobs=[0.0],
+        text='<think>search</think><tool_call>{"name": "text_search"}</tool_call>',
+        tool_call=ToolCall("text_search", {"query": "bridge opened"}),
+        tool_result=ToolResult(ToolStatus.OK, "text_search", text="It opened in 1982."),
+    )
+    final = Step(
+        token_ids=[2], logprobs=[0.0], text=f"<think>done</think><response>{answer}</response>", response=answer
+    )
+    return Trajectory(
+        Prompt(id="q", question=question, answer=truth),
+        [call, final],
+        FinishReason.RESPONSE,
+        group_id=0,
+        sample_index=sample,
+    )
 
 
 class _Slow:
@@ -90,8 +101,9 @@ def test_verdict_cache_is_bounded_and_keeps_no_unscored_verdict():
 
 def test_an_llm_judge_outage_is_unscored_and_asked_again_next_time():
     with LoopbackJudgeServer() as judge:
-        client = ChatCompletionsClient(ChatJudgeConfig(judge.base_url, "loopback", max_attempts=2,
-                                                       backoff_initial_s=0.01))
+        client = ChatCompletionsClient(
+            ChatJudgeConfig(judge.base_url, "loopback", max_attempts=2, backoff_initial_s=0.01)
+        )
         scorer = GroupScorer(LLMAccuracyJudge(client), LLMQueryJudge(client), RewardConfig(), max_concurrency=2)
         judge.outage = 503
         down = asyncio.run(scorer.score_group([_answered("1982")]))[0]
@@ -139,8 +151,9 @@ def test_take_stats_counts_each_call_once_while_judging_goes_on():
     trajectories = [_answered("1982", question=f"Which year? ({i})", sample=i) for i in range(40)]
 
     def scorer():
-        return GroupScorer(ExactMatchAccuracyJudge(), HeuristicQueryJudge(), RewardConfig(), max_concurrency=4,
-                           cache_size=0)
+        return GroupScorer(
+            ExactMatchAccuracyJudge(), HeuristicQueryJudge(), RewardConfig(), max_concurrency=4, cache_size=0
+        )
 
     alone = scorer()
     asyncio.run(alone.score_group(trajectories))

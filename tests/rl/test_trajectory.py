@@ -56,33 +56,58 @@ def assert_same(a, b) -> None:
 
 def rich_trajectory() -> Trajectory:
     photo, crop = rgb(17, 23, 0), rgb(5, 4, 1)
-    prompt = Prompt(id="q-ü-1", question="Какой год? 这座桥 🌉 opened when?", images=[photo],
-                    answer="1982", aliases=["MCMLXXXII", "一九八二"])
+    prompt = Prompt(
+        id="q-ü-1",
+        question="Какой год? 这座桥 🌉 opened when?",
+        images=[photo],
+        answer="1982",
+        aliases=["MCMLXXXII", "一九八二"],
+    )
     crop_step = Step(
-        token_ids=[151644, 0, 42], logprobs=[-0.1, -1e-300, -12.345678901234567],
-        text='<think>zoom 🔍</think><tool_call>{"name": "crop"}</tool_call>', think="zoom 🔍",
+        token_ids=[151644, 0, 42],
+        logprobs=[-0.1, -1e-300, -12.345678901234567],
+        text='<think>zoom 🔍</think><tool_call>{"name": "crop"}</tool_call>',
+        think="zoom 🔍",
         tool_call=ToolCall("crop", {"bbox": [0, 0, 4, 5], "nested": {"ok": True, "x": None}}),
         tool_result=ToolResult(status="ok", tool="crop", text="", images=[crop], elapsed_s=0.0125),
-        observation_text="<image>", observation_images=[crop, photo],
-        observation_token_ids=[9, 9, 9], policy_version=3)
-    failed = Step(token_ids=[5], logprobs=[float("-inf")], text="<think>x</think><tool_call>{",
-                  tool_result=ToolResult(status=ToolStatus.PARSE_ERROR, tool="",
-                                         error="Expecting value: line 1 column 2"),
-                  policy_version=4)
+        observation_text="<image>",
+        observation_images=[crop, photo],
+        observation_token_ids=[9, 9, 9],
+        policy_version=3,
+    )
+    failed = Step(
+        token_ids=[5],
+        logprobs=[float("-inf")],
+        text="<think>x</think><tool_call>{",
+        tool_result=ToolResult(status=ToolStatus.PARSE_ERROR, tool="", error="Expecting value: line 1 column 2"),
+        policy_version=4,
+    )
     empty = Step(token_ids=[], logprobs=[])
-    return Trajectory(prompt=prompt, steps=[crop_step, failed, empty, response_step("1982 — ok")],
-                      finish_reason=FinishReason.RESPONSE, group_id=7, sample_index=3,
-                      fatal_step=-1,
-                      reward=RewardParts(fmt=0.75, acc=1.0, query=0.1 + 0.2, total=0.8600000000000001),
-                      infra_retries=2)
+    return Trajectory(
+        prompt=prompt,
+        steps=[crop_step, failed, empty, response_step("1982 — ok")],
+        finish_reason=FinishReason.RESPONSE,
+        group_id=7,
+        sample_index=3,
+        fatal_step=-1,
+        reward=RewardParts(fmt=0.75, acc=1.0, query=0.1 + 0.2, total=0.8600000000000001),
+        infra_retries=2,
+    )
 
 
 def test_round_trip_is_lossless(tmp_path) -> None:
-    original = [rich_trajectory(),
-                Trajectory(prompt=PROMPT, steps=[], finish_reason="max_turns", group_id=0,
-                           sample_index=0, fatal_step=0,
-                           reward=RewardParts(fmt=0.0, acc=None, query=None, total=None,
-                                              unscored_reason="accuracy:timeout"))]
+    original = [
+        rich_trajectory(),
+        Trajectory(
+            prompt=PROMPT,
+            steps=[],
+            finish_reason="max_turns",
+            group_id=0,
+            sample_index=0,
+            fatal_step=0,
+            reward=RewardParts(fmt=0.0, acc=None, query=None, total=None, unscored_reason="accuracy:timeout"),
+        ),
+    ]
     path = tmp_path / "run" / "rollouts.jsonl"
     assert append_jsonl(path, original) == 2
     loaded = list(read_jsonl(path))
@@ -97,8 +122,7 @@ def test_images_are_stored_once_per_content(tmp_path) -> None:
     files = sorted(p.name for p in default_images_dir(path).iterdir())
     # the photo appears in the prompt and an observation, the crop in a result and an observation
     assert len(files) == 2
-    assert {f.removesuffix(".png") for f in files} == {image_sha256(rgb(17, 23, 0)),
-                                                        image_sha256(rgb(5, 4, 1))}
+    assert {f.removesuffix(".png") for f in files} == {image_sha256(rgb(17, 23, 0)), image_sha256(rgb(5, 4, 1))}
     line = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
     assert line["prompt"]["images"] == [image_sha256(rgb(17, 23, 0))]
     assert "Какой год" in path.read_text(encoding="utf-8")  # unicode stays readable
@@ -126,25 +150,38 @@ def test_same_pixels_different_shape_differ() -> None:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(logprobs=st.lists(st.floats(allow_nan=False, max_value=0.0), max_size=20),
-       text=st.text(max_size=50), version=st.integers(0, 2**40))
+@given(
+    logprobs=st.lists(st.floats(allow_nan=False, max_value=0.0), max_size=20),
+    text=st.text(max_size=50),
+    version=st.integers(0, 2**40),
+)
 def test_floats_and_text_round_trip_exactly(tmp_path, logprobs, text, version) -> None:
-    step = Step(token_ids=list(range(len(logprobs))), logprobs=logprobs, text=text,
-                think=text, observation_text=text, policy_version=version)
-    traj = Trajectory(prompt=Prompt(id=text, question=text), steps=[step],
-                      finish_reason="max_tokens", group_id=1, sample_index=2)
+    step = Step(
+        token_ids=list(range(len(logprobs))),
+        logprobs=logprobs,
+        text=text,
+        think=text,
+        observation_text=text,
+        policy_version=version,
+    )
+    traj = Trajectory(
+        prompt=Prompt(id=text, question=text), steps=[step], finish_reason="max_tokens", group_id=1, sample_index=2
+    )
     path = tmp_path / f"{abs(hash((tuple(logprobs), text, version)))}.jsonl"
     append_jsonl(path, [traj])
     assert_same(traj, next(read_jsonl(path)))
 
 
-@pytest.mark.parametrize("image, message", [
-    (np.zeros((2, 2, 3), dtype=np.float32), "uint8"),
-    (np.zeros((2, 2), dtype=np.uint8), "shape"),
-    (np.zeros((2, 2, 4), dtype=np.uint8), "shape"),
-    (np.zeros((0, 2, 3), dtype=np.uint8), "shape"),
-    ([[0, 0, 0]], "uint8"),
-])
+@pytest.mark.parametrize(
+    "image, message",
+    [
+        (np.zeros((2, 2, 3), dtype=np.float32), "uint8"),
+        (np.zeros((2, 2), dtype=np.uint8), "shape"),
+        (np.zeros((2, 2, 4), dtype=np.uint8), "shape"),
+        (np.zeros((0, 2, 3), dtype=np.uint8), "shape"),
+        ([[0, 0, 0]], "uint8"),
+    ],
+)
 def test_bad_images_rejected(image, message) -> None:
     with pytest.raises(ValueError, match=message):
         ToolResult(status="ok", tool="crop", images=[image])
@@ -167,10 +204,19 @@ def test_unknown_schema_rejected(tmp_path) -> None:
 
 
 def test_derived_properties() -> None:
-    traj = Trajectory(prompt=PROMPT, steps=[tool_step("timeout"), tool_step(None), response_step("x")],
-                      finish_reason="response", group_id=0, sample_index=0)
+    traj = Trajectory(
+        prompt=PROMPT,
+        steps=[tool_step("timeout"), tool_step(None), response_step("x")],
+        finish_reason="response",
+        group_id=0,
+        sample_index=0,
+    )
     assert traj.final_answer == "x"
     assert traj.statuses == [ToolStatus.TIMEOUT, None, None]
-    assert Trajectory(prompt=PROMPT, steps=[tool_step()], finish_reason="max_turns", group_id=0,
-                      sample_index=0).final_answer is None
+    assert (
+        Trajectory(
+            prompt=PROMPT, steps=[tool_step()], finish_reason="max_turns", group_id=0, sample_index=0
+        ).final_answer
+        is None
+    )
     assert PROMPT.accepted_answers == ["1982", "nineteen eighty-two"]

@@ -83,6 +83,9 @@ def rollout_setup(turns: Sequence[str], marker: str = "", flag: str = "", mode: 
     env = inline_environment()
     engine = replay_engine(turns)
     return RolloutSetup(
-        engine=DieOnPrompt(engine, marker, flag, mode) if marker else engine, env=env, renderer=renderer_for(env),
+        engine=DieOnPrompt(engine, marker, flag, mode) if marker else engine,
+        env=env,
+        renderer=renderer_for(env),
         agent=AgentConfig(max_turns=3, sampling=SamplingParams(temperature=1.0, max_new_tokens=64)),
-        rollout=RolloutWorkerConfig(group_size=2, max_in_flight=4, trajectory_deadline_s=60, max_retries=0))
+        rollout=RolloutWorkerConfig(group_size=2, max_in_flight=4, trajectory_deadline_s=60, max_retries=0),
+    )

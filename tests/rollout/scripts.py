@@ -10,8 +10,11 @@ from tests.rollout.helpers import tokenizer
 
 
 def call(name: str, **arguments) -> str:
-    return f"<think>use {name}</think>\n<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + \
-        "\n</tool_call>"
+    return (
+        f"<think>use {name}</think>\n<tool_call>\n"
+        + json.dumps({"name": name, "arguments": arguments})
+        + "\n</tool_call>"
+    )
 
 
 def respond(answer: str = "1982") -> str:
@@ -24,6 +27,7 @@ def scripted(turns: Sequence[str]) -> Callable[[GenerationRequest], list[int]]:
 
     def script(request: GenerationRequest) -> list[int]:
         ids = request.input_ids
-        turn = sum(ids[i:i + len(header)] == header for i in range(len(ids))) - 1
+        turn = sum(ids[i : i + len(header)] == header for i in range(len(ids))) - 1
         return tok.encode(turns[min(turn, len(turns) - 1)])
+
     return script

@@ -11,17 +11,23 @@ from tests.rollout.helpers import prompts
 from tests.rollout.scripts import call, respond, scripted
 
 
-@pytest.mark.parametrize("text, kind", [
-    ("<think>a</think><tool_call>{\"name\": \"x\"}</tool_call>", "call"),
-    ("<response> 42 </response>", "response"),
-    ("just rambling", "error"),
-    ("<tool_call>{}</tool_call><response>1</response>", "error"),
-    ("<tool_call>{\"name\": \"x\"", "error"),
-])
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        ('<think>a</think><tool_call>{"name": "x"}</tool_call>', "call"),
+        ("<response> 42 </response>", "response"),
+        ("just rambling", "error"),
+        ("<tool_call>{}</tool_call><response>1</response>", "error"),
+        ('<tool_call>{"name": "x"', "error"),
+    ],
+)
 def test_parse_action(text, kind):
     action = parse_action(text)
     assert (action.call is not None, action.response is not None, action.error is not None) == (
-        kind == "call", kind == "response", kind == "error")
+        kind == "call",
+        kind == "response",
+        kind == "error",
+    )
     if kind == "response":
         assert action.response == "42"
 
@@ -67,8 +73,9 @@ def test_turn_and_token_budgets(local_engine, env, renderer):
     traj = _run(loop, env, renderer, AgentConfig(max_turns=2, sampling=SamplingParams(max_new_tokens=96)))
     assert traj.finish_reason is FinishReason.MAX_TURNS and len(traj.steps) == 2 and traj.fatal_step == 2
     prompt_len = len(renderer.render_prompt(prompts(1)[0]).ids)
-    traj = _run(loop, env, renderer, AgentConfig(max_total_tokens=prompt_len + 5,
-                                                 sampling=SamplingParams(max_new_tokens=96)))
+    traj = _run(
+        loop, env, renderer, AgentConfig(max_total_tokens=prompt_len + 5, sampling=SamplingParams(max_new_tokens=96))
+    )
     assert traj.finish_reason is FinishReason.MAX_TOKENS and len(traj.steps[0].token_ids) == 5
 
 
@@ -122,8 +129,11 @@ def test_release_profile_call_reaches_its_tool_verbatim(local_engine, renderer):
 
     runner = _RecordingRunner()
     env = ProfiledEnvironment(tool_profile("release"), runner)
-    release_call = "<think>crop</think>\n<tool_call>" + json.dumps(
-        {"name": "crop", "parameters": {"image": "img_1", "x": 0, "y": 0, "width": 4, "height": 4}}) + "</tool_call>"
+    release_call = (
+        "<think>crop</think>\n<tool_call>"
+        + json.dumps({"name": "crop", "parameters": {"image": "img_1", "x": 0, "y": 0, "width": 4, "height": 4}})
+        + "</tool_call>"
+    )
     traj = _run(ReplayEngine(local_engine, scripted([release_call, respond()])), env, renderer)
     assert traj.steps[0].status is ToolStatus.OK and traj.finish_reason is FinishReason.RESPONSE
     (job,) = runner.jobs
@@ -133,15 +143,21 @@ def test_release_profile_call_reaches_its_tool_verbatim(local_engine, renderer):
 def test_unusable_arguments_are_typed_steps_not_a_crash(local_engine, env, renderer):
     """A 4400-digit integer made json.loads raise inside _act and killed the rollout; NaN and 1e999 too
     must come back as the policy's invalid_arguments, and a lone-surrogate name as a parse error."""
+
     def raw(text: str) -> str:
         return f"<think>x</think>\n<tool_call>\n{text}\n</tool_call>"
 
-    turns = [raw('{"name": "echo", "arguments": {"seconds": 1' + "0" * 4400 + "}}"),
-             raw('{"name": "echo", "arguments": {"seconds": 1e999}}'), call("echo", tag="ok"),
-             raw('{"name": "echo", "arguments": "{\\"seconds\\": NaN}"}'),
-             raw('{"name": "\\ud800", "arguments": {}}'), respond()]
-    config = AgentConfig(max_total_tokens=40_000, fatal=GREEDY.fatal,
-                         sampling=SamplingParams(temperature=0.0, max_new_tokens=9000))
+    turns = [
+        raw('{"name": "echo", "arguments": {"seconds": 1' + "0" * 4400 + "}}"),
+        raw('{"name": "echo", "arguments": {"seconds": 1e999}}'),
+        call("echo", tag="ok"),
+        raw('{"name": "echo", "arguments": "{\\"seconds\\": NaN}"}'),
+        raw('{"name": "\\ud800", "arguments": {}}'),
+        respond(),
+    ]
+    config = AgentConfig(
+        max_total_tokens=40_000, fatal=GREEDY.fatal, sampling=SamplingParams(temperature=0.0, max_new_tokens=9000)
+    )
     traj = _run(ReplayEngine(local_engine, scripted(turns)), env, renderer, config)
     invalid = ToolStatus.INVALID_ARGUMENTS
     assert traj.statuses == [invalid, invalid, ToolStatus.OK, invalid, ToolStatus.PARSE_ERROR, None]

@@ -24,8 +24,9 @@ def _request(text: str, seed: int, max_new_tokens: int = 12, image: bool = False
         processed = process_image(rgb(8, 10, seed), IMAGE_CONFIG)
         ids = [tok.special.vision_start, *[tok.special.image_pad] * processed.num_tokens, tok.special.vision_end, *ids]
         images = [processed]
-    return GenerationRequest(ids, images, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop=(),
-                                                         seed=seed))
+    return GenerationRequest(
+        ids, images, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop=(), seed=seed)
+    )
 
 
 def _engine(**kwargs) -> LocalEngine:
@@ -39,8 +40,9 @@ def _key(result):
 def test_a_request_gives_the_same_result_alone_and_in_any_batch():
     engine = _engine(deterministic=True)
     target = _request("Which bridge is shown in the image?", seed=7, image=True)
-    others = [_request("The Kessock Bridge opened in 1982. " * (1 + i), seed=i, max_new_tokens=4 + 5 * i)
-              for i in range(4)]
+    others = [
+        _request("The Kessock Bridge opened in 1982. " * (1 + i), seed=i, max_new_tokens=4 + 5 * i) for i in range(4)
+    ]
     alone = _key(engine.generate_batch([target])[0])
     assert len(alone[0]) == 12
     assert _key(engine.generate_batch([*others, target])[-1]) == alone

@@ -21,10 +21,17 @@ from tests.model.tiny import image_batch, tiny_config
 from tests.rollout.helpers import IMAGE_CONFIG, rgb, tiny_model, tokenizer
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"max_new_tokens": 0}, "max_new_tokens"),
-    ({"stop": ("",)}, "stop strings"), ({"stop_token_ids": (-1,)}, "stop_token_ids"), ({"seed": -5}, "seed"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"stop": ("",)}, "stop strings"),
+        ({"stop_token_ids": (-1,)}, "stop_token_ids"),
+        ({"seed": -5}, "seed"),
+    ],
+)
 def test_sampling_params_reject_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
@@ -73,23 +80,28 @@ def test_kv_cache_matches_the_packed_forward_with_images(moe):
     with torch.no_grad():
         full = model(ids, cu_seqlens=cu, position_ids=pos, pixel_values=pix, image_grid_thw=grid).double()
     starts = cu.tolist()
-    rows = [ids[starts[b]:starts[b + 1]] for b in range(2)]
-    rpos = [pos[:, starts[b]:starts[b + 1]] for b in range(2)]
+    rows = [ids[starts[b] : starts[b + 1]] for b in range(2)]
+    rpos = [pos[:, starts[b] : starts[b + 1]] for b in range(2)]
     prefill = [len(r) - 2 for r in rows]  # prefill all but two tokens, then decode them one by one
     L = max(prefill)
     batch = torch.zeros(2, L, dtype=torch.long)
     bpos = torch.zeros(3, 2, L, dtype=torch.long)
     for b in range(2):
-        batch[b, :prefill[b]] = rows[b][:prefill[b]]
-        bpos[:, b, :prefill[b]] = rpos[b][:, :prefill[b]]
+        batch[b, : prefill[b]] = rows[b][: prefill[b]]
+        bpos[:, b, : prefill[b]] = rpos[b][:, : prefill[b]]
     cache = KVCache.empty(model, 2, max(len(r) for r in rows))
     logits = extend(model, cache, batch, torch.tensor(prefill), bpos, pix, grid).double()
     for b in range(2):
-        torch.testing.assert_close(logits[b, :prefill[b]], full[starts[b]:starts[b] + prefill[b]], atol=1e-5, rtol=0)
+        torch.testing.assert_close(logits[b, : prefill[b]], full[starts[b] : starts[b] + prefill[b]], atol=1e-5, rtol=0)
     for step in range(2):
         t = [prefill[b] + step for b in range(2)]
-        logits = extend(model, cache, torch.stack([rows[b][t[b]] for b in range(2)])[:, None], torch.tensor([1, 1]),
-                        torch.stack([rpos[b][:, t[b]] for b in range(2)], 1)[:, :, None]).double()
+        logits = extend(
+            model,
+            cache,
+            torch.stack([rows[b][t[b]] for b in range(2)])[:, None],
+            torch.tensor([1, 1]),
+            torch.stack([rpos[b][:, t[b]] for b in range(2)], 1)[:, :, None],
+        ).double()
         for b in range(2):
             torch.testing.assert_close(logits[b, 0], full[starts[b] + t[b]], atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="cannot take"):
@@ -104,22 +116,32 @@ def engine():
 def _request(engine, seed, n_new=6, image_seed=0, text="Which bridge is shown?"):
     tok = engine.tokenizer
     image = process_image(rgb(8, 8, image_seed), IMAGE_CONFIG)
-    ids = tok.encode("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * image.num_tokens + "<|vision_end|>"
-                     + text + "<|im_end|>\n<|im_start|>assistant\n")
-    return GenerationRequest(ids, [image], SamplingParams(temperature=1.0, max_new_tokens=n_new, seed=seed,
-                                                          stop_token_ids=(tok.special.im_end,)))
+    ids = tok.encode(
+        "<|im_start|>user\n<|vision_start|>"
+        + "<|image_pad|>" * image.num_tokens
+        + "<|vision_end|>"
+        + text
+        + "<|im_end|>\n<|im_start|>assistant\n"
+    )
+    return GenerationRequest(
+        ids,
+        [image],
+        SamplingParams(temperature=1.0, max_new_tokens=n_new, seed=seed, stop_token_ids=(tok.special.im_end,)),
+    )
 
 
 def test_local_engine_is_reproducible_across_batch_composition_and_logprobs_match_scoring(engine):
     alone = engine.generate_batch([_request(engine, 11)])[0]
-    batched = engine.generate_batch([_request(engine, 5, 3, image_seed=1, text="x"), _request(engine, 11),
-                                     _request(engine, 7, 9, image_seed=2)])
+    batched = engine.generate_batch(
+        [_request(engine, 5, 3, image_seed=1, text="x"), _request(engine, 11), _request(engine, 7, 9, image_seed=2)]
+    )
     assert batched[1].token_ids == alone.token_ids
     np.testing.assert_allclose(batched[1].logprobs, alone.logprobs, atol=1e-5)
     for request, result in zip([_request(engine, 5, 3, image_seed=1, text="x"), _request(engine, 11)], batched):
         assert len(result.token_ids) <= request.sampling.max_new_tokens
-        assert result.finish is (StopKind.STOP if result.token_ids[-1] == engine.tokenizer.special.im_end
-                                 else StopKind.LENGTH)
+        assert result.finish is (
+            StopKind.STOP if result.token_ids[-1] == engine.tokenizer.special.im_end else StopKind.LENGTH
+        )
         scored = engine.score(request, result.token_ids, temperature=1.0)
         np.testing.assert_allclose(result.logprobs, scored, atol=1e-5)
         assert all(lp <= 0 for lp in result.logprobs)
@@ -128,6 +150,7 @@ def test_local_engine_is_reproducible_across_batch_composition_and_logprobs_matc
 def test_async_generate_batches_concurrent_requests(engine):
     async def main():
         return await asyncio.gather(*[engine.generate(_request(engine, s)) for s in range(5)])
+
     results = asyncio.run(main())
     direct = engine.generate_batch([_request(engine, s) for s in range(5)])
     assert [r.token_ids for r in results] == [r.token_ids for r in direct]

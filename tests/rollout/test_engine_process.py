@@ -78,10 +78,12 @@ def test_a_killed_engine_server_ends_its_trajectories_as_infra_error_and_the_bat
 
         async def generate(self, request):
             if request.sampling.seed == hang:
+
                 async def kill_soon():
                     await asyncio.sleep(0.3)
                     in_flight_at_kill.append(self.running)
                     self.inner.kill()  # SIGKILL: a real crash of the process owning the model
+
                 asyncio.get_running_loop().create_task(kill_soon())
             self.running += 1
             try:
@@ -98,11 +100,14 @@ def test_a_killed_engine_server_ends_its_trajectories_as_infra_error_and_the_bat
 
         async def collect():
             return [g async for g in stream_groups(prompts(3), engine, env, renderer_for(env), agent, config)]
+
         groups = asyncio.run(collect())
+
         # Whether another request reached the server after the kill depends on timing; the next
         # batch must find it restarted (once) and complete normally.
         async def collect_after():
             return [g async for g in stream_groups(prompts(1), server, env, renderer_for(env), agent, config)]
+
         after = asyncio.run(collect_after())
         restarts = server.restarts
     assert all(t.finish_reason is FinishReason.RESPONSE for g in after for t in g.trajectories)

@@ -47,8 +47,11 @@ class Rollout:
         if ticket == self.fail:
             raise KeyError("bug in the rollout")
         step = Step([1, 2], [0.0, 0.0], policy_version=version)
-        return [Trajectory(Prompt(f"p{ticket.prompt_index}", "q", answer="a"), [step], FinishReason.RESPONSE,
-                           ticket.position, 0)]
+        return [
+            Trajectory(
+                Prompt(f"p{ticket.prompt_index}", "q", answer="a"), [step], FinishReason.RESPONSE, ticket.position, 0
+            )
+        ]
 
 
 def started(rollout: Rollout) -> list[tuple[int, int]]:
@@ -60,16 +63,19 @@ def settle(loop: EventLoopThread, generator: RolloutGenerator, running: int = 0)
     for _ in range(2000):
         loop.run(asyncio.sleep(0.005))
         with generator._cond:
-            if len(generator.running) <= running and not (generator.pending and len(generator.running)
-                                                          + len(generator.buffer) < generator._allowed()):
+            if len(generator.running) <= running and not (
+                generator.pending and len(generator.running) + len(generator.buffer) < generator._allowed()
+            ):
                 return
     raise AssertionError("the generator did not settle")
 
 
-def make(rollout: Rollout, loop: EventLoopThread, stream: Stream, version: int = 0, state=None,
-         **config) -> RolloutGenerator:
-    generator = RolloutGenerator(GeneratorConfig(groups_per_step=PER_STEP, **config), rollout, loop, stream, version,
-                                 state)
+def make(
+    rollout: Rollout, loop: EventLoopThread, stream: Stream, version: int = 0, state=None, **config
+) -> RolloutGenerator:
+    generator = RolloutGenerator(
+        GeneratorConfig(groups_per_step=PER_STEP, **config), rollout, loop, stream, version, state
+    )
     generator.start()
     return generator
 
@@ -77,6 +83,7 @@ def make(rollout: Rollout, loop: EventLoopThread, stream: Stream, version: int =
 def update(generator: RolloutGenerator, rollout: Rollout, version: int) -> None:
     def sync():
         rollout.version = version
+
     generator.update_weights(sync, version)
 
 
@@ -220,9 +227,18 @@ def test_restart_mode_rolls_the_trajectories_in_flight_out_again_on_the_new_weig
     metrics = RolloutMetrics()
 
     async def rollout(ticket, preemption):
-        group = await run_group(prompts(1)[0], ticket.position, engine, env, renderer, agent,
-                                RolloutWorkerConfig(group_size=2), step=ticket.batch, metrics=metrics,
-                                preemption=preemption)
+        group = await run_group(
+            prompts(1)[0],
+            ticket.position,
+            engine,
+            env,
+            renderer,
+            agent,
+            RolloutWorkerConfig(group_size=2),
+            step=ticket.batch,
+            metrics=metrics,
+            preemption=preemption,
+        )
         return group.trajectories
 
     with EventLoopThread() as loop:

@@ -31,8 +31,9 @@ def pause_at_decode_step(monkeypatch, engine: LocalEngine, url: str, step: int) 
     """Pauses the server from inside the engine's ``step``-th forward (the prefill is the first): that
     forward finishes once the abort is set, so the request ends with ``step - 1`` tokens."""
     real, calls = local_engine_module.extend, [0]
-    pauser = threading.Thread(target=lambda: httpx.post(f"{url}/pause_generation", json={"mode": "abort"},
-                                                        timeout=60, trust_env=False))
+    pauser = threading.Thread(
+        target=lambda: httpx.post(f"{url}/pause_generation", json={"mode": "abort"}, timeout=60, trust_env=False)
+    )
 
     def extend(*args, **kwargs):
         calls[0] += 1
@@ -125,14 +126,23 @@ def _answers(*bodies):
 
 
 def _body(ids, finish, version, logprob=-0.5):
-    return {"output_ids": ids, "meta_info": {"output_token_logprobs": [[logprob, i, None] for i in ids],
-                                             "finish_reason": {"type": finish}, "weight_version": str(version),
-                                             "prompt_tokens": 3}}
+    return {
+        "output_ids": ids,
+        "meta_info": {
+            "output_token_logprobs": [[logprob, i, None] for i in ids],
+            "finish_reason": {"type": finish},
+            "weight_version": str(version),
+            "prompt_tokens": 3,
+        },
+    }
 
 
 def _client(transport, **config):
-    return SGLangEngine(SGLangConfig(("http://127.0.0.1:1",), **config), httpx.AsyncClient(transport=transport),
-                        decode=tokenizer().decode)
+    return SGLangEngine(
+        SGLangConfig(("http://127.0.0.1:1",), **config),
+        httpx.AsyncClient(transport=transport),
+        decode=tokenizer().decode,
+    )
 
 
 def test_client_continuation_payload_versions_and_a_stop_string_across_the_seam():

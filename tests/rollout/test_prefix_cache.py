@@ -16,8 +16,12 @@ def _image(seed):
 def _first_turn(seed, image_seed=0):
     tok = tokenizer()
     image = _image(image_seed)
-    ids = tok.encode("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * image.num_tokens + "<|vision_end|>"
-                     + "Which bridge is shown?<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok.encode(
+        "<|im_start|>user\n<|vision_start|>"
+        + "<|image_pad|>" * image.num_tokens
+        + "<|vision_end|>"
+        + "Which bridge is shown?<|im_end|>\n<|im_start|>assistant\n"
+    )
     return GenerationRequest(ids, [image], SamplingParams(temperature=1.0, max_new_tokens=6, seed=seed))
 
 
@@ -25,11 +29,17 @@ def _next_turn(first, generated, seed, image_seed=5):
     """The first turn's context + its generation + an observation carrying a new image."""
     tok = tokenizer()
     image = _image(image_seed)
-    observation = tok.encode("<|im_end|>\n<|im_start|>user\n<tool_response>\n<|vision_start|>"
-                             + "<|image_pad|>" * image.num_tokens + "<|vision_end|>echo</tool_response><|im_end|>\n"
-                             "<|im_start|>assistant\n")
-    return GenerationRequest(first.input_ids + generated + observation, [*first.images, image],
-                             SamplingParams(temperature=1.0, max_new_tokens=6, seed=seed))
+    observation = tok.encode(
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n<|vision_start|>"
+        + "<|image_pad|>" * image.num_tokens
+        + "<|vision_end|>echo</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    return GenerationRequest(
+        first.input_ids + generated + observation,
+        [*first.images, image],
+        SamplingParams(temperature=1.0, max_new_tokens=6, seed=seed),
+    )
 
 
 def test_next_turns_reuse_the_cached_context_with_unchanged_logprobs():
@@ -70,6 +80,7 @@ def test_prefix_cache_eviction_and_validation():
     def entry(ids):
         empty = [torch.zeros(1, len(ids), 2)]
         return Prefix(tuple(ids), (), empty, empty)
+
     cache = PrefixCache(max_tokens=5)
     cache.store(entry([1, 2, 3]))
     cache.store(entry([1, 2]))

@@ -80,9 +80,11 @@ def test_state_survives_a_checkpoint_file():
     restored = ReplayBuffer(capacity=4, max_staleness=1, updates_per_step=1)
     restored.load_state_dict(torch.load(stream, weights_only=False))
     assert [g.ticket for g in restored.groups] == [g.ticket for g in buffer.groups]
+
     def steps(group):
-        return [[(s.token_ids, s.logprobs, s.policy_version, s.token_versions) for s in t.steps]
-                for t in group.trajectories]
+        return [
+            [(s.token_ids, s.logprobs, s.policy_version, s.token_versions) for s in t.steps] for t in group.trajectories
+        ]
 
     assert [steps(g) for g in restored.groups] == [steps(g) for g in buffer.groups]
 

@@ -31,12 +31,17 @@ def test_reserved_vision_ids_and_find_unusable():
     tok = tokenizer()
     s = tok.special
     reserved = reserved_vision_ids(tok)
-    assert reserved == tuple(sorted({s.vision_start, s.vision_end, s.image_pad, s.video_pad,
-                                     tok.backend.token_to_id("<|vision_pad|>")}))
+    assert reserved == tuple(
+        sorted({s.vision_start, s.vision_end, s.image_pad, s.video_pad, tok.backend.token_to_id("<|vision_pad|>")})
+    )
     assert s.im_end not in reserved and s.tool_call_end not in reserved
     ids = [5, s.image_pad, 6, tok.vocab_size, -1, s.vision_end]
     assert [(u.position, u.token_id) for u in find_unusable(ids, reserved, tok.vocab_size)] == [
-        (1, s.image_pad), (3, tok.vocab_size), (4, -1), (5, s.vision_end)]
+        (1, s.image_pad),
+        (3, tok.vocab_size),
+        (4, -1),
+        (5, s.vision_end),
+    ]
     assert find_unusable([5, 6, s.im_end], reserved, tok.vocab_size) == []
 
 
@@ -64,9 +69,12 @@ def test_local_engine_never_samples_reserved_or_padded_ids_even_as_argmax(monkey
     engine = LocalEngine(build_model(config), tok, IMAGE_CONFIG)
     banned = [*reserved_vision_ids(tok), *range(tok.vocab_size, tok.vocab_size + 6)]
     segment = renderer.render_prompt(prompts(1)[0])  # with an image
-    requests = [GenerationRequest(segment.ids, segment.images,
-                                  SamplingParams(temperature=t, top_p=p, max_new_tokens=6, stop=(), seed=seed))
-                for t, p, seed in ((0.0, 1.0, None), (1.0, 1.0, 1), (1.0, 0.8, 2), (0.7, 1.0, 3))]
+    requests = [
+        GenerationRequest(
+            segment.ids, segment.images, SamplingParams(temperature=t, top_p=p, max_new_tokens=6, stop=(), seed=seed)
+        )
+        for t, p, seed in ((0.0, 1.0, None), (1.0, 1.0, 1), (1.0, 0.8, 2), (0.7, 1.0, 3))
+    ]
     plain = engine.generate_batch(requests)
 
     real_extend = local_engine_module.extend
@@ -101,8 +109,13 @@ class InjectOnSeeds:
     async def generate(self, request):
         self.requests.append(request)
         if request.sampling.seed in self.seeds:
-            return GenerationResult(self.token_ids, [-0.25] * len(self.token_ids), StopKind.STOP,
-                                    self.inner.policy_version, len(request.input_ids))
+            return GenerationResult(
+                self.token_ids,
+                [-0.25] * len(self.token_ids),
+                StopKind.STOP,
+                self.inner.policy_version,
+                len(request.input_ids),
+            )
         return await self.inner.generate(request)
 
 
@@ -118,8 +131,18 @@ def test_image_pad_mid_batch_ends_one_trajectory_typed_and_the_trainer_can_pack_
     metrics = RolloutMetrics()
 
     async def collect():
-        return [g async for g in stream_groups(prompts(3), engine, env, renderer, agent,
-                                               RolloutWorkerConfig(group_size=2, max_in_flight=6), metrics=metrics)]
+        return [
+            g
+            async for g in stream_groups(
+                prompts(3),
+                engine,
+                env,
+                renderer,
+                agent,
+                RolloutWorkerConfig(group_size=2, max_in_flight=6),
+                metrics=metrics,
+            )
+        ]
 
     groups = asyncio.run(collect())
     assert sorted(g.group_id for g in groups) == [0, 1, 2] and all(len(g.trajectories) == 2 for g in groups)
@@ -140,8 +163,9 @@ def test_image_pad_mid_batch_ends_one_trajectory_typed_and_the_trainer_can_pack_
     assert len(rendered.images) == 2
     batch = pack_microbatch([train_sequence(bad, renderer, reward=0.0)], renderer.image_config, tok.special)
     assert batch.num_seqs == 1 and batch.num_tokens == len(rendered.input_ids)
-    raw = dataclasses.replace(bad, steps=[bad.steps[0], dataclasses.replace(step, token_ids=engine_ids,
-                                                                           logprobs=[-0.25] * len(engine_ids))])
+    raw = dataclasses.replace(
+        bad, steps=[bad.steps[0], dataclasses.replace(step, token_ids=engine_ids, logprobs=[-0.25] * len(engine_ids))]
+    )
     with pytest.raises(ValueError, match="image tokens"):  # what the trainer would have hit
         renderer.render_trajectory(raw)
 

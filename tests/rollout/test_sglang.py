@@ -84,7 +84,9 @@ def test_weight_update_from_disk_loads_an_hf_directory_and_confirms_the_version(
     with LoopbackServer(engine_side) as server:
         assert asyncio.run(main(server.url)) == (7, 7, "7")
     assert engine_side.policy_version == 7
-    torch.testing.assert_close(engine_side.model.state_dict()["norm.weight"], tiny_model(seed=1).state_dict()["norm.weight"])
+    torch.testing.assert_close(
+        engine_side.model.state_dict()["norm.weight"], tiny_model(seed=1).state_dict()["norm.weight"]
+    )
 
 
 def test_dead_server_is_an_infra_error_for_that_trajectory(env, renderer):
@@ -106,12 +108,20 @@ def test_payload_and_response_protocol():
     payload = generate_payload(request)
     assert payload["return_logprob"] and payload["sampling_params"]["sampling_seed"] == 3
     assert payload["sampling_params"]["stop_token_ids"] == [9] and "image_data" not in payload
-    body = {"output_ids": [5, 9], "meta_info": {"finish_reason": {"type": "stop", "matched": 9},
-                                                "output_token_logprobs": [[-0.5, 5, None], [-1.5, 9, None]]}}
+    body = {
+        "output_ids": [5, 9],
+        "meta_info": {
+            "finish_reason": {"type": "stop", "matched": 9},
+            "output_token_logprobs": [[-0.5, 5, None], [-1.5, 9, None]],
+        },
+    }
     result = parse_generate_response(body, 2)
     assert result.token_ids == [5, 9] and result.logprobs == [-0.5, -1.5] and result.policy_version == 2
-    for bad in ({"meta_info": {}}, {**body, "output_ids": [5]},
-                {"meta_info": {**body["meta_info"], "finish_reason": {"type": "abort"}}}):
+    for bad in (
+        {"meta_info": {}},
+        {**body, "output_ids": [5]},
+        {"meta_info": {**body["meta_info"], "finish_reason": {"type": "abort"}}},
+    ):
         with pytest.raises(EngineError):
             parse_generate_response(bad, 0)
     with pytest.raises(ValueError, match="http"):
@@ -124,15 +134,27 @@ def test_wire_format_of_generate_matches_sglang(local_engine, renderer):
     """The exact JSON the client sends, and the response shape the loopback answers and the client parses
     (fields verified against SGLang's GenerateReqInput, SamplingParams and tokenizer manager)."""
     segment = renderer.render_prompt(prompts(1)[0])
-    sampling = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=5, stop=("</tool_call>",),
-                              stop_token_ids=(3, 1), seed=11)
+    sampling = SamplingParams(
+        temperature=0.7, top_p=0.9, max_new_tokens=5, stop=("</tool_call>",), stop_token_ids=(3, 1), seed=11
+    )
     payload = generate_payload(GenerationRequest(segment.ids, segment.images, sampling))
     image_urls = payload.pop("image_data")
     assert payload == {
-        "input_ids": segment.ids, "return_logprob": True, "logprob_start_len": -1, "return_text_in_logprobs": False,
-        "sampling_params": {"max_new_tokens": 5, "temperature": 0.7, "top_p": 0.9, "stop": ["</tool_call>"],
-                            "stop_token_ids": [3, 1], "skip_special_tokens": False, "no_stop_trim": True,
-                            "sampling_seed": 11}}
+        "input_ids": segment.ids,
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "return_text_in_logprobs": False,
+        "sampling_params": {
+            "max_new_tokens": 5,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "stop": ["</tool_call>"],
+            "stop_token_ids": [3, 1],
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+            "sampling_seed": 11,
+        },
+    }
     assert len(image_urls) == 1 and image_urls[0].startswith("data:image/png;base64,")
     payload["image_data"] = image_urls
     wire = json.loads(json.dumps(payload))
@@ -144,18 +166,31 @@ def test_wire_format_of_generate_matches_sglang(local_engine, renderer):
     with LoopbackServer(local_engine) as server:
         body = httpx.post(f"{server.url}/generate", json=wire, timeout=60).json()
         health = httpx.get(f"{server.url}/health", timeout=10)
-        refused = httpx.post(f"{server.url}/generate", timeout=10, json={
-            **wire, "sampling_params": {**wire["sampling_params"], "top_k": 5}})
+        refused = httpx.post(
+            f"{server.url}/generate",
+            timeout=10,
+            json={**wire, "sampling_params": {**wire["sampling_params"], "top_k": 5}},
+        )
     assert set(body) == {"text", "output_ids", "meta_info"}
     meta = body["meta_info"]
-    assert set(meta) == {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
-                         "output_token_logprobs", "weight_version"}
+    assert set(meta) == {
+        "id",
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "output_token_logprobs",
+        "weight_version",
+    }
     assert [entry[1] for entry in meta["output_token_logprobs"]] == body["output_ids"]
     assert all(len(entry) == 3 and entry[2] is None for entry in meta["output_token_logprobs"])
     assert meta["prompt_tokens"] == len(segment.ids) and meta["completion_tokens"] == len(body["output_ids"])
     reason = meta["finish_reason"]
-    assert reason in ({"type": "length", "length": 5}, {"type": "stop", "matched": body["output_ids"][-1]},
-                      {"type": "stop", "matched": "</tool_call>"})
+    assert reason in (
+        {"type": "length", "length": 5},
+        {"type": "stop", "matched": body["output_ids"][-1]},
+        {"type": "stop", "matched": "</tool_call>"},
+    )
     result = parse_generate_response(body, 0)
     assert result.token_ids == body["output_ids"] and result.prompt_tokens == len(segment.ids)
     assert health.status_code == 200 and health.content == b""
@@ -163,10 +198,20 @@ def test_wire_format_of_generate_matches_sglang(local_engine, renderer):
 
 
 def test_parse_a_real_sglang_response_body():
-    body = {"text": "a</tool_call>", "output_ids": [7, 8],
-            "meta_info": {"id": "9f", "finish_reason": {"type": "stop", "matched": "</tool_call>"}, "prompt_tokens": 12,
-                          "completion_tokens": 2, "cached_tokens": 10, "weight_version": "3", "e2e_latency": 0.1,
-                          "output_token_logprobs": [[-0.1, 7, "a"], [-999999999.0, 8, "</tool_call>"]]}}
+    body = {
+        "text": "a</tool_call>",
+        "output_ids": [7, 8],
+        "meta_info": {
+            "id": "9f",
+            "finish_reason": {"type": "stop", "matched": "</tool_call>"},
+            "prompt_tokens": 12,
+            "completion_tokens": 2,
+            "cached_tokens": 10,
+            "weight_version": "3",
+            "e2e_latency": 0.1,
+            "output_token_logprobs": [[-0.1, 7, "a"], [-999999999.0, 8, "</tool_call>"]],
+        },
+    }
     result = parse_generate_response(body, 3)
     assert result.token_ids == [7, 8] and result.logprobs == [-0.1, -999999999.0] and result.finish is StopKind.STOP
     assert result.prompt_tokens == 12 and result.policy_version == 3
@@ -187,8 +232,10 @@ def test_weight_update_wire_format_and_version_confirmation():
         return httpx.Response(200, json={"success": True, "message": "ok", "num_paused_requests": 0})
 
     async def main():
-        client = SGLangEngine(SGLangConfig(("http://router",), update_urls=("http://a", "http://b")),
-                              httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+        client = SGLangEngine(
+            SGLangConfig(("http://router",), update_urls=("http://a", "http://b")),
+            httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+        )
         await client.update_weights_from_disk("/ckpt/step7", version=7)
         with pytest.raises(EngineError, match="http://a: HTTP 400: no such dir.*http://b: HTTP 400: no such dir"):
             await client.update_weights_from_disk("/ckpt/missing", version=8)
@@ -204,14 +251,20 @@ def test_weight_update_wire_format_and_version_confirmation():
     assert not any(s[0] != "GET" and "router" in str(s) for s in sent)  # updates go to the workers, never the router
 
 
-@pytest.mark.parametrize("body, message", [
-    ([1, 2], "JSON object"), ({"input_ids": [[1, 2]]}, "flat list"), ({"input_ids": []}, "flat list"),
-    ({"input_ids": [1], "logprob_start_len": 0}, "logprob_start_len"), ({"input_ids": [1], "text": "hi"}, "text"),
-    ({"input_ids": [1], "sampling_params": [{}]}, "one JSON object"),
-    ({"input_ids": [1], "sampling_params": {"logit_bias": {"3": -100}}}, "logit_bias"),
-    ({"input_ids": [1], "image_data": "data:image/png;base64,AAAA"}, "image_data"),
-    ({"input_ids": [1], "sampling_params": {"temperature": -1}}, "temperature"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ([1, 2], "JSON object"),
+        ({"input_ids": [[1, 2]]}, "flat list"),
+        ({"input_ids": []}, "flat list"),
+        ({"input_ids": [1], "logprob_start_len": 0}, "logprob_start_len"),
+        ({"input_ids": [1], "text": "hi"}, "text"),
+        ({"input_ids": [1], "sampling_params": [{}]}, "one JSON object"),
+        ({"input_ids": [1], "sampling_params": {"logit_bias": {"3": -100}}}, "logit_bias"),
+        ({"input_ids": [1], "image_data": "data:image/png;base64,AAAA"}, "image_data"),
+        ({"input_ids": [1], "sampling_params": {"temperature": -1}}, "temperature"),
+    ],
+)
 def test_loopback_refuses_requests_it_cannot_honor(local_engine, body, message):
     with pytest.raises(ValueError, match=message):
         request_from_json(body, local_engine)
@@ -221,8 +274,12 @@ def test_loopback_finish_reason_and_response_shape(local_engine):
     request = GenerationRequest([1, 2], sampling=SamplingParams(stop=("</response>",), stop_token_ids=(9,)))
     tok = tokenizer()
     by_id = GenerationResult([5, 9], [-1.0, -2.0], StopKind.STOP, prompt_tokens=2)
-    by_text = GenerationResult(tok.encode("<response>1</response>"), [-1.0] * len(tok.encode("<response>1</response>")),
-                               StopKind.STOP, prompt_tokens=2)
+    by_text = GenerationResult(
+        tok.encode("<response>1</response>"),
+        [-1.0] * len(tok.encode("<response>1</response>")),
+        StopKind.STOP,
+        prompt_tokens=2,
+    )
     by_length = GenerationResult([5, 6, 7], [-1.0] * 3, StopKind.LENGTH, prompt_tokens=2)
     assert finish_reason(by_id, request, local_engine) == {"type": "stop", "matched": 9}
     assert finish_reason(by_text, request, local_engine) == {"type": "stop", "matched": "</response>"}

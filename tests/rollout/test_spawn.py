@@ -30,7 +30,12 @@ def test_ready_child_hands_its_payload_back(context):
     "target, argument, error, message",
     [
         (hello_children.report_failure, "no model here", EngineError, "test child failed to start: no model here"),
-        (hello_children.die, 3, RuntimeError, r"test child failed to start: died while starting \(exit code (3|None)\)"),
+        (
+            hello_children.die,
+            3,
+            RuntimeError,
+            r"test child failed to start: died while starting \(exit code (3|None)\)",
+        ),
         (hello_children.stay_silent, 30.0, EngineError, r"test child did not start within 0.5s"),
     ],
 )

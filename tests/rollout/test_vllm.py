@@ -50,8 +50,16 @@ pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
 
 
 def _recipe_overrides(root):
-    return grpo_overrides(root, root / "run", "model.preset=small", "grpo.max_steps=2", "grpo.max_response_tokens=32",
-                          "rollout.max_turns=2", "tools.fault_rate=0.0", "checkpoint.every_steps=1")
+    return grpo_overrides(
+        root,
+        root / "run",
+        "model.preset=small",
+        "grpo.max_steps=2",
+        "grpo.max_response_tokens=32",
+        "rollout.max_turns=2",
+        "tools.fault_rate=0.0",
+        "checkpoint.every_steps=1",
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +68,8 @@ def one_worker_runs_the_module(request):
     here must carry the group, or xdist spreads them over workers (pytest 9.2 with xdist 3.8 did)."""
     if getattr(request.config.option, "loadgroup", False):
         assert request.node.nodeid.endswith("@vllm"), (
-            f"{request.node.nodeid}: --dist loadgroup is not grouping; check the pytest / pytest-xdist pins")
+            f"{request.node.nodeid}: --dist loadgroup is not grouping; check the pytest / pytest-xdist pins"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +100,19 @@ def _requests(root, temperature: float, n: int = 3) -> tuple[list, list[Generati
 
     prompts = load_prompts(recipe.data)[:n]
     special = renderer.tokenizer.special
-    requests = [GenerationRequest(list(renderer.render_prompt(p).ids), [], SamplingParams(
-        temperature=temperature, max_new_tokens=24, seed=100 + i, stop_token_ids=(special.im_end, special.endoftext)))
-        for i, p in enumerate(prompts)]
+    requests = [
+        GenerationRequest(
+            list(renderer.render_prompt(p).ids),
+            [],
+            SamplingParams(
+                temperature=temperature,
+                max_new_tokens=24,
+                seed=100 + i,
+                stop_token_ids=(special.im_end, special.endoftext),
+            ),
+        )
+        for i, p in enumerate(prompts)
+    ]
     return (renderer, prompts), requests
 
 
@@ -139,9 +158,12 @@ def test_seeds_reproduce_and_stops_end_turns_as_every_osvl_engine(served):
             by_id = await run(SamplingParams(temperature=0.0, max_new_tokens=24, stop=(), stop_token_ids=(ids[5],)))
             # a stop string first completed by a later token: one token's plain ASCII text (a random
             # policy also emits lone UTF-8 bytes, which decode to U+FFFD until their sequence ends)
-            words = [decode(ids[i:i + 1]).strip() for i in range(len(ids))]
-            k = next(i for i in range(2, len(ids)) if len(words[i]) >= 2 and words[i].isascii()
-                     and words[i].isalnum() and words[i] not in decode(ids[:i]))
+            words = [decode(ids[i : i + 1]).strip() for i in range(len(ids))]
+            k = next(
+                i
+                for i in range(2, len(ids))
+                if len(words[i]) >= 2 and words[i].isascii() and words[i].isalnum() and words[i] not in decode(ids[:i])
+            )
             stop = words[k]
             by_string = await run(SamplingParams(temperature=0.0, max_new_tokens=24, stop=(stop,)))
             return sampled, other, free, by_id, by_string, stop
@@ -153,9 +175,9 @@ def test_seeds_reproduce_and_stops_end_turns_as_every_osvl_engine(served):
     assert other.token_ids != sampled[0].token_ids
     assert free.finish is StopKind.LENGTH and len(free.token_ids) == 24  # the checkpoint's EOS does not end a turn
     first = free.token_ids.index(free.token_ids[5])
-    assert by_id.token_ids == free.token_ids[:first + 1] and by_id.finish is StopKind.STOP
-    end = next(i for i in range(len(free.token_ids)) if hits_stop(free.token_ids[:i + 1], decode, (stop,), ()))
-    assert by_string.token_ids == free.token_ids[:end + 1] and by_string.finish is StopKind.STOP  # the stop is kept
+    assert by_id.token_ids == free.token_ids[: first + 1] and by_id.finish is StopKind.STOP
+    end = next(i for i in range(len(free.token_ids)) if hits_stop(free.token_ids[: i + 1], decode, (stop,), ()))
+    assert by_string.token_ids == free.token_ids[: end + 1] and by_string.finish is StopKind.STOP  # the stop is kept
 
 
 def stage_body(rank: int, world: int, overrides: list[str]) -> None:
@@ -172,8 +194,11 @@ def two_steps(served):
     stage test reads it and the killed-server test resumes from its checkpoint, whichever runs."""
     root, server, _ = served
     overrides = _recipe_overrides(root) + [
-        "rollout.engine=vllm", f'rollout.vllm_urls=["{server.url}"]', "rollout.text_only_export=true",
-        "rollout.max_logprob_diff=1e-4"]
+        "rollout.engine=vllm",
+        f'rollout.vllm_urls=["{server.url}"]',
+        "rollout.text_only_export=true",
+        "rollout.max_logprob_diff=1e-4",
+    ]
     run_ranks(stage_body, 2, overrides)
     return read_metrics(root / "run")
 
@@ -231,8 +256,10 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
                 return
             time.sleep(0.05)
         engine = VLLMEngine(VLLMConfig((server.url,), timeout_s=120))
-        long = [GenerationRequest(r.input_ids, [], SamplingParams(temperature=0.7, max_new_tokens=1500, stop=(),
-                                                                   seed=i)) for i, r in enumerate(requests)]
+        long = [
+            GenerationRequest(r.input_ids, [], SamplingParams(temperature=0.7, max_new_tokens=1500, stop=(), seed=i))
+            for i, r in enumerate(requests)
+        ]
 
         async def crash():
             inflight = [asyncio.create_task(engine.generate(r)) for r in long]
@@ -248,9 +275,13 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
     killer.start()
     overrides = _recipe_overrides(root) + [
         # long turns (a random policy rarely stops early) keep step 3's rollouts going past the kill
-        "grpo.max_steps=3", "grpo.max_response_tokens=256", "rollout.max_retries=1", "rollout.engine=vllm",
+        "grpo.max_steps=3",
+        "grpo.max_response_tokens=256",
+        "rollout.max_retries=1",
+        "rollout.engine=vllm",
         f'rollout.vllm_urls=["{server.url}"]',
-        "rollout.text_only_export=true"]
+        "rollout.text_only_export=true",
+    ]
     try:
         run_ranks(crash_body, 2, overrides, server.url)
     finally:
@@ -268,8 +299,15 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
     async def rollout_and_sync():
         engine = VLLMEngine(VLLMConfig((server.url,), timeout_s=10))
         try:
-            return await run_group(prompts[0], 0, engine, env, renderer, AgentConfig(max_turns=2),
-                                   RolloutWorkerConfig(group_size=2, max_retries=1, trajectory_deadline_s=60))
+            return await run_group(
+                prompts[0],
+                0,
+                engine,
+                env,
+                renderer,
+                AgentConfig(max_turns=2),
+                RolloutWorkerConfig(group_size=2, max_retries=1, trajectory_deadline_s=60),
+            )
         finally:
             await engine.aclose()
 

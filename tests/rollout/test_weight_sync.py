@@ -40,8 +40,13 @@ def test_disk_and_distributed_paths_give_the_trainer_weights_and_its_version(ser
     engines, (a, b), policy, tmp_path = served
     with asyncio.Runner() as runner:
         disk = DiskSync(SGLangEngine(SGLangConfig((a.url,))), tmp_path / "weights", torch.float32, runner.run, keep=2)
-        broadcast = DistributedSync(SGLangEngine(SGLangConfig((b.url,))), torch.float32, runner.run,
-                                    bucket_bytes=4096, master_address="127.0.0.1")  # many buckets
+        broadcast = DistributedSync(
+            SGLangEngine(SGLangConfig((b.url,))),
+            torch.float32,
+            runner.run,
+            bucket_bytes=4096,
+            master_address="127.0.0.1",
+        )  # many buckets
         for version in (3, 4, 5):
             stats = disk.sync(policy, version)
             assert stats.bytes > 0
@@ -49,8 +54,10 @@ def test_disk_and_distributed_paths_give_the_trainer_weights_and_its_version(ser
             hf = to_hf_state_dict(policy.state_dict(), policy.arch)
             assert sent.bytes == sum(t.numel() * t.element_size() for t in hf.values())
         broadcast.close()
-        versions = [runner.run(SGLangEngine(SGLangConfig((s.url,))).get_json(s.url, "/get_model_info"))["weight_version"]
-                    for s in (a, b)]
+        versions = [
+            runner.run(SGLangEngine(SGLangConfig((s.url,))).get_json(s.url, "/get_model_info"))["weight_version"]
+            for s in (a, b)
+        ]
     assert versions == ["5", "5"]
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v000004", "v000005"]  # the last 2 kept
     reference = policy.state_dict()
@@ -70,8 +77,9 @@ def test_a_refused_update_names_the_server_and_keeps_the_version(served):
         with pytest.raises(EngineError, match=f"refused by 1 of 1 server.*{a.url}.*another architecture"):
             DiskSync(client, tmp_path / "weights", torch.float32, runner.run).sync(other, 1)
         with pytest.raises(EngineError, match=f"{a.url}"):
-            DistributedSync(client, torch.float32, runner.run, bucket_bytes=1 << 20,
-                            master_address="127.0.0.1", timeout_s=20).sync(other, 1)
+            DistributedSync(
+                client, torch.float32, runner.run, bucket_bytes=1 << 20, master_address="127.0.0.1", timeout_s=20
+            ).sync(other, 1)
     assert engines[0].policy_version == 0
 
 
@@ -93,8 +101,9 @@ def test_an_unreachable_server_is_an_engine_error_naming_it(tmp_path):
         with pytest.raises(EngineError, match=url):
             DiskSync(client, tmp_path / "weights", torch.float32, runner.run).sync(policy, 1)
         with pytest.raises(EngineError, match=url):
-            DistributedSync(client, torch.float32, runner.run, bucket_bytes=1 << 20,
-                            master_address="127.0.0.1").sync(policy, 1)
+            DistributedSync(client, torch.float32, runner.run, bucket_bytes=1 << 20, master_address="127.0.0.1").sync(
+                policy, 1
+            )
 
 
 def test_with_pause_every_bucket_lands_while_generation_is_paused(served, monkeypatch):
@@ -105,18 +114,31 @@ def test_with_pause_every_bucket_lands_while_generation_is_paused(served, monkey
     for server, name in ((a, "a"), (b, "b")):
         for method in ("pause", "resume", "update_from_disk", "_load_hf"):
             real = getattr(server, method)
-            monkeypatch.setattr(server, method, lambda *args, _real=real, _tag=f"{name}.{method}":
-                                (events.append(_tag), _real(*args))[1])
+            monkeypatch.setattr(
+                server,
+                method,
+                lambda *args, _real=real, _tag=f"{name}.{method}": (events.append(_tag), _real(*args))[1],
+            )
     with asyncio.Runner() as runner:
-        disk = DiskSync(SGLangEngine(SGLangConfig((a.url,))), tmp_path / "weights", torch.float32, runner.run,
-                        pause=True)
-        broadcast = DistributedSync(SGLangEngine(SGLangConfig((b.url,))), torch.float32, runner.run,
-                                    bucket_bytes=4096, master_address="127.0.0.1", pause=True)
+        disk = DiskSync(
+            SGLangEngine(SGLangConfig((a.url,))), tmp_path / "weights", torch.float32, runner.run, pause=True
+        )
+        broadcast = DistributedSync(
+            SGLangEngine(SGLangConfig((b.url,))),
+            torch.float32,
+            runner.run,
+            bucket_bytes=4096,
+            master_address="127.0.0.1",
+            pause=True,
+        )
         disk.sync(policy, 1)
         broadcast.sync(policy, 1)
         broadcast.close()
-        request = {"input_ids": tokenizer().encode("Which bridge?"), "sampling_params": {"max_new_tokens": 2},
-                   "return_logprob": True}
+        request = {
+            "input_ids": tokenizer().encode("Which bridge?"),
+            "sampling_params": {"max_new_tokens": 2},
+            "return_logprob": True,
+        }
         for server in (a, b):  # the gate is open again
             answer = httpx.post(f"{server.url}/generate", json=request, timeout=60, trust_env=False).json()
             assert answer["meta_info"]["weight_version"] == "1"

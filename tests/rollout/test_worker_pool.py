@@ -33,8 +33,11 @@ def test_side_process_groups_match_in_process_rollouts_with_weights_and_back_pre
         assert metrics.trajectories == 8 and metrics.tool_calls == {"echo_image": 8}
 
         async def in_process():
-            return [g async for g in stream_groups(batch, local.engine, local.env, local.renderer, local.agent,
-                                                   local.rollout)]
+            return [
+                g
+                async for g in stream_groups(batch, local.engine, local.env, local.renderer, local.agent, local.rollout)
+            ]
+
         want = _by_key(asyncio.run(in_process()))
         for key, traj in _by_key(groups).items():  # the same ids and (to fp32 noise) logprobs as in-process
             assert traj.finish_reason is FinishReason.RESPONSE and len(traj.steps) == 2
@@ -44,8 +47,10 @@ def test_side_process_groups_match_in_process_rollouts_with_weights_and_back_pre
             assert traj.steps[0].logprobs == pytest.approx(want[key].steps[0].logprobs, abs=1e-5)
 
         generator = torch.Generator().manual_seed(3)
-        update = {k: v + 0.3 * torch.randn(v.shape, generator=generator)
-                  for k, v in local.engine.inner.engine.model.state_dict().items()}
+        update = {
+            k: v + 0.3 * torch.randn(v.shape, generator=generator)
+            for k, v in local.engine.inner.engine.model.state_dict().items()
+        }
         pool.load_weights(update, 5)
         with pytest.raises(ValueError, match="rejected weights"):
             pool.load_weights({"not.a.weight": torch.zeros(1)}, 6)
@@ -64,8 +69,12 @@ def test_a_dead_or_stuck_worker_is_replaced_and_its_group_retried_or_dropped(tmp
     flag = tmp_path / "died"
     factory = functools.partial(factories.rollout_setup, TURNS, "? (1)", str(flag), mode)
     # one group per worker: the dying worker holds exactly the group of p1
-    config = WorkerPoolConfig(num_workers=2, groups_per_worker=1, max_group_retries=retries,
-                              group_deadline_s=4.0 if mode == "freeze" else 600.0)
+    config = WorkerPoolConfig(
+        num_workers=2,
+        groups_per_worker=1,
+        max_group_retries=retries,
+        group_deadline_s=4.0 if mode == "freeze" else 600.0,
+    )
     with RolloutWorkerPool(factory, config) as pool:
         before = set(pool.worker_pids)
         metrics = RolloutMetrics()
@@ -88,8 +97,12 @@ def test_a_dead_or_stuck_worker_is_replaced_and_its_group_retried_or_dropped(tmp
 
 
 def test_pool_rejects_bad_configs_and_factories():
-    for kwargs, message in [({"num_workers": 0}, "num_workers"), ({"group_deadline_s": 0}, "group_deadline_s"),
-                            ({"max_group_retries": -1}, "max_group_retries"), ({"start_method": "x"}, "start_method")]:
+    for kwargs, message in [
+        ({"num_workers": 0}, "num_workers"),
+        ({"group_deadline_s": 0}, "group_deadline_s"),
+        ({"max_group_retries": -1}, "max_group_retries"),
+        ({"start_method": "x"}, "start_method"),
+    ]:
         with pytest.raises(ValueError, match=message):
             WorkerPoolConfig(**kwargs)
     with pytest.raises(RuntimeError, match="failed to start: ValueError: no model here"):

@@ -41,6 +41,7 @@ class FlakyEngine:
 
 def test_groups_stay_together_with_faults_and_metrics(local_engine, env, renderer):
     from osvl.rollout.engine import derive_seed
+
     turns = [call("echo_image", image=0, tag="x"), respond()]
     base = ReplayEngine(local_engine, scripted(turns))
     crash = {derive_seed(0, "p1", 0)}  # always crashes: dropped after its retry
@@ -81,8 +82,10 @@ def test_sampled_rollouts_recorded_and_logprobs_match_the_trainer(local_engine, 
     assert recorder.write(3, trajectories) == 4
     replayed = recorder.read(3)
     assert [t.steps[0].token_ids for t in replayed] == [t.steps[0].token_ids for t in trajectories]
-    assert all(np.array_equal(a.steps[0].observation_images[0], b.steps[0].observation_images[0])
-               for a, b in zip(replayed, trajectories))
+    assert all(
+        np.array_equal(a.steps[0].observation_images[0], b.steps[0].observation_images[0])
+        for a, b in zip(replayed, trajectories)
+    )
     # the reference backend for the batch; the Triton kernel (interpreted on CPU: slow) scores one below
     report = logprob_parity(local_engine.model, renderer, replayed, backend="torch")
     assert report.tokens == sum(len(s.token_ids) for t in trajectories for s in t.steps)
@@ -101,8 +104,9 @@ def test_recorder_rejects_negative_steps(tmp_path):
 
 
 @pytest.mark.parametrize(("errors", "infra_rollouts"), [("policy", "drop"), ("policy", "keep"), ("all", "keep")])
-def test_an_outage_is_retried_or_kept_and_counted_as_the_recipe_says(local_engine, env, renderer, errors,
-                                                                     infra_rollouts):
+def test_an_outage_is_retried_or_kept_and_counted_as_the_recipe_says(
+    local_engine, env, renderer, errors, infra_rollouts
+):
     from osvl.rl.fatal import FatalConfig
     from osvl.tools import ToolEnvironment
     from osvl.tools.faults import FaultInjectingRunner, OutageModel
@@ -157,9 +161,19 @@ def test_a_weight_update_restarts_the_samples_in_flight_on_the_new_weights(env, 
 
     async def main():
         preemption, metrics = Preemption(), RolloutMetrics()
-        group = asyncio.ensure_future(run_group(prompts(1)[0], 0, engine, env, renderer, AGENT,
-                                                RolloutWorkerConfig(group_size=3), metrics=metrics,
-                                                preemption=preemption))
+        group = asyncio.ensure_future(
+            run_group(
+                prompts(1)[0],
+                0,
+                engine,
+                env,
+                renderer,
+                AGENT,
+                RolloutWorkerConfig(group_size=3),
+                metrics=metrics,
+                preemption=preemption,
+            )
+        )
         while engine.calls < 3:  # every sample is generating on the old weights
             await asyncio.sleep(0.01)
         preemption.begin()

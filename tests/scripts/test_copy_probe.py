@@ -19,8 +19,9 @@ spec.loader.exec_module(probe)
 
 
 def test_random_documents_repeat_their_segment_three_times():
-    tokens, first = probe.random_document(random.Random(0), vocab=50, length=9, zipf=False, separator_every=3,
-                                          separator=7)
+    tokens, first = probe.random_document(
+        random.Random(0), vocab=50, length=9, zipf=False, separator_every=3, separator=7
+    )
     assert first == 9 and tokens == tokens[:9] * 3
     assert [tokens[i] for i in (2, 5, 8)] == [7, 7, 7]
     zipf, _ = probe.random_document(random.Random(0), vocab=50, length=3000, zipf=True, separator_every=0, separator=7)
@@ -55,10 +56,34 @@ def test_text_documents_mark_where_copies_start(tmp_path):
 def test_a_few_steps_report_both_kinds(tmp_path):
     tok_path, _ = write_sft_data(tmp_path / "tok")
     path = tmp_path / "lists.jsonl"
-    path.write_text("\n".join(json.dumps({"text": f"List: Oslo {c}\nRepeat: Oslo {c}\nAgain: Oslo {c}"})
-                              for c in ("Lyon", "Graz", "Gent")) + "\n")
-    records = probe.main(["--tokenizer", str(tok_path), "--source", "text", "--text", str(path), "--mix-random", "0.5",
-                          "--vocab", "100", "--length", "5", "--steps", "3", "--batch", "8", "--every", "1"])
+    path.write_text(
+        "\n".join(
+            json.dumps({"text": f"List: Oslo {c}\nRepeat: Oslo {c}\nAgain: Oslo {c}"}) for c in ("Lyon", "Graz", "Gent")
+        )
+        + "\n"
+    )
+    records = probe.main(
+        [
+            "--tokenizer",
+            str(tok_path),
+            "--source",
+            "text",
+            "--text",
+            str(path),
+            "--mix-random",
+            "0.5",
+            "--vocab",
+            "100",
+            "--length",
+            "5",
+            "--steps",
+            "3",
+            "--batch",
+            "8",
+            "--every",
+            "1",
+        ]
+    )
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(0.0 <= r["repeat_acc_random"] <= 1.0 and 0.0 <= r["repeat_acc_text"] <= 1.0 for r in records)
     with pytest.raises(SystemExit):

@@ -34,8 +34,9 @@ class LoopbackChat:
                 prompt = message_text(body["messages"][-1]["content"])
                 outer.prompts.append(prompt)
                 status, content = outer.reply(prompt)
-                payload = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant",
-                                                                           "content": content}}]}).encode()
+                payload = json.dumps(
+                    {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+                ).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))

@@ -29,12 +29,14 @@ from .chat_server import LoopbackChat
 
 
 def _client(server: LoopbackChat, max_attempts: int = 2) -> ChatCompletionsClient:
-    return ChatCompletionsClient(ChatJudgeConfig(server.base_url, "expert", max_attempts=max_attempts, timeout_s=10),
-                                 sleep=lambda _: None)
+    return ChatCompletionsClient(
+        ChatJudgeConfig(server.base_url, "expert", max_attempts=max_attempts, timeout_s=10), sleep=lambda _: None
+    )
 
 
 def _call(name: str, **arguments) -> str:
-    return f"<think>Next I use {name}.</think>\n<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+    call = json.dumps({"name": name, "arguments": arguments})
+    return f"<think>Next I use {name}.</think>\n<tool_call>{call}</tool_call>"
 
 
 def _answer(text: str) -> str:
@@ -46,8 +48,12 @@ def expert_script(world, item: QAItem) -> list[str]:
     then the answer (the loopback plays it back turn by turn)."""
     titles = [world.graph[node].title for node in item.path]
     hops = [_call("text_search", query=f"{title} {relation}") for title, relation in zip(titles, item.relations)]
-    return [_call("image_search", image=0, top_k=1), *hops,
-            _call("text_search", query=f"{titles[-1]} {item.attribute}"), _answer(item.answer)]
+    return [
+        _call("image_search", image=0, top_k=1),
+        *hops,
+        _call("text_search", query=f"{titles[-1]} {item.attribute}"),
+        _answer(item.answer),
+    ]
 
 
 class Replay:
@@ -75,12 +81,23 @@ def clean_items(curated):
 
 
 def _synthesize(expert, world, out, item, report):
-    return synthesize(item, question_image(world, out, item), expert, 1, random.Random(0), ExactMatchAccuracyJudge(),
-                      HeuristicQueryJudge(), 0.97, report, 0)
+    return synthesize(
+        item,
+        question_image(world, out, item),
+        expert,
+        1,
+        random.Random(0),
+        ExactMatchAccuracyJudge(),
+        HeuristicQueryJudge(),
+        0.97,
+        report,
+        0,
+    )
 
 
-def test_chat_expert_drives_the_real_tools_and_passes_the_judges(world, curated, clean_items, real_tools, replay,
-                                                                  tmp_path):
+def test_chat_expert_drives_the_real_tools_and_passes_the_judges(
+    world, curated, clean_items, real_tools, replay, tmp_path
+):
     out, _ = curated
     script, server = replay
     expert = ChatExpert(_client(server), real_tools, tool_schemas())
@@ -122,16 +139,21 @@ def test_expert_failures_are_counted_never_raised(world, curated, clean_items, r
     script.turns = [(503, "busy"), *expert_script(world, item)]
     assert len(_synthesize(expert, world, out, item, report)) == 1
     # malformed turns become parse errors the model sees; the process judge rejects the messy run
-    script.turns = ["I think it is a museum.", "<tool_call>{\"name\": \"text_search\", \"arguments\": {</tool_call>",
-                    *expert_script(world, item)]
+    script.turns = [
+        "I think it is a museum.",
+        '<tool_call>{"name": "text_search", "arguments": {</tool_call>',
+        *expert_script(world, item),
+    ]
     episode = expert.episode(item.text, question_image(world, out, item))
     assert [s.status for s in episode.steps[:2]] == [ToolStatus.PARSE_ERROR] * 2
     assert episode.finish is FinishReason.RESPONSE
     assert server.prompts[-len(episode.steps) + 1].startswith("<tool_response>\nError (parse_error): no action")
     # numbers no tool can take are the model's invalid arguments, not a crash of the episode
-    script.turns = ['<tool_call>{"name": "text_search", "arguments": {"query": "x", "top_k": 1' + "0" * 4400 + "}}"
-                    "</tool_call>", '<tool_call>{"name": "sharpen", "arguments": {"image": 0, "amount": NaN}}</tool_call>',
-                    *expert_script(world, item)]
+    script.turns = [
+        '<tool_call>{"name": "text_search", "arguments": {"query": "x", "top_k": 1' + "0" * 4400 + "}}</tool_call>",
+        '<tool_call>{"name": "sharpen", "arguments": {"image": 0, "amount": NaN}}</tool_call>',
+        *expert_script(world, item),
+    ]
     episode = expert.episode(item.text, question_image(world, out, item))
     assert [s.status for s in episode.steps[:2]] == [ToolStatus.INVALID_ARGUMENTS] * 2
     assert "'top_k' is an integer of 4401 digits" in episode.steps[0].tool_result.error
@@ -195,8 +217,12 @@ def test_curate_takes_an_injected_expert(world, curated, replay, tmp_path):
     server.reply = play
     config = CurationConfig(rollouts_per_item=1, rl_fraction=0.97)
     try:
-        result = curate(world, out, config, expert=ChatExpert(_client(server), WorldTools(world), tool_schemas(),
-                                                              ChatExpertConfig(send_images=False)))
+        result = curate(
+            world,
+            out,
+            config,
+            expert=ChatExpert(_client(server), WorldTools(world), tool_schemas(), ChatExpertConfig(send_images=False)),
+        )
     finally:
         server.reply = script
     synthesis = result["synthesize"]

@@ -33,7 +33,9 @@ def test_drills_follow_the_graph_and_answer_from_the_last_passage(world):
         # every hop's query names the entity the previous passage stated: copying is the skill drilled
         for before, after in itertools.pairwise(searches):
             relation, title = re.fullmatch(r"Find the (.+) of (.+)\.", before.think).groups()
-            (stated,) = re.findall(rf"The {re.escape(relation)} of {re.escape(title)} is ([^.]+)\.", before.observation_text)
+            (stated,) = re.findall(
+                rf"The {re.escape(relation)} of {re.escape(title)} is ([^.]+)\.", before.observation_text
+            )
             assert after.tool_call.arguments["query"].startswith(stated + " ") and stated in titles
         assert f"is {drill.prompt.answer}." in searches[-1].observation_text
         title = re.fullmatch(r"Look up the .+ of (.+)\.", searches[-1].think).group(1)
@@ -88,13 +90,15 @@ def test_guessable_answers_are_never_asked(world):
     assert max(rates.values()) > 0.3  # the world has answers a blind guess gets right (3 countries)
     unfiltered = held_out_prompts(world, [p.id for p in world.graph.entities() if p.images], 40, seed=5)
     assert max(rates[_asked(p, world)] for p in unfiltered) > 0.15  # so the filter has something to remove
-    filtered = held_out_prompts(world, [p.id for p in world.graph.entities() if p.images], 40, seed=5,
-                                max_guess_rate=0.15)
+    filtered = held_out_prompts(
+        world, [p.id for p in world.graph.entities() if p.images], 40, seed=5, max_guess_rate=0.15
+    )
     assert len(filtered) == 40 and all(rates[_asked(p, world)] <= 0.15 for p in filtered)
     drills = lookup_drills(world, 30, seed=6, max_guess_rate=0.15)
     assert all(rates[_asked(d.prompt, world)] <= 0.15 for d in drills)
-    assert [d.prompt.id for d in lookup_drills(world, 30, seed=6, max_guess_rate=1.0)] == \
-        [d.prompt.id for d in lookup_drills(world, 30, seed=6)]  # the default asks everything, as before
+    assert [d.prompt.id for d in lookup_drills(world, 30, seed=6, max_guess_rate=1.0)] == [
+        d.prompt.id for d in lookup_drills(world, 30, seed=6)
+    ]  # the default asks everything, as before
 
 
 def test_bad_requests_are_clear_errors(world):
@@ -125,8 +129,10 @@ def test_cli_leaves_out_the_rl_items_entities(world, curated, tmp_path, capsys):
     drills = list(read_jsonl(target))
     assert len(drills) == 25
     for drill in drills:
-        assert not any(step.tool_call and step.tool_call.arguments.get("query", "").startswith(tuple(t + " " for t in rl_titles))
-                       for step in drill.steps)
+        assert not any(
+            step.tool_call and step.tool_call.arguments.get("query", "").startswith(tuple(t + " " for t in rl_titles))
+            for step in drill.steps
+        )
     with pytest.raises(SystemExit):
         main(["drills", "--world", str(world.root), "--data", str(tmp_path), "--count", "1", "--out", str(target)])
 

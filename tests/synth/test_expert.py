@@ -74,15 +74,35 @@ def test_careful_expert_answers_every_item_and_slips_get_rejected(world, tools, 
     careful = ScriptedExpert(world.graph, tools, ExpertConfig(slip_prob=0.0, repeat_prob=0.0))
     report = SynthesisReport()
     for group, item in enumerate(items):
-        kept = synthesize(item, question_image(world, out, item), careful, 1, random.Random(group),
-                          ExactMatchAccuracyJudge(), HeuristicQueryJudge(), 0.97, report, group)
+        kept = synthesize(
+            item,
+            question_image(world, out, item),
+            careful,
+            1,
+            random.Random(group),
+            ExactMatchAccuracyJudge(),
+            HeuristicQueryJudge(),
+            0.97,
+            report,
+            group,
+        )
         assert len(kept) == 1
     assert report.kept == 25 and report.rejected_answer == report.rejected_process == 0
     sloppy = ScriptedExpert(world.graph, tools, ExpertConfig(slip_prob=1.0, repeat_prob=1.0))
     report = SynthesisReport()
     for group, item in enumerate(items):
-        synthesize(item, question_image(world, out, item), sloppy, 1, random.Random(group),
-                   ExactMatchAccuracyJudge(), HeuristicQueryJudge(), 0.97, report, group)
+        synthesize(
+            item,
+            question_image(world, out, item),
+            sloppy,
+            1,
+            random.Random(group),
+            ExactMatchAccuracyJudge(),
+            HeuristicQueryJudge(),
+            0.97,
+            report,
+            group,
+        )
     assert report.kept == 0 and report.rejected_process > 0 and report.rejected_answer > 0
 
 
@@ -108,8 +128,10 @@ def test_expert_config_validation():
 
 
 def test_observation_parsers_read_the_tool_formats():
-    text = ("[Passage 1] Vorka\nURL: world://Vorka\nSummary: Vorka is a city.\n\n"
-            "[Passage 2] Elsewhere\nURL: https://example.org/x\nSummary: A web page.")
+    text = (
+        "[Passage 1] Vorka\nURL: world://Vorka\nSummary: Vorka is a city.\n\n"
+        "[Passage 2] Elsewhere\nURL: https://example.org/x\nSummary: A web page."
+    )
     assert read_passages(text) == [("Vorka", "Vorka", "Vorka is a city."), (None, "Elsewhere", "A web page.")]
     assert read_passages("no results") == []
     match = "[Match 1] Kelpel Talzel (zookeeper) (page: Kelpel_Talzel_(zookeeper); feature_match, score 31)\nCaption: x"
@@ -131,8 +153,18 @@ def test_search_top_k_asks_for_one_passage_and_still_answers(world, tools, curat
     narrow = ScriptedExpert(world.graph, tools, ExpertConfig(slip_prob=0.0, repeat_prob=0.0, search_top_k=1))
     report = SynthesisReport()
     for group, item in enumerate(items):
-        (kept,) = synthesize(item, question_image(world, out, item), narrow, 1, random.Random(group),
-                             ExactMatchAccuracyJudge(), HeuristicQueryJudge(), 0.97, report, group)
+        (kept,) = synthesize(
+            item,
+            question_image(world, out, item),
+            narrow,
+            1,
+            random.Random(group),
+            ExactMatchAccuracyJudge(),
+            HeuristicQueryJudge(),
+            0.97,
+            report,
+            group,
+        )
         searches = [s for s in kept.steps if s.tool_call and s.tool_call.name == "text_search"]
         assert searches and all(s.tool_call.arguments["top_k"] == 1 for s in searches)
         assert all(s.observation_text.count("[Passage ") == 1 for s in searches)

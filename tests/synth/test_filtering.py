@@ -30,7 +30,8 @@ from .test_rewrite import PATH, TOOK_OVER_1991
 def _item(graph) -> QAItem:
     question = canonical_question(graph, PATH).with_mention(0, Mention(noun="zoo", visual=True))
     question = question.with_mention(1, TOOK_OVER_1991).with_mention(
-        2, Mention(noun="person", constraints=(Rel("spouse", 1),)))
+        2, Mention(noun="person", constraints=(Rel("spouse", 1),))
+    )
     return QAItem("AZ", list(PATH.nodes), list(PATH.relations), PATH.attribute, PATH.answer, question)
 
 

@@ -26,27 +26,37 @@ from osvl.world.render import render_entity
 from .graphs import australia_zoo_graph
 from .test_rewrite import TOOK_OVER_1991
 
-PATH = SampledPath(("Australia_Zoo", "Steve_Irwin", "Terri_Irwin"), ("manager", "spouse"),
-                   "citizenship date", "17 November 2009")
+PATH = SampledPath(
+    ("Australia_Zoo", "Steve_Irwin", "Terri_Irwin"), ("manager", "spouse"), "citizenship date", "17 November 2009"
+)
 
 
 def _item(graph, rewritten: bool = True) -> QAItem:
     question = canonical_question(graph, PATH)
     if rewritten:
         question = question.with_mention(1, TOOK_OVER_1991).with_mention(
-            2, Mention(noun="person", constraints=(Rel("spouse", 1),)))
+            2, Mention(noun="person", constraints=(Rel("spouse", 1),))
+        )
     return QAItem("AZ", list(PATH.nodes), list(PATH.relations), PATH.attribute, PATH.answer, question)
 
 
 def _record(root: Path, caption: str, width: int = 800) -> ImageRecord:
-    return ImageRecord(image=root / "images" / "Australia_Zoo.png", title="Australia Zoo", caption=caption,
-                       page_id="Australia_Zoo", width=width, height=600, facts=[])
+    return ImageRecord(
+        image=root / "images" / "Australia_Zoo.png",
+        title="Australia Zoo",
+        caption=caption,
+        page_id="Australia_Zoo",
+        width=width,
+        height=600,
+        facts=[],
+    )
 
 
 def test_grounding_replaces_the_anchor_with_a_visual_reference(tmp_path):
     graph = australia_zoo_graph()
-    grounder = AnchorGrounder(graph, {"Australia_Zoo": [_record(tmp_path, "Australia Zoo entrance")]}, tmp_path,
-                              MetadataScorer())
+    grounder = AnchorGrounder(
+        graph, {"Australia_Zoo": [_record(tmp_path, "Australia Zoo entrance")]}, tmp_path, MetadataScorer()
+    )
     grounded = grounder(_item(graph))
     assert grounded.question.mentions[0].visual and grounded.image == "images/Australia_Zoo.png"
     assert "the zoo shown in the image" in grounded.text and grounded.grounding_score == 1.0
@@ -67,8 +77,9 @@ def test_grounding_drops_what_it_cannot_ground(tmp_path):
     assert AnchorGrounder(graph, images, tmp_path, Unrelated())(item) == Drop("low_visual_relevance")
     # bridges still named: the final masking check over the whole path refuses the item
     named = _item(graph, rewritten=False)
-    assert AnchorGrounder(graph, {"Australia_Zoo": [_record(tmp_path, "Australia Zoo")]}, tmp_path,
-                          MetadataScorer())(named) == Drop("masking_leak")
+    assert AnchorGrounder(graph, {"Australia_Zoo": [_record(tmp_path, "Australia Zoo")]}, tmp_path, MetadataScorer())(
+        named
+    ) == Drop("masking_leak")
 
 
 def test_metadata_scorer():

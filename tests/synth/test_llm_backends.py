@@ -20,8 +20,9 @@ from .test_rewrite import PATH
 
 
 def _client(server, attempts=2):
-    return ChatCompletionsClient(ChatJudgeConfig(base_url=server.base_url, model="m", max_attempts=attempts),
-                                 sleep=lambda s: None)
+    return ChatCompletionsClient(
+        ChatJudgeConfig(base_url=server.base_url, model="m", max_attempts=attempts), sleep=lambda s: None
+    )
 
 
 def _world_model(prompt: str) -> tuple[int, str]:
@@ -29,8 +30,9 @@ def _world_model(prompt: str) -> tuple[int, str]:
     if prompt.startswith("You rewrite"):
         if "Entity: Terri Irwin" in prompt:
             return 200, json.dumps({"descriptors": ["the wife of {prev}"]})
-        return 200, "Sure!\n```json\n" + json.dumps({"descriptors": [
-            "the son of the founders of {prev}", "the man who took over management of {prev} in 1991"]}) + "\n```"
+        return 200, "Sure!\n```json\n" + json.dumps(
+            {"descriptors": ["the son of the founders of {prev}", "the man who took over management of {prev} in 1991"]}
+        ) + "\n```"
     if '"the son of the founders of Australia Zoo"' in prompt:
         return 200, json.dumps({"compatible": ["Joy Irwin", "Steve Irwin", "Mandy Irwin"], "answer": "?"})
     if '"the wife of' in prompt and "Steve Irwin" in prompt.split("Consider")[0]:
@@ -48,8 +50,9 @@ def test_llm_rewriting_end_to_end():
     assert result.reason == "ok"
     assert [e.verdict for e in result.log] == ["ok", "not_unique", "ok"]
     text = render_question(result.question)
-    assert text == ("What is the citizenship date of the wife of the man who took over management of "
-                    "Australia Zoo in 1991?")
+    assert text == (
+        "What is the citizenship date of the wife of the man who took over management of Australia Zoo in 1991?"
+    )
     assert leaked_forms(text, path_forms(graph, PATH, range(1, 3))) == []
     assert "aliases (Terri Irwin)" in server.prompts[0]
     assert "The Crocodile Hunter (person)" in server.prompts[2]  # redirect titles are names to avoid too
@@ -57,9 +60,13 @@ def test_llm_rewriting_end_to_end():
 
 def test_evaluator_rejects_wrong_entity_and_changed_answer():
     graph = australia_zoo_graph()
-    replies = iter([json.dumps({"compatible": ["Bob Irwin"], "answer": "17 November 2009"}),
-                    json.dumps({"compatible": ["the crocodile hunter"], "answer": "1999"}),
-                    "no json here"])
+    replies = iter(
+        [
+            json.dumps({"compatible": ["Bob Irwin"], "answer": "17 November 2009"}),
+            json.dumps({"compatible": ["the crocodile hunter"], "answer": "1999"}),
+            "no json here",
+        ]
+    )
     question = canonical_question(graph, PATH).with_mention(1, Mention(text="the manager of {prev}"))
     with LoopbackChat(lambda p: (200, next(replies))) as server, _client(server) as client:
         evaluator = LLMUniquenessEvaluator(client, graph)

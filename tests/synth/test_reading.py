@@ -19,11 +19,13 @@ def source(world):
 
 def test_sentence_templates_become_questions():
     assert sentence_facts("Quenjor", "The mayor of Quenjor is The Golden Admiral.") == [
-        ("What is the mayor of Quenjor?", "The Golden Admiral")]
+        ("What is the mayor of Quenjor?", "The Golden Admiral")
+    ]
     assert sentence_facts("Quenjor", "Its population is 322000.") == [("What is the population of Quenjor?", "322000")]
     assert sentence_facts("Mitor Tordan", "Mitor Tordan is the founder of Zelgaris Tower.") == [
         ("Mitor Tordan is the founder of what?", "Zelgaris Tower"),
-        ("Who or what is the founder of Zelgaris Tower?", "Mitor Tordan")]
+        ("Who or what is the founder of Zelgaris Tower?", "Mitor Tordan"),
+    ]
     assert sentence_facts("Quenjor", "Quenjor is a city.") == []
 
 

@@ -85,16 +85,29 @@ def test_scripted_expert_with_real_tools_writes_real_observations(world, curated
     expert = ScriptedExpert(world.graph, real_tools, ExpertConfig(slip_prob=0.0, repeat_prob=0.0))
     report, kept = SynthesisReport(), []
     for group, item in enumerate(chosen):
-        kept += synthesize(item, question_image(world, out, item), expert, 1, random.Random(group),
-                           ExactMatchAccuracyJudge(), HeuristicQueryJudge(), 0.97, report, group)
+        kept += synthesize(
+            item,
+            question_image(world, out, item),
+            expert,
+            1,
+            random.Random(group),
+            ExactMatchAccuracyJudge(),
+            HeuristicQueryJudge(),
+            0.97,
+            report,
+            group,
+        )
     assert report.rollouts == len(chosen) and report.kept == len(kept) >= 2
     assert report.kept + report.rejected_answer + report.rejected_process == len(chosen)
     for trajectory in kept:
         observations = "\n".join(s.observation_text for s in trajectory.steps)
         assert "[Match 1]" in observations and "URL: world://" in observations
         assert all(s.tool_result.elapsed_s > 0 for s in trajectory.steps[:-1])  # really executed
-    repair = next(s for s in expert.rollout(chosen[0], question_image(world, out, chosen[0]), random.Random(0))
-                  if s.tool_call and s.tool_call.name == chosen[0].degradation["repair_tool"])
+    repair = next(
+        s
+        for s in expert.rollout(chosen[0], question_image(world, out, chosen[0]), random.Random(0))
+        if s.tool_call and s.tool_call.name == chosen[0].degradation["repair_tool"]
+    )
     assert repair.tool_result.ok and len(repair.observation_images) == 1
 
 
@@ -109,8 +122,9 @@ def test_tool_image_search_solver_agrees_with_the_exact_one(world, curated, real
     items = list(read_items(out / "no_tools.jsonl"))  # what reaches the single-ImageSearch stage
     config = CurationConfig()
     exact = ImageSearchSolver(world.graph, images_by_page(world.images()), config.fame_in_degree)
-    real = ToolImageSearchSolver(world.graph, real_tools, lambda item: load_rgb(world.root / item.image),
-                                 config.fame_in_degree)
+    real = ToolImageSearchSolver(
+        world.graph, real_tools, lambda item: load_rgb(world.root / item.image), config.fame_in_degree
+    )
     recognised = agree = exact_solved = 0
     for item in items:
         anchor, stated = real.recognise(item)  # the one real ImageSearch call
@@ -118,8 +132,10 @@ def test_tool_image_search_solver_agrees_with_the_exact_one(world, curated, real
         exact_easy = solved(exact.solve(item), item)
         exact_solved += exact_easy
         agree += exact_easy == solved(real.answer(item, anchor, stated), item)
-    print(f"\nreal ImageSearch solver: {len(items)} items, anchor recognised {recognised}/{len(items)}, "
-          f"filter decision agrees {agree}/{len(items)} ({agree / len(items):.1%}); exact drops {exact_solved}")
+    print(
+        f"\nreal ImageSearch solver: {len(items)} items, anchor recognised {recognised}/{len(items)}, "
+        f"filter decision agrees {agree}/{len(items)} ({agree / len(items):.1%}); exact drops {exact_solved}"
+    )
     assert recognised / len(items) >= 0.95
     assert agree / len(items) >= 0.95 and exact_solved >= 1
 
@@ -131,10 +147,14 @@ def test_tool_image_search_solver_failure_modes(world, curated):
     def executor(status: ToolStatus):
         return lambda call, images: ToolResult(status, call.name, error="backend down")
 
-    down = ToolImageSearchSolver(world.graph, executor(ToolStatus.INFRA_ERROR), lambda i: np.zeros((8, 8, 3), np.uint8), 6)
+    down = ToolImageSearchSolver(
+        world.graph, executor(ToolStatus.INFRA_ERROR), lambda i: np.zeros((8, 8, 3), np.uint8), 6
+    )
     with pytest.raises(SolverUnavailable, match="backend down"):
         down.solve(item)
-    no_match = ToolImageSearchSolver(world.graph, executor(ToolStatus.TOOL_ERROR), lambda i: np.zeros((8, 8, 3), np.uint8), 6)
+    no_match = ToolImageSearchSolver(
+        world.graph, executor(ToolStatus.TOOL_ERROR), lambda i: np.zeros((8, 8, 3), np.uint8), 6
+    )
     assert no_match.solve(item) == SolverAnswer(None, 1)
     with pytest.raises(ValueError, match="top_k"):
         ToolImageSearchSolver(world.graph, executor(ToolStatus.OK), lambda i: None, 6, top_k=0)
@@ -148,7 +168,9 @@ def test_curation_can_synthesize_with_the_real_tool_pool(world, curated, tmp_pat
     shutil.copytree(source, out)
     for stale in ("synthesis.json", "curation.json"):
         (out / stale).unlink()
-    result = curate(world, out, CurationConfig(expert_tools="environment", rl_fraction=0.97, tool_workers=1))["synthesize"]
+    result = curate(world, out, CurationConfig(expert_tools="environment", rl_fraction=0.97, tool_workers=1))[
+        "synthesize"
+    ]
     assert result["sft_items"] >= 1 and result["rollouts"] == 2 * result["sft_items"]
     written = list(read_jsonl(out / "sft" / "trajectories.jsonl"))
     assert len(written) == result["kept"] >= 1

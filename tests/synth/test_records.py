@@ -23,8 +23,9 @@ from osvl.synth.records import (
 
 def _item(i: int) -> QAItem:
     question = Question((Mention(name="A"), Mention(noun="person", constraints=(Rel("spouse", 0),))), "born")
-    return QAItem(id=f"item{i}", path=["A", "B"], relations=["spouse"], attribute="born", answer=str(1900 + i),
-                  question=question)
+    return QAItem(
+        id=f"item{i}", path=["A", "B"], relations=["spouse"], attribute="born", answer=str(1900 + i), question=question
+    )
 
 
 def test_items_round_trip(tmp_path):

@@ -29,12 +29,14 @@ from osvl.synth.sampling import SampledPath
 
 from .graphs import australia_zoo_graph
 
-PATH = SampledPath(("Australia_Zoo", "Steve_Irwin", "Terri_Irwin"), ("manager", "spouse"),
-                   "citizenship date", "17 November 2009")
+PATH = SampledPath(
+    ("Australia_Zoo", "Steve_Irwin", "Terri_Irwin"), ("manager", "spouse"), "citizenship date", "17 November 2009"
+)
 SON_OF_FOUNDERS = Mention(noun="person", constraints=(Rel("child", Mention(constraints=(Rel("founder", 0),))),))
 TOOK_OVER_1991 = Mention(noun="person", constraints=(Rel("manager", 0), Attr("management start", "1991")))
-DOCUMENTARY_HOST = Mention(noun="person", constraints=(Attr("occupation", "wildlife documentary host"),
-                                                       Attr("death year", "2006")))
+DOCUMENTARY_HOST = Mention(
+    noun="person", constraints=(Attr("occupation", "wildlife documentary host"), Attr("death year", "2006"))
+)
 
 
 class Table6Proposer:
@@ -48,8 +50,9 @@ class Table6Proposer:
 
 def test_canonical_question_names_every_node():
     text = render_question(canonical_question(australia_zoo_graph(), PATH))
-    assert text == ("What is the citizenship date of Terri Irwin (the spouse of Steve Irwin "
-                    "(the manager of Australia Zoo))?")
+    assert text == (
+        "What is the citizenship date of Terri Irwin (the spouse of Steve Irwin (the manager of Australia Zoo))?"
+    )
 
 
 def test_rewriting_rejects_the_non_unique_descriptor_and_accepts_a_unique_one():
@@ -61,8 +64,9 @@ def test_rewriting_rejects_the_non_unique_descriptor_and_accepts_a_unique_one():
     question = result.question
     assert question.mentions[1] == TOOK_OVER_1991
     text = render_question(question)
-    assert text == ("What is the citizenship date of the spouse of the manager (management start: 1991) "
-                    "of Australia Zoo?")
+    assert text == (
+        "What is the citizenship date of the spouse of the manager (management start: 1991) of Australia Zoo?"
+    )
     assert leaked_forms(text, path_forms(graph, PATH, range(1, 3))) == []
     assert "Crocodile Hunter" not in text and "Irwin" not in text
     assert Resolver(GraphFacts(graph)).answers(question) == {"17 November 2009"}
@@ -83,8 +87,9 @@ def test_evaluator_verdicts_on_table6_candidates():
 
 def test_graph_proposer_rejects_the_bare_relation_and_alias_leaks():
     graph = australia_zoo_graph()
-    result = rewrite(graph, PATH, GraphDescriptorProposer(graph, random.Random(3)), ExactGraphEvaluator(graph),
-                     random.Random(0))
+    result = rewrite(
+        graph, PATH, GraphDescriptorProposer(graph, random.Random(3)), ExactGraphEvaluator(graph), random.Random(0)
+    )
     assert result.reason == "ok"
     steve = [e for e in result.log if e.node == "Steve_Irwin"]
     assert steve[0].verdict == "not_unique"  # "the manager of Australia Zoo": Bob and Steve
@@ -132,7 +137,8 @@ def test_obfuscate_and_leaks():
     with pytest.raises(ValueError, match="unknown obfuscation"):
         obfuscate("1", "rot13")
     assert leaked_forms("Who married THE crocodile-hunter?", ["The Crocodile Hunter", "Steve"]) == [
-        "The Crocodile Hunter"]
+        "The Crocodile Hunter"
+    ]
     assert leaked_forms("Stevenson", ["Steve"]) == []
 
 

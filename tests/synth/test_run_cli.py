@@ -25,8 +25,11 @@ _RECORD = re.compile(r"\(record ([0-9a-f]{8})\)")
 
 
 def _tree(root) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 class WorldModel:
@@ -50,9 +53,17 @@ class WorldModel:
 
     def __call__(self, prompt: str) -> tuple[int, str]:
         messages = self.server.bodies[-1]["messages"]
-        kind = ("expert" if messages[0]["role"] == "system" else "rewrite" if prompt.startswith("You rewrite")
-                else "closed_book" if prompt.startswith("Answer the question")
-                else "image_search" if prompt.startswith("You may not search further") else "uniqueness")
+        kind = (
+            "expert"
+            if messages[0]["role"] == "system"
+            else "rewrite"
+            if prompt.startswith("You rewrite")
+            else "closed_book"
+            if prompt.startswith("Answer the question")
+            else "image_search"
+            if prompt.startswith("You may not search further")
+            else "uniqueness"
+        )
         self.requests[kind] += 1
         if self.down(kind, self.requests[kind]):
             return 503, "overloaded"
@@ -79,16 +90,31 @@ class WorldModel:
 
 
 def _llm_argv(world, server, out, config) -> list[str]:
-    return ["run", "--world", str(world.root), "--out", str(out), "--config", str(config),
-            "--llm-url", server.base_url, "--llm-model", "loopback-expert",
-            "--llm-stages", "rewrite,uniqueness,filter,expert"]
+    return [
+        "run",
+        "--world",
+        str(world.root),
+        "--out",
+        str(out),
+        "--config",
+        str(config),
+        "--llm-url",
+        server.base_url,
+        "--llm-model",
+        "loopback-expert",
+        "--llm-stages",
+        "rewrite,uniqueness,filter,expert",
+    ]
 
 
 @pytest.fixture(scope="module")
 def llm_config(tmp_path_factory):
     path = tmp_path_factory.mktemp("config") / "loopback.toml"
-    path.write_text('[llm]\nmax_attempts = 1\n\n[curation]\nper_domain = 2\nobfuscate_prob = 0.0\n'
-                    'rollouts_per_item = 1\ntext_search_filter = false\n', encoding="utf-8")
+    path.write_text(
+        "[llm]\nmax_attempts = 1\n\n[curation]\nper_domain = 2\nobfuscate_prob = 0.0\n"
+        "rollouts_per_item = 1\ntext_search_filter = false\n",
+        encoding="utf-8",
+    )
     return path
 
 
@@ -111,11 +137,28 @@ def test_cli_default_run_is_byte_identical_to_curate(world, curated, tmp_path, c
 
 def test_graph_source_curates_like_the_world_it_came_from(world, tmp_path):
     config = tmp_path / "graph.toml"
-    config.write_text(f'[source]\nhub_threshold = {world.sampling.hub_threshold}\n'
-                      f'min_seed_in_degree = {world.sampling.min_seed_in_degree}\n\n'
-                      '[curation]\nper_domain = 2\n', encoding="utf-8")
-    assert main(["run", "--config", str(config), "--graph", str(world.root / "graph.jsonl"), "--images",
-                 str(world.root), "--out", str(tmp_path / "graph")]) == 0
+    config.write_text(
+        f"[source]\nhub_threshold = {world.sampling.hub_threshold}\n"
+        f"min_seed_in_degree = {world.sampling.min_seed_in_degree}\n\n"
+        "[curation]\nper_domain = 2\n",
+        encoding="utf-8",
+    )
+    assert (
+        main(
+            [
+                "run",
+                "--config",
+                str(config),
+                "--graph",
+                str(world.root / "graph.jsonl"),
+                "--images",
+                str(world.root),
+                "--out",
+                str(tmp_path / "graph"),
+            ]
+        )
+        == 0
+    )
     curate(world, tmp_path / "world", CurationConfig(per_domain=2))
     for name in ("candidates.jsonl", "items.jsonl", "rl/prompts.jsonl", "sft/trajectories.jsonl"):
         assert (tmp_path / "graph" / name).read_bytes() == (tmp_path / "world" / name).read_bytes(), name
@@ -170,9 +213,15 @@ def test_an_outage_stops_the_run_and_a_rerun_loses_nothing(world, llm_config, ll
         schedule.clear()
         assert main(argv) == 0
     assert not (out / SYNTHESIS_PROGRESS).exists()
-    for name in ("candidates.jsonl", "candidates.jsonl.drops.jsonl", "items.jsonl", "rl/prompts.jsonl",
-                 "synthesis.json"):
+    for name in (
+        "candidates.jsonl",
+        "candidates.jsonl.drops.jsonl",
+        "items.jsonl",
+        "rl/prompts.jsonl",
+        "synthesis.json",
+    ):
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
     ours, theirs = (list(read_jsonl(d / "sft" / "trajectories.jsonl")) for d in (out, reference))
-    assert [(t.prompt.id, [s.text for s in t.steps]) for t in ours] == \
-           [(t.prompt.id, [s.text for s in t.steps]) for t in theirs]
+    assert [(t.prompt.id, [s.text for s in t.steps]) for t in ours] == [
+        (t.prompt.id, [s.text for s in t.steps]) for t in theirs
+    ]

@@ -37,28 +37,58 @@ def test_example_config_validates_and_selects_every_llm_stage():
     assert config.curation.expert_tools == "environment" and config.curation.tool_workers == 4
 
 
-@pytest.mark.parametrize("raw, message", [
-    ({"source": {"world": "w"}, "sorce": {}}, "unknown key(s) sorce"),
-    ({"source": {"world": "w"}, "llm": {"urll": "x"}}, "unknown key(s) llm.urll"),
-    ({"source": {"world": "w"}, "curation": {"rollouts_per_item": "two"}}, "curation.rollouts_per_item: expected an integer"),
-    ({"source": {"world": "w"}, "stages": {"expert": "gpt"}}, "stages.expert: 'gpt' is not one of"),
-    ({"source": {"world": "w"}, "stages": {"expert": "llm"}}, "stages expert use the LLM: set llm.url and llm.model"),
-    ({"source": {"world": "w"}, "llm": LLM, "stages": {"rewrite": "llm", "uniqueness": "llm", "closed_book": "llm"}},
-     "rewrite = 'llm' needs uniqueness, closed_book and image_search = 'llm'"),
-    ({"source": {"world": "w"}, "llm": LLM, "stages": {"rewrite": "llm", "uniqueness": "llm", "closed_book": "llm",
-                                                        "image_search": "llm"}}, "curation.text_search_filter = false"),
-    ({"source": {}}, "set exactly one of world"),
-    ({"source": {"world": "w", "graph": "g.jsonl"}}, "set exactly one of world"),
-    ({"source": {"graph": "g.jsonl"}}, "a graph source needs images"),
-    ({"source": {"world": "w", "hub_threshold": 5}}, "sampling thresholds apply to a graph source"),
-    ({"source": {"world": "w"}, "curation": {"expert_tools": "environment"}}, "curation.expert_tools: set tools.mode"),
-    ({"source": {"world": "w"}, "tools": {"text_search": "online"}}, "online tool back-ends need the tool pool"),
-    ({"source": {"world": "w"}, "tools": {"image_search": "online"}}, "image_search = 'online' needs image_search_url"),
-    ({"source": {"world": "w"}, "llm": {"url": "ftp://x"}}, "llm: url must be an http(s) URL"),
-    ({"source": {"world": "w"}, "budget": {"max_llm_calls": -1}}, "budget: max_llm_calls must be >= 0"),
-    ({"source": "w"}, "source: expected a table"),
-    ({"source": {"world": "w"}, "curation": {"solver_budget": "x"}}, "curation.solver_budget: value of the wrong type"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"source": {"world": "w"}, "sorce": {}}, "unknown key(s) sorce"),
+        ({"source": {"world": "w"}, "llm": {"urll": "x"}}, "unknown key(s) llm.urll"),
+        (
+            {"source": {"world": "w"}, "curation": {"rollouts_per_item": "two"}},
+            "curation.rollouts_per_item: expected an integer",
+        ),
+        ({"source": {"world": "w"}, "stages": {"expert": "gpt"}}, "stages.expert: 'gpt' is not one of"),
+        (
+            {"source": {"world": "w"}, "stages": {"expert": "llm"}},
+            "stages expert use the LLM: set llm.url and llm.model",
+        ),
+        (
+            {
+                "source": {"world": "w"},
+                "llm": LLM,
+                "stages": {"rewrite": "llm", "uniqueness": "llm", "closed_book": "llm"},
+            },
+            "rewrite = 'llm' needs uniqueness, closed_book and image_search = 'llm'",
+        ),
+        (
+            {
+                "source": {"world": "w"},
+                "llm": LLM,
+                "stages": {"rewrite": "llm", "uniqueness": "llm", "closed_book": "llm", "image_search": "llm"},
+            },
+            "curation.text_search_filter = false",
+        ),
+        ({"source": {}}, "set exactly one of world"),
+        ({"source": {"world": "w", "graph": "g.jsonl"}}, "set exactly one of world"),
+        ({"source": {"graph": "g.jsonl"}}, "a graph source needs images"),
+        ({"source": {"world": "w", "hub_threshold": 5}}, "sampling thresholds apply to a graph source"),
+        (
+            {"source": {"world": "w"}, "curation": {"expert_tools": "environment"}},
+            "curation.expert_tools: set tools.mode",
+        ),
+        ({"source": {"world": "w"}, "tools": {"text_search": "online"}}, "online tool back-ends need the tool pool"),
+        (
+            {"source": {"world": "w"}, "tools": {"image_search": "online"}},
+            "image_search = 'online' needs image_search_url",
+        ),
+        ({"source": {"world": "w"}, "llm": {"url": "ftp://x"}}, "llm: url must be an http(s) URL"),
+        ({"source": {"world": "w"}, "budget": {"max_llm_calls": -1}}, "budget: max_llm_calls must be >= 0"),
+        ({"source": "w"}, "source: expected a table"),
+        (
+            {"source": {"world": "w"}, "curation": {"solver_budget": "x"}},
+            "curation.solver_budget: value of the wrong type",
+        ),
+    ],
+)
 def test_invalid_configs_name_the_key(raw, message):
     with pytest.raises(ValueError) as error:
         build_run_config(raw)
@@ -83,13 +113,16 @@ def test_secret_reads_only_named_variables(monkeypatch):
     assert secret("OSVL_TEST_KEY", "llm.api_key_env") == "sk-test"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--llm-stages", "expert,telepathy"], "unknown stage 'telepathy'"),
-    (["--llm-stages", "expert"], "set llm.url and llm.model"),
-    (["--config", "missing.toml"], "config file missing.toml does not exist"),
-    (["--rollouts", "0"], "rollouts_per_item and per_domain must be >= 1"),
-    (["--graph", "g.jsonl"], "set exactly one of world"),  # --world and --graph together
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--llm-stages", "expert,telepathy"], "unknown stage 'telepathy'"),
+        (["--llm-stages", "expert"], "set llm.url and llm.model"),
+        (["--config", "missing.toml"], "config file missing.toml does not exist"),
+        (["--rollouts", "0"], "rollouts_per_item and per_domain must be >= 1"),
+        (["--graph", "g.jsonl"], "set exactly one of world"),  # --world and --graph together
+    ],
+)
 def test_cli_rejects_bad_configuration_before_writing(world, tmp_path, capsys, argv, message):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_:
@@ -102,8 +135,23 @@ def test_cli_names_an_unset_key_variable(world, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("OSVL_UNSET_KEY", raising=False)
     out = tmp_path / "out"
     with pytest.raises(SystemExit):
-        main(["run", "--world", str(world.root), "--out", str(out), "--llm-url", "http://127.0.0.1:9/v1",
-              "--llm-model", "m", "--llm-api-key-env", "OSVL_UNSET_KEY", "--llm-stages", "filter"])
+        main(
+            [
+                "run",
+                "--world",
+                str(world.root),
+                "--out",
+                str(out),
+                "--llm-url",
+                "http://127.0.0.1:9/v1",
+                "--llm-model",
+                "m",
+                "--llm-api-key-env",
+                "OSVL_UNSET_KEY",
+                "--llm-stages",
+                "filter",
+            ]
+        )
     assert "environment variable OSVL_UNSET_KEY is not set" in capsys.readouterr().err
     assert not out.exists()
 
@@ -129,8 +177,12 @@ def test_metered_chat_caches_counts_and_budgets(tmp_path):
         with pytest.raises(LLMUnavailable, match="budget of 2 calls is spent"):
             chat.complete([{"role": "user", "content": "c"}])
         assert len(server.prompts) == 2
-        assert usage.to_dict() == {"max_calls": 2, "calls": {"rewrite": 2}, "cache_hits": {"rewrite": 1},
-                                   "failures": {}}
+        assert usage.to_dict() == {
+            "max_calls": 2,
+            "calls": {"rewrite": 2},
+            "cache_hits": {"rewrite": 1},
+            "failures": {},
+        }
         reloaded = _metered(server, LLMUsage(max_calls=0), tmp_path / "rewrite.jsonl")
         assert reloaded.complete([{"role": "user", "content": "b"}]).text == "echo b"  # from disk, no call
     with pytest.raises(ValueError, match="max LLM calls must be >= 0"):
@@ -155,9 +207,17 @@ def test_default_backends_replace_nothing(world, tmp_path):
 
 
 def test_tools_config_switches_search_online_with_keys_from_the_environment(world, tmp_path, monkeypatch):
-    raw = {"source": {"world": str(world.root)}, "llm": {**LLM, "api_key_env": "OSVL_LLM_KEY"},
-           "tools": {"mode": "environment", "text_search": "online", "serper_key_env": "OSVL_SERPER_KEY",
-                     "image_search": "online", "image_search_url": "http://127.0.0.1:9/search"}}
+    raw = {
+        "source": {"world": str(world.root)},
+        "llm": {**LLM, "api_key_env": "OSVL_LLM_KEY"},
+        "tools": {
+            "mode": "environment",
+            "text_search": "online",
+            "serper_key_env": "OSVL_SERPER_KEY",
+            "image_search": "online",
+            "image_search_url": "http://127.0.0.1:9/search",
+        },
+    }
     config = build_run_config(raw)
     monkeypatch.delenv("OSVL_SERPER_KEY", raising=False)
     with pytest.raises(ValueError, match="tools.serper_key_env: environment variable OSVL_SERPER_KEY"):

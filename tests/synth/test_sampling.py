@@ -48,8 +48,9 @@ def test_cycles_are_skipped():
 
 def test_two_hop_walk_reaches_a_short_answer():
     path = walk(rules_graph(), "Zoo_A", 2, random.Random(0), CONFIG)
-    assert path == SampledPath(("Zoo_A", "Keeper", "Spouse"), ("keeper", "spouse"),
-                               "citizenship date", "1 May 2000")  # the 7-token motto is never chosen
+    assert path == SampledPath(
+        ("Zoo_A", "Keeper", "Spouse"), ("keeper", "spouse"), "citizenship date", "1 May 2000"
+    )  # the 7-token motto is never chosen
 
 
 def test_dead_end_fails_the_walk():
@@ -85,11 +86,17 @@ def test_downstream_rejections_count_as_retries():
         calls.append(path)
         return Rejection("rewrite_failed") if len(calls) < 4 else "record"
 
-    outcome = sample_with_retries(rules_graph(), "Zoo_A", random.Random(0), SamplingConfig(hops=(2,), hop_probs=(1.0,)),
-                                  accept)
+    outcome = sample_with_retries(
+        rules_graph(), "Zoo_A", random.Random(0), SamplingConfig(hops=(2,), hop_probs=(1.0,)), accept
+    )
     assert outcome.result == "record" and outcome.attempts == 4 and outcome.failures == Counter(rewrite_failed=3)
-    always_no = sample_with_retries(rules_graph(), "Zoo_A", random.Random(0),
-                                    SamplingConfig(hops=(2,), hop_probs=(1.0,), max_retries=3), lambda p: Rejection("no"))
+    always_no = sample_with_retries(
+        rules_graph(),
+        "Zoo_A",
+        random.Random(0),
+        SamplingConfig(hops=(2,), hop_probs=(1.0,), max_retries=3),
+        lambda p: Rejection("no"),
+    )
     assert always_no.result is None and always_no.failures == Counter(no=3)
 
 
@@ -118,12 +125,15 @@ def test_hop_distribution_matches_the_paper():
         assert abs(counts[hops] / 20_000 - share) < 0.015
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"hop_probs": (0.5, 0.5)}, "same length"),
-    ({"hop_probs": (0.5, 0.4, 0.2)}, "sum to 1"),
-    ({"min_seed_in_degree": 20_000}, "must not exceed"),
-    ({"max_retries": 0}, ">= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"hop_probs": (0.5, 0.5)}, "same length"),
+        ({"hop_probs": (0.5, 0.4, 0.2)}, "sum to 1"),
+        ({"min_seed_in_degree": 20_000}, "must not exceed"),
+        ({"max_retries": 0}, ">= 1"),
+    ],
+)
 def test_bad_sampling_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingConfig(**kwargs)

@@ -40,22 +40,45 @@ class FusionStandIn:
         if self.mode == "no_status":
             return 200, json.dumps({"run_result": None}).encode()
         if self.mode == "sandbox_error":
-            return 200, json.dumps({"status": "SandboxError", "message": "executor pod lost", "compile_result": None,
-                                    "run_result": None, "files": {}}).encode()
+            return 200, json.dumps(
+                {
+                    "status": "SandboxError",
+                    "message": "executor pod lost",
+                    "compile_result": None,
+                    "run_result": None,
+                    "files": {},
+                }
+            ).encode()
         if self.mode == "slow":
             time.sleep(float(request["run_timeout"]) + 5)
         started = time.monotonic()
         try:
-            done = subprocess.run([sys.executable, "-I", "-c", request["code"]], capture_output=True, text=True,
-                                  timeout=float(request["run_timeout"]))
+            done = subprocess.run(
+                [sys.executable, "-I", "-c", request["code"]],
+                capture_output=True,
+                text=True,
+                timeout=float(request["run_timeout"]),
+            )
             run = {"status": "Finished", "return_code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
         except subprocess.TimeoutExpired as err:
-            run = {"status": "TimeLimitExceeded", "return_code": None, "stdout": str(err.stdout or ""),
-                   "stderr": str(err.stderr or "")}
+            run = {
+                "status": "TimeLimitExceeded",
+                "return_code": None,
+                "stdout": str(err.stdout or ""),
+                "stderr": str(err.stderr or ""),
+            }
         run["execution_time"] = time.monotonic() - started
         status = "Success" if run["return_code"] == 0 else "Failed"
-        return 200, json.dumps({"status": status, "message": "", "compile_result": None, "run_result": run,
-                                "executor_pod_name": None, "files": {}}).encode()
+        return 200, json.dumps(
+            {
+                "status": status,
+                "message": "",
+                "compile_result": None,
+                "run_result": run,
+                "executor_pod_name": None,
+                "files": {},
+            }
+        ).encode()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         standin = self

@@ -25,8 +25,9 @@ def _server(tmp_path: Path, name: str, port: int = 0) -> tuple[subprocess.Popen,
     ready = tmp_path / name
     ready.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'kernels'}"}
-    process = subprocess.Popen([sys.executable, "-m", "tests.trainer.services", "tools", str(ready), str(port)],
-                               cwd=ROOT, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.trainer.services", "tools", str(ready), str(port)], cwd=ROOT, env=env
+    )
     deadline = time.monotonic() + 180
     while not ready.is_file():
         assert process.poll() is None and time.monotonic() < deadline, "tool server did not start"
@@ -35,8 +36,9 @@ def _server(tmp_path: Path, name: str, port: int = 0) -> tuple[subprocess.Popen,
 
 
 def _echo(tag: str, seconds: float = 0.0) -> Job:
-    return Job(tool="echo", target="tests.tools.fault_tools:echo", arguments={"tag": tag, "seconds": seconds},
-               deadline_s=30.0)
+    return Job(
+        tool="echo", target="tests.tools.fault_tools:echo", arguments={"tag": tag, "seconds": seconds}, deadline_s=30.0
+    )
 
 
 @pytest.fixture

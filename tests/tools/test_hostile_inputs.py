@@ -17,8 +17,10 @@ from tests.tools.images import scene
 
 def png_header_claiming(width: int, height: int) -> bytes:
     """A valid PNG signature and IHDR declaring ``width`` x ``height``, with one tiny IDAT."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
 
@@ -29,9 +31,11 @@ def gif_header_claiming(width: int, height: int) -> bytes:
     return b"GIF89a" + screen + image + b"\x02\x02\x44\x01\x00\x3b"
 
 
-BOMBS = {"png 100000x100000": png_header_claiming(100_000, 100_000),
-         "gif 65535x65535": gif_header_claiming(65_535, 65_535),
-         "png 6000x5000": png_header_claiming(6000, 5000)}
+BOMBS = {
+    "png 100000x100000": png_header_claiming(100_000, 100_000),
+    "gif 65535x65535": gif_header_claiming(65_535, 65_535),
+    "png 6000x5000": png_header_claiming(6000, 5000),
+}
 
 
 @pytest.mark.parametrize("name", sorted(BOMBS))
@@ -90,8 +94,10 @@ def test_visit_with_a_lone_surrogate_url_is_the_policys_error(fault_pool):
     from osvl.tools.profiles import tool_profile
 
     env = ToolEnvironment(tool_profile("paper").registry, fault_pool)
-    for raw in ('{"name": "visit", "arguments": {"url": "http://a/\\ud800"}}',
-                {"name": "visit", "arguments": {"url": "\udfff", "goal": "x"}}):
+    for raw in (
+        '{"name": "visit", "arguments": {"url": "http://a/\\ud800"}}',
+        {"name": "visit", "arguments": {"url": "\udfff", "goal": "x"}},
+    ):
         result = env.execute_sync(raw, VisualContext())
         assert result.status is ToolStatus.INVALID_ARGUMENTS and "not valid Unicode" in result.error
         assert result.tool == "visit"

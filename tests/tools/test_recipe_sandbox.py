@@ -9,18 +9,30 @@ from osvl.tools.sandbox import SandboxConfig
 from osvl.trainer.tool_env import check_recipe_sandbox, recipe_profile, recipe_sandbox
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["tools.python_sandbox=none"], "tools.python_sandbox: 'none' is not one of"),
-    (["tools.python_sandbox=sandbox_fusion"], "tools: python_sandbox 'sandbox_fusion' needs an http(s) sandbox_fusion_url"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["tools.python_sandbox=none"], "tools.python_sandbox: 'none' is not one of"),
+        (
+            ["tools.python_sandbox=sandbox_fusion"],
+            "tools: python_sandbox 'sandbox_fusion' needs an http(s) sandbox_fusion_url",
+        ),
+    ],
+)
 def test_bad_sandbox_keys_are_refused_before_anything_starts(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         load_recipe("tiny_grpo", overrides)
 
 
 def test_the_recipe_sandbox_reaches_the_spec():
-    recipe = load_recipe("tiny_grpo", ["tools.python_interpreter=true", "tools.python_sandbox=sandbox_fusion",
-                                       "tools.sandbox_fusion_url=http://127.0.0.1:9"])
+    recipe = load_recipe(
+        "tiny_grpo",
+        [
+            "tools.python_interpreter=true",
+            "tools.python_sandbox=sandbox_fusion",
+            "tools.sandbox_fusion_url=http://127.0.0.1:9",
+        ],
+    )
     assert recipe_sandbox(recipe) == SandboxConfig("sandbox_fusion", fusion_url="http://127.0.0.1:9")
     spec = recipe_profile(recipe).registry.get("python_interpreter")
     assert spec.options["sandbox"] == recipe_sandbox(recipe)

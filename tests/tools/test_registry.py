@@ -75,8 +75,10 @@ def test_malformed_calls_are_parse_errors(raw, message):
 @pytest.mark.parametrize(
     "raw, message",
     [
-        ('{"name": "crop", "arguments": {"image": 0, "boxes": [[0,0,5,5]], "path": "/etc/passwd"}}',
-         "unknown argument(s) ['path']"),
+        (
+            '{"name": "crop", "arguments": {"image": 0, "boxes": [[0,0,5,5]], "path": "/etc/passwd"}}',
+            "unknown argument(s) ['path']",
+        ),
         ('{"name": "crop", "arguments": {"boxes": [[0,0,5,5]]}}', "missing required argument(s) ['image']"),
         ('{"name": "sharpen", "arguments": {"image": 0, "amount": NaN}}', "'amount' is the non-finite number NaN"),
         ('{"name": "sharpen", "arguments": {"image": 0, "amount": Infinity}}', "non-finite number Infinity"),
@@ -87,7 +89,10 @@ def test_malformed_calls_are_parse_errors(raw, message):
         ('{"name": "ocr", "arguments": "{image: 0"}', "arguments is not valid JSON"),
         ('{"name": "ocr", "arguments": {"image": 1' + "0" * 5000 + "}}", "5001 digits"),  # int() refuses 4300+
         ('{"name": "ocr", "arguments": {"image": ' + "9" * 400 + "}}", "out of range"),
-        ('{"name": "crop", "arguments": {"image": 0, "boxes": [[0, 0, 5, 1' + "0" * 400 + "]]}}", "'boxes[0][3]' is an"),
+        (
+            '{"name": "crop", "arguments": {"image": 0, "boxes": [[0, 0, 5, 1' + "0" * 400 + "]]}}",
+            "'boxes[0][3]' is an",
+        ),
         ('{"name": "ocr", "arguments": "{\\"image\\": ' + "9" * 400 + '}"}', "out of range"),
         ('{"name": "ocr", "arguments": {"image": ' + "[" * 15_000 + "]" * 15_000 + "}}", "nested too deeply"),
         ('{"name": "text_search", "arguments": {"query": "a\\ud800b"}}', "'query' is not valid Unicode text"),
@@ -108,8 +113,11 @@ def test_deeply_nested_json_within_size_limit_is_invalid_arguments():
         parse_tool_call("[" * 15_000 + "]" * 15_000)
 
 
-@pytest.mark.parametrize("value", [10**400, -(10**5000), 2**53 + 1, 1e300, float("inf"), float("nan")],
-                         ids=["400 digits", "-5001 digits", "2**53+1", "1e300", "inf", "nan"])
+@pytest.mark.parametrize(
+    "value",
+    [10**400, -(10**5000), 2**53 + 1, 1e300, float("inf"), float("nan")],
+    ids=["400 digits", "-5001 digits", "2**53+1", "1e300", "inf", "nan"],
+)
 def test_python_callers_get_the_same_typed_answer_for_huge_or_non_finite_numbers(value):
     registry = default_registry()
     with pytest.raises(InvalidArguments):

@@ -24,8 +24,9 @@ from osvl.tools import Job, PoolConfig, ToolBackendsConfig, ToolPool
 from osvl.tools.python_interpreter import python_interpreter_spec
 from osvl.tools.sandbox import SandboxConfig, SandboxLimits, check_sandbox
 
-LIMITS = SandboxLimits(cpu_s=2, wall_s=4.0, memory_bytes=384 << 20, file_bytes=1 << 20, scratch_bytes=4 << 20,
-                       output_chars=50_000)
+LIMITS = SandboxLimits(
+    cpu_s=2, wall_s=4.0, memory_bytes=384 << 20, file_bytes=1 << 20, scratch_bytes=4 << 20, output_chars=50_000
+)
 TOKEN = secrets.token_hex(8)
 ENV_SECRET = f"worker-env-secret-{TOKEN}"
 
@@ -354,8 +355,13 @@ def host(tmp_path_factory):
     listener = Listener()
     victim = subprocess.Popen(["sleep", "600"])
     os.environ["OSVL_ESCAPE_ENV"] = ENV_SECRET  # spawned workers inherit it; /proc/<worker>/environ holds it
-    yield {"secret": secret, "outside": outside, "listener": listener, "victim": victim,
-           "hostname": socket.gethostname()}
+    yield {
+        "secret": secret,
+        "outside": outside,
+        "listener": listener,
+        "victim": victim,
+        "hostname": socket.gethostname(),
+    }
     os.environ.pop("OSVL_ESCAPE_ENV", None)
     victim.kill()
     victim.wait()
@@ -392,11 +398,19 @@ def test_escape_attempt_has_no_effect_outside(case, sandboxed_pool, host):
     pool, spec = sandboxed_pool
     worker = pool.worker_pids[0]
     marker = host["outside"] / case
-    values = (str(marker), str(host["secret"]), host["listener"].tcp.getsockname()[1],
-              host["listener"].udp.getsockname()[1], worker, host["victim"].pid, TOKEN)
+    values = (
+        str(marker),
+        str(host["secret"]),
+        host["listener"].tcp.getsockname()[1],
+        host["listener"].udp.getsockname()[1],
+        worker,
+        host["victim"].pid,
+        TOKEN,
+    )
     code = PRELUDE.format(values=repr(values)) + CASES[case]
-    result = pool.call(Job("python_interpreter", spec.target, {"code": code}, deadline_s=spec.deadline_s,
-                           options=dict(spec.options)))
+    result = pool.call(
+        Job("python_interpreter", spec.target, {"code": code}, deadline_s=spec.deadline_s, options=dict(spec.options))
+    )
     seen = f"{result.text}\n{result.error}"
 
     assert result.status in EXPECT_POLICY_OUTCOME, (result.status, result.error)
@@ -418,10 +432,21 @@ def test_escape_attempt_has_no_effect_outside(case, sandboxed_pool, host):
 
 
 def test_the_suite_covers_the_battery_and_twenty_more():
-    battery = {"sqlite3_connect_anywhere", "readline_write_history_file", "readline_read_history_file",
-               "posixshmem_shm_open", "replace_isinstance_then_read_secret", "hook_frame_empty_sets_then_subprocess",
-               "subprocess_run", "ctypes_system", "os_fork_child_writes", "child_python_opens_socket",
-               "sigterm_own_worker", "read_worker_environ", "read_planted_secret"}
+    battery = {
+        "sqlite3_connect_anywhere",
+        "readline_write_history_file",
+        "readline_read_history_file",
+        "posixshmem_shm_open",
+        "replace_isinstance_then_read_secret",
+        "hook_frame_empty_sets_then_subprocess",
+        "subprocess_run",
+        "ctypes_system",
+        "os_fork_child_writes",
+        "child_python_opens_socket",
+        "sigterm_own_worker",
+        "read_worker_environ",
+        "read_planted_secret",
+    }
     assert battery <= set(CASES) and len(set(CASES) - battery) >= 20
 
 
@@ -429,8 +454,15 @@ def test_a_probe_that_can_succeed_does_succeed(sandboxed_pool, host):
     """The harness can see an effect: the same kind of write inside the scratch directory works and is read back."""
     pool, spec = sandboxed_pool
     code = "open('inside.txt', 'w').write('hello')\nprint(open('inside.txt').read(), os.getcwd())"
-    result = pool.call(Job("python_interpreter", spec.target, {"code": "import os\n" + code},
-                           deadline_s=spec.deadline_s, options=dict(spec.options)))
+    result = pool.call(
+        Job(
+            "python_interpreter",
+            spec.target,
+            {"code": "import os\n" + code},
+            deadline_s=spec.deadline_s,
+            options=dict(spec.options),
+        )
+    )
     assert result.status is ToolStatus.OK and result.text.split() == ["hello", "/tmp"], result.error
 
 
@@ -443,12 +475,22 @@ def test_the_checks_see_the_effects_when_there_is_no_boundary(host):
     listener = host["listener"]
     for case in ("write_absolute_path", "read_planted_secret", "tcp_connect_loopback", "ctypes_system"):
         marker = host["outside"] / f"unguarded-{case}"
-        values = (str(marker), str(host["secret"]), listener.tcp.getsockname()[1], listener.udp.getsockname()[1],
-                  os.getpid(), host["victim"].pid, TOKEN)
+        values = (
+            str(marker),
+            str(host["secret"]),
+            listener.tcp.getsockname()[1],
+            listener.udp.getsockname()[1],
+            os.getpid(),
+            host["victim"].pid,
+            TOKEN,
+        )
         run = run_sandboxed(PRELUDE.format(values=repr(values)) + CASES[case], LIMITS, bare)
-        effects = {"write_absolute_path": lambda: marker.exists(), "ctypes_system": lambda: marker.exists(),
-                   "read_planted_secret": lambda: f"planted-secret-{TOKEN}" in run.stdout,
-                   "tcp_connect_loopback": lambda: "tcp connection" in listener.heard()}
+        effects = {
+            "write_absolute_path": marker.exists,
+            "ctypes_system": marker.exists,
+            "read_planted_secret": lambda stdout=run.stdout: f"planted-secret-{TOKEN}" in stdout,
+            "tcp_connect_loopback": lambda: "tcp connection" in listener.heard(),
+        }
         assert effects[case](), (case, run)
         marker.unlink(missing_ok=True)
     listener.events.clear()

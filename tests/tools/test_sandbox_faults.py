@@ -24,8 +24,9 @@ def scratch_dirs() -> set[str]:
 
 
 def job(spec, code: str) -> Job:
-    return Job("python_interpreter", spec.target, {"code": code}, deadline_s=spec.deadline_s,
-               options=dict(spec.options))
+    return Job(
+        "python_interpreter", spec.target, {"code": code}, deadline_s=spec.deadline_s, options=dict(spec.options)
+    )
 
 
 @pytest.mark.parametrize("backend", ["namespaces", "unsafe_no_boundary"])
@@ -49,16 +50,25 @@ def test_kill_9_of_a_worker_mid_sandbox_leaves_no_process_and_no_scratch(backend
 
 
 def test_a_passed_deadline_kills_every_process_of_the_run():
-    code = ("import threading, time\n"
-            "for _ in range(4):\n    threading.Thread(target=time.sleep, args=(60,)).start()\n"
-            "time.sleep(60)")
+    code = (
+        "import threading, time\n"
+        "for _ in range(4):\n    threading.Thread(target=time.sleep, args=(60,)).start()\n"
+        "time.sleep(60)"
+    )
     config = SandboxConfig(audit_hook=False)  # threads and all; the boundary alone must clean up
     started = time.monotonic()
     run = run_sandboxed(code, SandboxLimits(wall_s=1.0), config)
     assert run.error is not None and "ran longer than 1 s" in run.error
     assert time.monotonic() - started < 10
-    assert wait_for(lambda: not descendants(os.getpid()) or all(
-        "bwrap" not in cmdline(p) and "python_interpreter" not in cmdline(p) for p in descendants(os.getpid())), 5.0)
+    assert wait_for(
+        lambda: (
+            not descendants(os.getpid())
+            or all(
+                "bwrap" not in cmdline(p) and "python_interpreter" not in cmdline(p) for p in descendants(os.getpid())
+            )
+        ),
+        5.0,
+    )
     assert not [p for p in descendants(os.getpid()) if "bwrap" in cmdline(p)]
 
 

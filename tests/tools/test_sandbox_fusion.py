@@ -26,8 +26,9 @@ def normal_mode(fusion):
 
 
 def call(fusion, code: str, limits: SandboxLimits = SandboxLimits(wall_s=5.0), grace_s: float = 3.0):
-    spec = python_interpreter_spec(limits, SandboxConfig("sandbox_fusion", fusion_url=fusion.url,
-                                                         fusion_grace_s=grace_s))
+    spec = python_interpreter_spec(
+        limits, SandboxConfig("sandbox_fusion", fusion_url=fusion.url, fusion_grace_s=grace_s)
+    )
     return run_job(spec.target, {"code": code}, [], ToolBackendsConfig(), spec.options)
 
 
@@ -41,24 +42,30 @@ def test_a_run_is_a_run_code_request_with_the_specs_limits(fusion):
     assert request["files"] == {} and request["fetch_files"] == [] and request["stdin"] == ""
 
 
-@pytest.mark.parametrize("code, limits, fragment", [
-    ("raise ValueError('bad input')", SandboxLimits(wall_s=5.0), "ValueError: bad input"),
-    ("import time\ntime.sleep(10)", SandboxLimits(wall_s=1.0), "ran longer than 1 s"),
-    ("print('x' * 300)", SandboxLimits(wall_s=5.0, output_chars=100), "printed more than 100"),
-    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", SandboxLimits(wall_s=5.0), "CPU time"),
-])
+@pytest.mark.parametrize(
+    "code, limits, fragment",
+    [
+        ("raise ValueError('bad input')", SandboxLimits(wall_s=5.0), "ValueError: bad input"),
+        ("import time\ntime.sleep(10)", SandboxLimits(wall_s=1.0), "ran longer than 1 s"),
+        ("print('x' * 300)", SandboxLimits(wall_s=5.0, output_chars=100), "printed more than 100"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", SandboxLimits(wall_s=5.0), "CPU time"),
+    ],
+)
 def test_the_codes_failures_are_tool_errors(fusion, code, limits, fragment):
     status, _, _, error = call(fusion, code, limits)
     assert status is ToolStatus.TOOL_ERROR and fragment in error, error
 
 
-@pytest.mark.parametrize("mode, fragment", [
-    ("sandbox_error", "could not run the code: executor pod lost"),
-    ("http_500", "HTTP 500"),
-    ("garbage", "not JSON"),
-    ("no_status", "without a known status"),
-    ("slow", "did not answer within"),
-])
+@pytest.mark.parametrize(
+    "mode, fragment",
+    [
+        ("sandbox_error", "could not run the code: executor pod lost"),
+        ("http_500", "HTTP 500"),
+        ("garbage", "not JSON"),
+        ("no_status", "without a known status"),
+        ("slow", "did not answer within"),
+    ],
+)
 def test_the_services_failures_are_infra_errors(fusion, mode, fragment):
     fusion.mode = mode
     status, _, _, error = call(fusion, "print(1)", SandboxLimits(wall_s=1.0), grace_s=0.5)

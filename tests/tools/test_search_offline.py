@@ -183,6 +183,10 @@ def test_split_sentences_keeps_order_and_drops_blanks():
     from osvl.tools.text_search import split_sentences
 
     assert split_sentences("  Oslo is a city. Is it old?  Yes!\n\nIts population is 709000.  ") == [
-        "Oslo is a city.", "Is it old?", "Yes!", "Its population is 709000."]
+        "Oslo is a city.",
+        "Is it old?",
+        "Yes!",
+        "Its population is 709000.",
+    ]
     assert split_sentences("no stop at the end") == ["no stop at the end"]
     assert split_sentences("   ") == []

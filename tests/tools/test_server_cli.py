@@ -29,9 +29,25 @@ def test_the_server_process_serves_the_sandboxed_interpreter_and_stops_on_sigter
     (world / "images.jsonl").write_text(json.dumps({"image": "0.png", "title": "Entity"}) + "\n")
     ready = tmp_path / "url"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels")])}
-    server = subprocess.Popen([sys.executable, "-m", "osvl.tools.server", "--world", str(world), "--port", "0",
-                               "--workers", "1", "--python-interpreter", "--ready-file", str(ready)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "osvl.tools.server",
+            "--world",
+            str(world),
+            "--port",
+            "0",
+            "--workers",
+            "1",
+            "--python-interpreter",
+            "--ready-file",
+            str(ready),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 120
         while not ready.exists() and server.poll() is None and time.monotonic() < deadline:
@@ -41,8 +57,9 @@ def test_the_server_process_serves_the_sandboxed_interpreter_and_stops_on_sigter
         names = [s["function"]["name"] for s in httpx.get(f"{url}/v1/tools", timeout=30).json()]
         assert "python_interpreter" in names and "text_search" in names
         remote = RemoteToolPool(url)
-        result = remote.call(Job("python_interpreter", "ignored:by_the_server", {"code": "print(6 * 7)"},
-                                 deadline_s=30.0))
+        result = remote.call(
+            Job("python_interpreter", "ignored:by_the_server", {"code": "print(6 * 7)"}, deadline_s=30.0)
+        )
         assert result.status is ToolStatus.OK and result.text.strip() == "42", result.error
         assert result.worker.startswith(f"{url} pid ")
         hostile = remote.call(Job("python_interpreter", "x:y", {"code": "import socket\nsocket.socket()"}))
@@ -59,7 +76,12 @@ def test_the_server_process_serves_the_sandboxed_interpreter_and_stops_on_sigter
 def test_running_the_server_module_warns_nothing():
     """osvl.tools does not import osvl.tools.server, so runpy does not find it imported before it runs it."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels")])}
-    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "osvl.tools.server", "--help"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", "osvl.tools.server", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "usage: python -m osvl.tools.server" in done.stdout, done.stderr
     assert "RuntimeWarning" not in done.stderr

@@ -27,8 +27,9 @@ from osvl.tools.image_io import encode_png
 from osvl.tools.server import RemoteToolPool, ServerLimits, ToolServer
 from tests.tools.test_hostile_inputs import gif_header_claiming, png_header_claiming
 
-LIMITS = ServerLimits(max_request_bytes=1 << 20, header_timeout_s=1.0, body_timeout_s=1.0, write_timeout_s=5.0,
-                      max_connections=24)
+LIMITS = ServerLimits(
+    max_request_bytes=1 << 20, header_timeout_s=1.0, body_timeout_s=1.0, write_timeout_s=5.0, max_connections=24
+)
 FAST_DEADLINE_S = 10.0  # generous: the machine running the tests is shared
 SLOW_DEADLINE_S = LIMITS.header_timeout_s + 6.0
 VARIANTS = 16
@@ -59,7 +60,7 @@ def exchange(port: int, probe: Probe) -> Answer:
         try:
             if probe.trickle_s:
                 for i in range(len(probe.payload)):
-                    sock.sendall(probe.payload[i:i + 1])
+                    sock.sendall(probe.payload[i : i + 1])
                     time.sleep(probe.trickle_s)
             else:
                 sock.sendall(probe.payload)
@@ -73,8 +74,11 @@ def exchange(port: int, probe: Probe) -> Answer:
                 data += chunk
                 head, sep, body = data.partition(b"\r\n\r\n")
                 if sep:
-                    lengths = [line.split(b":", 1)[1] for line in head.split(b"\r\n")[1:]
-                               if line.lower().startswith(b"content-length:")]
+                    lengths = [
+                        line.split(b":", 1)[1]
+                        for line in head.split(b"\r\n")[1:]
+                        if line.lower().startswith(b"content-length:")
+                    ]
                     if lengths and len(body) >= int(lengths[0]):
                         break
         except ConnectionResetError:
@@ -87,11 +91,16 @@ def exchange(port: int, probe: Probe) -> Answer:
     return Answer(status, headers, body, elapsed)
 
 
-def request(body: bytes, *, path: str = "/v1/call", method: str = "POST", extra: str = "",
-            length: str | None = None) -> bytes:
+def request(
+    body: bytes, *, path: str = "/v1/call", method: str = "POST", extra: str = "", length: str | None = None
+) -> bytes:
     length_header = f"Content-Length: {len(body) if length is None else length}\r\n" if length != "" else ""
-    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{length_header}{extra}\r\n"
-            .encode("latin-1") + body)
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{length_header}{extra}\r\n".encode(
+            "latin-1"
+        )
+        + body
+    )
 
 
 def call_body(tool: str = '"echo"', arguments: str = "{}", extra: str = "") -> bytes:
@@ -105,74 +114,150 @@ def probes(rng: random.Random) -> list[Probe]:
     bad_400 = frozenset({400})
     kinds: dict[str, callable] = {
         "content_length_negative": lambda: Probe("", request(call_body(), length=f"-{n(1, 99)}"), bad_400),
-        "content_length_not_a_number": lambda: Probe("", request(call_body(), length=rng.choice(
-            ["abc", "1e3", "0x10", "12 34", "+5", "ten"])), bad_400),
+        "content_length_not_a_number": lambda: Probe(
+            "", request(call_body(), length=rng.choice(["abc", "1e3", "0x10", "12 34", "+5", "ten"])), bad_400
+        ),
         "content_length_missing": lambda: Probe("", request(b"", length=""), frozenset({411})),
-        "content_length_huge_declared": lambda: Probe("", request(b"", length=str(n(2 << 20, 10**12))),
-                                                       frozenset({413})),
+        "content_length_huge_declared": lambda: Probe(
+            "", request(b"", length=str(n(2 << 20, 10**12))), frozenset({413})
+        ),
         "content_length_overflows": lambda: Probe("", request(call_body(), length="9" * n(20, 60)), bad_400),
-        "content_length_conflicting": lambda: Probe("", request(call_body(), extra=f"Content-Length: {n(1, 5)}\r\n"),
-                                                     bad_400),
-        "content_length_with_chunked": lambda: Probe("", request(b"0\r\n\r\n", extra="Transfer-Encoding: chunked\r\n"),
-                                                      bad_400),
-        "chunked_size_not_hex": lambda: Probe("", request(b"zz\r\nabc\r\n0\r\n\r\n", length="",
-                                                          extra="Transfer-Encoding: chunked\r\n"), bad_400),
-        "request_line_garbage": lambda: Probe("", rng.choice([b"HELLO\r\n\r\n", b"\x00\x01\x02\r\n\r\n",
-                                                              b"POST\r\n\r\n", b"GET / / /\r\n\r\n"]), bad_400),
-        "http_version_bogus": lambda: Probe("", request(b"{}").replace(b"HTTP/1.1", rng.choice(
-            [b"HTTP/9.9", b"HTTP/1.x", b"HTTX/1.1"]), 1), frozenset({400, 505})),
-        "header_line_too_long": lambda: Probe("", request(b"{}", extra=f"X-Long: {'a' * n(9000, 40000)}\r\n"),
-                                              frozenset({400, 431})),
-        "too_many_headers": lambda: Probe("", request(b"{}", extra="".join(f"X-{i}: y\r\n" for i in range(n(200, 400)))),
-                                          frozenset({400, 431})),
-        "method_not_allowed": lambda: Probe("", request(b"{}", method=rng.choice(["PUT", "DELETE", "PATCH"])),
-                                            frozenset({405})),
-        "path_unknown": lambda: Probe("", request(b"{}", path=rng.choice(["/", "/v2/call", "/v1/call/x", "/%00"])),
-                                      frozenset({404, 400})),
-        "body_not_json": lambda: Probe("", request(rng.choice([b"{not json", b"[1,", b"tool=echo", b"{'a': 1}"])),
-                                       bad_400),
-        "body_not_utf8": lambda: Probe("", request(bytes([0xff, 0xfe, n(0, 255), 0x80]) + call_body()), bad_400),
+        "content_length_conflicting": lambda: Probe(
+            "", request(call_body(), extra=f"Content-Length: {n(1, 5)}\r\n"), bad_400
+        ),
+        "content_length_with_chunked": lambda: Probe(
+            "", request(b"0\r\n\r\n", extra="Transfer-Encoding: chunked\r\n"), bad_400
+        ),
+        "chunked_size_not_hex": lambda: Probe(
+            "", request(b"zz\r\nabc\r\n0\r\n\r\n", length="", extra="Transfer-Encoding: chunked\r\n"), bad_400
+        ),
+        "request_line_garbage": lambda: Probe(
+            "", rng.choice([b"HELLO\r\n\r\n", b"\x00\x01\x02\r\n\r\n", b"POST\r\n\r\n", b"GET / / /\r\n\r\n"]), bad_400
+        ),
+        "http_version_bogus": lambda: Probe(
+            "",
+            request(b"{}").replace(b"HTTP/1.1", rng.choice([b"HTTP/9.9", b"HTTP/1.x", b"HTTX/1.1"]), 1),
+            frozenset({400, 505}),
+        ),
+        "header_line_too_long": lambda: Probe(
+            "", request(b"{}", extra=f"X-Long: {'a' * n(9000, 40000)}\r\n"), frozenset({400, 431})
+        ),
+        "too_many_headers": lambda: Probe(
+            "", request(b"{}", extra="".join(f"X-{i}: y\r\n" for i in range(n(200, 400)))), frozenset({400, 431})
+        ),
+        "method_not_allowed": lambda: Probe(
+            "", request(b"{}", method=rng.choice(["PUT", "DELETE", "PATCH"])), frozenset({405})
+        ),
+        "path_unknown": lambda: Probe(
+            "", request(b"{}", path=rng.choice(["/", "/v2/call", "/v1/call/x", "/%00"])), frozenset({404, 400})
+        ),
+        "body_not_json": lambda: Probe(
+            "", request(rng.choice([b"{not json", b"[1,", b"tool=echo", b"{'a': 1}"])), bad_400
+        ),
+        "body_not_utf8": lambda: Probe("", request(bytes([0xFF, 0xFE, n(0, 255), 0x80]) + call_body()), bad_400),
         "body_nested_deep": lambda: Probe("", request(b"[" * n(50_000, 100_000) + b"]" * 10), bad_400),
-        "body_not_an_object": lambda: Probe("", request(rng.choice([b"[]", b'"echo"', b"42", b"null", b"true"])),
-                                            bad_400),
-        "tool_not_a_string": lambda: Probe("", request(call_body(tool=rng.choice(
-            ["1", "null", "[\"echo\"]", "{}", "NaN", "9" * 5000]))), bad_400),
-        "deadline_unusable": lambda: Probe("", request(call_body(extra=', "deadline_s": ' + rng.choice(
-            ["-1", "0", "NaN", "Infinity", '"soon"', "9" * 5000, "1e999", "true"]))), bad_400),
-        "images_not_base64": lambda: Probe("", request(call_body(tool='"echo_image"', arguments='{"image": 0}',
-                                                                 extra=', "images": ["%%%", "@@"]')), bad_400),
-        "image_decompression_bomb": lambda: Probe("", request(call_body(
-            tool='"echo_image"', arguments='{"image": 0}', extra=', "images": ["' + base64.b64encode(rng.choice(
-                [png_header_claiming(100_000, 100_000), gif_header_claiming(65_535, 65_535)])).decode() + '"]')),
-            bad_400),
-        "body_too_large": lambda: Probe("", request(b'{"tool": "echo", "pad": "' + b"x" * n(1 << 20, 3 << 20) + b'"}'),
-                                        frozenset({413})),
-        "body_gzip_encoded": lambda: Probe("", request(gzip.compress(call_body()), extra="Content-Encoding: gzip\r\n"),
-                                           bad_400),
+        "body_not_an_object": lambda: Probe(
+            "", request(rng.choice([b"[]", b'"echo"', b"42", b"null", b"true"])), bad_400
+        ),
+        "tool_not_a_string": lambda: Probe(
+            "", request(call_body(tool=rng.choice(["1", "null", '["echo"]', "{}", "NaN", "9" * 5000]))), bad_400
+        ),
+        "deadline_unusable": lambda: Probe(
+            "",
+            request(
+                call_body(
+                    extra=', "deadline_s": '
+                    + rng.choice(["-1", "0", "NaN", "Infinity", '"soon"', "9" * 5000, "1e999", "true"])
+                )
+            ),
+            bad_400,
+        ),
+        "images_not_base64": lambda: Probe(
+            "",
+            request(call_body(tool='"echo_image"', arguments='{"image": 0}', extra=', "images": ["%%%", "@@"]')),
+            bad_400,
+        ),
+        "image_decompression_bomb": lambda: Probe(
+            "",
+            request(
+                call_body(
+                    tool='"echo_image"',
+                    arguments='{"image": 0}',
+                    extra=', "images": ["'
+                    + base64.b64encode(
+                        rng.choice([png_header_claiming(100_000, 100_000), gif_header_claiming(65_535, 65_535)])
+                    ).decode()
+                    + '"]',
+                )
+            ),
+            bad_400,
+        ),
+        "body_too_large": lambda: Probe(
+            "", request(b'{"tool": "echo", "pad": "' + b"x" * n(1 << 20, 3 << 20) + b'"}'), frozenset({413})
+        ),
+        "body_gzip_encoded": lambda: Probe(
+            "", request(gzip.compress(call_body()), extra="Content-Encoding: gzip\r\n"), bad_400
+        ),
         "body_empty": lambda: Probe("", request(b""), bad_400),
-        "arguments_huge_integer": lambda: Probe("", request(call_body(arguments='{"seconds": ' + "9" * n(400, 6000) + "}")),
-                                                frozenset({200}), "invalid_arguments"),
-        "arguments_non_finite": lambda: Probe("", request(call_body(arguments='{"seconds": ' + rng.choice(
-            ["NaN", "Infinity", "-Infinity", "1e400"]) + "}")), frozenset({200}), "invalid_arguments"),
-        "arguments_lone_surrogate": lambda: Probe("", request(call_body(arguments='{"tag": "a\\ud800"}')),
-                                                  frozenset({200}), "invalid_arguments"),
-        "arguments_wrong_type": lambda: Probe("", request(call_body(arguments=rng.choice(
-            ['{"seconds": "1"}', '{"tag": 5}', "[1]", '"x"', '{"nope": 1}']))), frozenset({200}), "invalid_arguments"),
-        "tool_name_surrogate_or_unknown": lambda: Probe("", request(call_body(tool=rng.choice(
-            ['"\\ud800"', '"\\udfff\\ud800"', '"nope"', '"' + "x" * 5000 + '"']))), frozenset({200}), "parse_error"),
-        "slow_body": lambda: Probe("", request(b'{"tool": "echo", "arguments": {}}' + b" " * 40, length="200"),
-                                   frozenset({408}), deadline_s=SLOW_DEADLINE_S),
-        "slow_headers": lambda: Probe("", b"POST /v1/call HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 40,
-                                      frozenset({0}), trickle_s=0.05, deadline_s=SLOW_DEADLINE_S),
-        "body_cut_short": lambda: Probe("", request(b'{"tool": "echo"', length=str(n(100, 1000))),
-                                        frozenset({0, 400}), half_close=True),
+        "arguments_huge_integer": lambda: Probe(
+            "",
+            request(call_body(arguments='{"seconds": ' + "9" * n(400, 6000) + "}")),
+            frozenset({200}),
+            "invalid_arguments",
+        ),
+        "arguments_non_finite": lambda: Probe(
+            "",
+            request(call_body(arguments='{"seconds": ' + rng.choice(["NaN", "Infinity", "-Infinity", "1e400"]) + "}")),
+            frozenset({200}),
+            "invalid_arguments",
+        ),
+        "arguments_lone_surrogate": lambda: Probe(
+            "", request(call_body(arguments='{"tag": "a\\ud800"}')), frozenset({200}), "invalid_arguments"
+        ),
+        "arguments_wrong_type": lambda: Probe(
+            "",
+            request(call_body(arguments=rng.choice(['{"seconds": "1"}', '{"tag": 5}', "[1]", '"x"', '{"nope": 1}']))),
+            frozenset({200}),
+            "invalid_arguments",
+        ),
+        "tool_name_surrogate_or_unknown": lambda: Probe(
+            "",
+            request(call_body(tool=rng.choice(['"\\ud800"', '"\\udfff\\ud800"', '"nope"', '"' + "x" * 5000 + '"']))),
+            frozenset({200}),
+            "parse_error",
+        ),
+        "slow_body": lambda: Probe(
+            "",
+            request(b'{"tool": "echo", "arguments": {}}' + b" " * 40, length="200"),
+            frozenset({408}),
+            deadline_s=SLOW_DEADLINE_S,
+        ),
+        "slow_headers": lambda: Probe(
+            "",
+            b"POST /v1/call HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 40,
+            frozenset({0}),
+            trickle_s=0.05,
+            deadline_s=SLOW_DEADLINE_S,
+        ),
+        "body_cut_short": lambda: Probe(
+            "", request(b'{"tool": "echo"', length=str(n(100, 1000))), frozenset({0, 400}), half_close=True
+        ),
     }
     out = []
     for kind, make in kinds.items():
         for _ in range(VARIANTS):
             probe = make()
-            out.append(Probe(kind, probe.payload, probe.expect, probe.tool_status, probe.trickle_s, probe.half_close,
-                             probe.deadline_s))
+            out.append(
+                Probe(
+                    kind,
+                    probe.payload,
+                    probe.expect,
+                    probe.tool_status,
+                    probe.trickle_s,
+                    probe.half_close,
+                    probe.deadline_s,
+                )
+            )
     rng.shuffle(out)
     return out
 
@@ -210,8 +295,9 @@ def test_malformed_requests_each_get_a_typed_answer_in_time_and_the_server_keeps
     with ThreadPoolExecutor(max_workers=8) as callers:
         answers = list(callers.map(lambda probe: exchange(port, probe), batch))
     failures = [(p.kind, why) for p, a in zip(batch, answers) if (why := check(p, a)) is not None]
-    assert not failures, f"{len(failures)} of {len(batch)} untyped or late: {Counter(k for k, _ in failures)}; " \
-                         f"first: {failures[:3]}"
+    assert not failures, (
+        f"{len(failures)} of {len(batch)} untyped or late: {Counter(k for k, _ in failures)}; first: {failures[:3]}"
+    )
 
     remote = RemoteToolPool(fuzz_server.url)
     env = ToolEnvironment(fault_registry, remote)
@@ -229,8 +315,9 @@ def test_connections_beyond_the_limit_get_503_and_the_server_recovers(fuzz_serve
     time.sleep(0.2)
     try:
         refused = [exchange(port, Probe("flood", request(call_body()), frozenset({503}))) for _ in range(30)]
-        assert all(a.status == 503 and json.loads(a.body)["kind"] == "overloaded" for a in refused), \
-            Counter(a.status for a in refused)
+        assert all(a.status == 503 and json.loads(a.body)["kind"] == "overloaded" for a in refused), Counter(
+            a.status for a in refused
+        )
     finally:
         for sock in idle:
             sock.close()

@@ -19,7 +19,7 @@ MISSING_FUNCTION = "tests.tools.fault_tools:no_such_function"
 BROKEN = {
     MISSING_MODULE: "tool failed: ModuleNotFoundError: No module named 'tests.tools.no_such_module'",
     MISSING_FUNCTION: "tool failed: AttributeError: module 'tests.tools.fault_tools' "
-                      "has no attribute 'no_such_function'",
+    "has no attribute 'no_such_function'",
 }
 CALL_DEADLINE_S = 1.0
 assert CALL_DEADLINE_S < IMPORT_SECONDS  # without the preload, the first call could not finish in time
@@ -27,8 +27,9 @@ assert CALL_DEADLINE_S < IMPORT_SECONDS  # without the preload, the first call c
 
 @pytest.fixture(scope="module")
 def preloaded_pool():
-    config = PoolConfig(num_workers=1, max_queue=4, watch_interval_s=0.02,
-                        preload=(SLOW, ECHO, MISSING_MODULE, MISSING_FUNCTION))
+    config = PoolConfig(
+        num_workers=1, max_queue=4, watch_interval_s=0.02, preload=(SLOW, ECHO, MISSING_MODULE, MISSING_FUNCTION)
+    )
     with ToolPool(ToolBackendsConfig(), config) as pool:
         yield pool
 

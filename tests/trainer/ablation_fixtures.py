@@ -52,11 +52,26 @@ def study_inputs(root: Path, world: Path) -> dict[str, str]:
     write_prompts(root / "eval.jsonl", prompts[6:])
     recipe = load_recipe("tiny_grpo", [f"data.tokenizer={tok}", "model.pretrained="])
     tokenizer = load_tokenizer(tok)
-    save_pretrained(build_policy(recipe, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special), 1),
-                    root / "sft", dtype=torch.float32)
-    return {"sft": str(root / "sft"), "world": str(world), "tokenizer": str(tok), "prompts": str(root / "train.jsonl"),
-            "eval_prompts": str(root / "eval.jsonl")}
+    save_pretrained(
+        build_policy(recipe, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special), 1),
+        root / "sft",
+        dtype=torch.float32,
+    )
+    return {
+        "sft": str(root / "sft"),
+        "world": str(world),
+        "tokenizer": str(tok),
+        "prompts": str(root / "train.jsonl"),
+        "eval_prompts": str(root / "eval.jsonl"),
+    }
 
 
-TINY = ("grpo.max_response_tokens=48", "grpo.max_prompt_tokens=512", "rollout.max_turns=5", "grpo.batch_prompts=4",
-        "grpo.mini_batch_prompts=2", "grpo.group_size=4", "tools.outage_start_turns=2")
+TINY = (
+    "grpo.max_response_tokens=48",
+    "grpo.max_prompt_tokens=512",
+    "rollout.max_turns=5",
+    "grpo.batch_prompts=4",
+    "grpo.mini_batch_prompts=2",
+    "grpo.group_size=4",
+    "tools.outage_start_turns=2",
+)

@@ -28,8 +28,14 @@ def trajectory(i: int, with_image: bool) -> Trajectory:
     body = json.dumps({"name": call.name, "arguments": call.arguments})
     result = ToolResult(status="ok", tool="text_search", text=f"The bridge in {city} opened in {year}.")
     steps = [
-        Step(token_ids=[], logprobs=[], text=f"<think>search {city}</think>\n<tool_call>{body}</tool_call>",
-             tool_call=call, tool_result=result, observation_text=result.text),
+        Step(
+            token_ids=[],
+            logprobs=[],
+            text=f"<think>search {city}</think>\n<tool_call>{body}</tool_call>",
+            tool_call=call,
+            tool_result=result,
+            observation_text=result.text,
+        ),
         Step(token_ids=[], logprobs=[], text=f"<think>found it</think>\n<response>{year}</response>", response=year),
     ]
     images = [np.random.default_rng(i).integers(0, 256, (32, 40, 3), dtype=np.uint8)] if with_image else []

@@ -20,6 +20,10 @@ def gate(arguments, images, config):
 
 
 def gate_spec() -> ToolSpec:
-    return ToolSpec(name="gate", description="echo the tag once the gate opens",
-                    parameters={"type": "object", "properties": {"tag": {"type": "string", "maxLength": 64}}},
-                    target="tests.trainer.gate_tool:gate", deadline_s=MAX_WAIT_S + 60)
+    return ToolSpec(
+        name="gate",
+        description="echo the tag once the gate opens",
+        parameters={"type": "object", "properties": {"tag": {"type": "string", "maxLength": 64}}},
+        target="tests.trainer.gate_tool:gate",
+        deadline_s=MAX_WAIT_S + 60,
+    )

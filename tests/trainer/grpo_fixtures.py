@@ -28,8 +28,13 @@ _WORD = re.compile(r"code word is (\w+)")
 def write_prompts_file(root: Path, n: int = 8) -> Path:
     path = root / "prompts.jsonl"
     if not path.is_file():
-        write_prompts(path, [Prompt(id=f"p{i}", question=f"The code word is {WORDS[i]}. What is it?",
-                                    answer=WORDS[i]) for i in range(n)])
+        write_prompts(
+            path,
+            [
+                Prompt(id=f"p{i}", question=f"The code word is {WORDS[i]}. What is it?", answer=WORDS[i])
+                for i in range(n)
+            ],
+        )
     return path
 
 
@@ -52,7 +57,8 @@ def script_for(tok):
         kind = behaviour(request.sampling.seed, turn)
         if kind == 3 or (kind == 1 and turn == 0):
             name = "refuse" if kind == 3 else "echo"
-            out = f'<think>look it up</think>\n<tool_call>{{"name": "{name}", "arguments": {{"tag": "{word} code"}}}}</tool_call>'
+            call = json.dumps({"name": name, "arguments": {"tag": f"{word} code"}})
+            out = f"<think>look it up</think>\n<tool_call>{call}</tool_call>"
         else:
             out = f"<think>I know it</think>\n<response>{'wrong' if kind == 2 else word}</response>"
         return tok.encode(out) + [tok.special.im_end]
@@ -92,8 +98,13 @@ class SampledThoughts:
         answer = word if sum(thought.token_ids) % 2 == 0 else "wrong"
         closing = tok.encode(f"</think>\n<response>{answer}</response>") + [tok.special.im_end]
         closing_lp = await self._forced(context + opening + thought.token_ids, request.images, closing, s.temperature)
-        return GenerationResult(opening + thought.token_ids + closing, opening_lp + thought.logprobs + closing_lp,
-                                StopKind.STOP, thought.policy_version, len(context))
+        return GenerationResult(
+            opening + thought.token_ids + closing,
+            opening_lp + thought.logprobs + closing_lp,
+            StopKind.STOP,
+            thought.policy_version,
+            len(context),
+        )
 
 
 SLOW_WORD = "ember"  # the gated policy's slow prompt

@@ -18,8 +18,9 @@ def main(overrides: list[str]) -> None:
     from tests.trainer.grpo_fixtures import scripted
     from tests.trainer.test_grpo_resume import deterministic_environment
 
-    result = run_grpo(load_recipe("tiny_grpo", overrides), environment=deterministic_environment,
-                      engine_wrapper=scripted)
+    result = run_grpo(
+        load_recipe("tiny_grpo", overrides), environment=deterministic_environment, engine_wrapper=scripted
+    )
     print(f"steps {result.steps} resumed from {result.resumed_from}", flush=True)
 
 

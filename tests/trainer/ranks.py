@@ -26,6 +26,7 @@ def grpo_body(rank: int, world: int, overrides: list[str]) -> None:
     from osvl.trainer import run_grpo
     from tests.trainer.grpo_fixtures import echo_environment, scripted
 
-    result = run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment,
-                      engine_wrapper=scripted)
+    result = run_grpo(
+        load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment, engine_wrapper=scripted
+    )
     assert result.steps == 2 and result.resumed_from == 0, result

@@ -17,6 +17,8 @@ from osvl.trainer.ablation_report import BEGIN, END, MECHANISM, load_rows, write
 from osvl.world.__main__ import main as world_main
 from tests.trainer.ablation_fixtures import TINY, searcher, study_inputs
 
+pytestmark = pytest.mark.slow
+
 NUMBER = r"[+-]?\d+\.\d+"
 
 
@@ -33,8 +35,12 @@ def quick(tmp_path_factory):
 def test_the_plan_covers_modes_seeds_rates_and_error_choices():
     specs = plan(QUICK)
     assert len(specs) == len(set(specs)) == 2 * (4 * 2 + 2)
-    assert {(s.outage_rate, s.choice) for s in specs} == {(0.0, "all/keep"), (0.3, "all/keep"), (0.3, "policy/drop"),
-                                                          (0.3, "policy/keep")}
+    assert {(s.outage_rate, s.choice) for s in specs} == {
+        (0.0, "all/keep"),
+        (0.3, "all/keep"),
+        (0.3, "policy/drop"),
+        (0.3, "policy/keep"),
+    }
     assert {s.mode for s in specs if s.choice == "all/keep"} == set(MODES)
     assert [s.seed for s in specs] == sorted(s.seed for s in specs)  # seed-major: a half study has every setting
     full = plan(StudyConfig())
@@ -83,8 +89,13 @@ def test_the_report_is_well_formed(quick, tmp_path):
     assert "old" not in text and "stale" not in text and "middle" in text
     assert "| fatal_clamp |" in text.split(MECHANISM[0])[1]  # the toy's exact table, refreshed
     table = ("| Method | accuracy" + block.split("| Method | accuracy")[1].split("\n\n")[0]).splitlines()
-    for label in ("SFT only", "+ Vanilla GRPO", "+ GRPO w/ Hard Masking", "+ GRPO w/ Fatal Masking only",
-                  "+ Fatal Masking + One-sided Clamp"):
+    for label in (
+        "SFT only",
+        "+ Vanilla GRPO",
+        "+ GRPO w/ Hard Masking",
+        "+ GRPO w/ Fatal Masking only",
+        "+ Fatal Masking + One-sided Clamp",
+    ):
         assert f"| {label} |" in block
     assert len({line.count("|") for line in table}) == 1  # every row has the header's columns
     estimates = re.findall(rf"({NUMBER}) \[({NUMBER}), ({NUMBER})\]", block)

@@ -17,8 +17,19 @@ from osvl.config import (
 )
 from osvl.config.loader import RECIPES_DIR
 
-SHIPPED = ["sft_8b", "sft_30b_moe", "sft_32b", "grpo_8b", "grpo_30b_moe", "grpo_32b", "tiny_sft", "tiny_grpo",
-           "tiny_grpo_services", "tiny_base", "demo"]
+SHIPPED = [
+    "sft_8b",
+    "sft_30b_moe",
+    "sft_32b",
+    "grpo_8b",
+    "grpo_30b_moe",
+    "grpo_32b",
+    "tiny_sft",
+    "tiny_grpo",
+    "tiny_grpo_services",
+    "tiny_base",
+    "demo",
+]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -48,15 +59,30 @@ def test_grpo_recipes_follow_table5():
         g = r.grpo
         assert (g.temperature, g.top_p, g.eps_high, g.estimator) == (0.7, 1.0, 0.28, "rloo")
         assert (g.loss_agg, g.fatal_mode, g.batch_prompts, g.kl_coef, g.entropy_coef) == (
-            "seq-mean-token-sum", "fatal_clamp", 256, 0.0, 0.0)
+            "seq-mean-token-sum",
+            "fatal_clamp",
+            256,
+            0.0,
+            0.0,
+        )
         assert r.job.world_size == 64 and r.job.seed == 3407
     assert (dense.grpo.group_size, dense.grpo.mini_batch_prompts, dense.parallel.ep) == (8, 64, 1)
     assert (moe.grpo.group_size, moe.grpo.mini_batch_prompts, moe.parallel.ep) == (16, 128, 8)
 
 
 def test_overrides_are_typed():
-    r = load_recipe("grpo_8b", ["grpo.eps_high=0.3", "job.seed=7", "model.pretrained=/x/y", "grpo.estimator=grpo",
-                                "optimizer.betas=[0.9, 0.95]", "checkpoint.export_hf=false", "grpo.temperature=1"])
+    r = load_recipe(
+        "grpo_8b",
+        [
+            "grpo.eps_high=0.3",
+            "job.seed=7",
+            "model.pretrained=/x/y",
+            "grpo.estimator=grpo",
+            "optimizer.betas=[0.9, 0.95]",
+            "checkpoint.export_hf=false",
+            "grpo.temperature=1",
+        ],
+    )
     assert r.grpo.eps_high == 0.3 and r.job.seed == 7 and r.model.pretrained == "/x/y"
     assert r.grpo.estimator == "grpo" and r.optimizer.betas == (0.9, 0.95) and r.checkpoint.export_hf is False
     assert isinstance(r.grpo.temperature, float)
@@ -67,25 +93,28 @@ def test_override_creates_missing_table():
     assert r.grpo.group_size == 3
 
 
-@pytest.mark.parametrize("override, message", [
-    ("grpo.eps_hihg=0.3", "grpo.eps_hihg"),
-    ("nosuch.key=1", "nosuch"),
-    ("grpo.group_size=two", "grpo.group_size: expected an integer"),
-    ("grpo.group_size=1.5", "grpo.group_size: expected an integer"),
-    ("grpo.estimator=ppo", "grpo.estimator: 'ppo' is not one of"),
-    ("checkpoint.export_hf=1", "checkpoint.export_hf: expected true or false"),
-    ("grpo.top_p=1.5", "grpo: top_p must lie in (0, 1]"),
-    ("grpo.mini_batch_prompts=100", "mini_batch_prompts 100 must divide batch_prompts 256"),
-    ("grpo.group_size=1", "group_size must be >= 2"),
-    ("optimizer.lr=0", "optimizer: lr must be > 0"),
-    ("optimizer.betas=[0.9]", "optimizer.betas: expected 2 values"),
-    ("parallel.tp=3", "!= job.world_size(64)"),
-    ("parallel.tp=0", "parallel.tp must be >= 1"),
-    ("parallel.activation_checkpoint=some", "parallel.activation_checkpoint"),
-    ("model.preset=qwen4", "model: preset must be one of"),
-    ("grpo=3", "is a table"),
-    ("grpo.eps_high", "expected key=value"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("grpo.eps_hihg=0.3", "grpo.eps_hihg"),
+        ("nosuch.key=1", "nosuch"),
+        ("grpo.group_size=two", "grpo.group_size: expected an integer"),
+        ("grpo.group_size=1.5", "grpo.group_size: expected an integer"),
+        ("grpo.estimator=ppo", "grpo.estimator: 'ppo' is not one of"),
+        ("checkpoint.export_hf=1", "checkpoint.export_hf: expected true or false"),
+        ("grpo.top_p=1.5", "grpo: top_p must lie in (0, 1]"),
+        ("grpo.mini_batch_prompts=100", "mini_batch_prompts 100 must divide batch_prompts 256"),
+        ("grpo.group_size=1", "group_size must be >= 2"),
+        ("optimizer.lr=0", "optimizer: lr must be > 0"),
+        ("optimizer.betas=[0.9]", "optimizer.betas: expected 2 values"),
+        ("parallel.tp=3", "!= job.world_size(64)"),
+        ("parallel.tp=0", "parallel.tp must be >= 1"),
+        ("parallel.activation_checkpoint=some", "parallel.activation_checkpoint"),
+        ("model.preset=qwen4", "model: preset must be one of"),
+        ("grpo=3", "is a table"),
+        ("grpo.eps_high", "expected key=value"),
+    ],
+)
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ValueError) as error:
         load_recipe("grpo_8b", [override])
@@ -122,7 +151,7 @@ def test_unknown_top_level_and_nested_keys_in_file(tmp_path):
     bad.write_text('[job\nname = "x"\n')
     with pytest.raises(ValueError, match="not valid TOML"):
         load_recipe(bad)
-    bad.write_text('job = 3\n')
+    bad.write_text("job = 3\n")
     with pytest.raises(ValueError, match="job: expected a table"):
         load_recipe(bad)
 
@@ -139,7 +168,9 @@ def test_parse_override_keeps_strings_verbatim():
     assert parse_override("job.name=007") == ("job.name", "007")
     assert parse_override("job.seed=007".replace("007", "7")) == ("job.seed", 7)
     assert parse_override("rollout.sglang_urls=['http://a', 'http://b']") == (
-        "rollout.sglang_urls", ["http://a", "http://b"])
+        "rollout.sglang_urls",
+        ["http://a", "http://b"],
+    )
 
 
 def test_apply_overrides_does_not_mutate_input():

@@ -9,7 +9,6 @@ import copy
 import numpy as np
 import pytest
 import torch
-from osvl_kernels import linear_grpo_loss
 
 from osvl.config.recipe import GRPOConfig
 from osvl.data.chat import ChatRenderer
@@ -24,6 +23,7 @@ from osvl.trainer.correction import (
 )
 from osvl.trainer.grpo_data import with_grpo_filler
 from osvl.trainer.policy import lm_head_weight
+from osvl_kernels import linear_grpo_loss
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 
 TEMPERATURE = 0.7
@@ -39,8 +39,18 @@ def _batch(model, seed: int = 0):
         ids = rng.integers(0, tok.vocab_size, size=length).astype(np.int64)
         mask = np.ones(length, bool)
         mask[:3] = False  # the prompt
-        sequences.append(TrainSequence(ids, mask, np.zeros(length, np.int64), np.zeros(length, np.float32), [], i,
-                                       reward=0.0, advantage=(-1.0, 0.5, 2.0)[i]))
+        sequences.append(
+            TrainSequence(
+                ids,
+                mask,
+                np.zeros(length, np.int64),
+                np.zeros(length, np.float32),
+                [],
+                i,
+                reward=0.0,
+                advantage=(-1.0, 0.5, 2.0)[i],
+            )
+        )
     batch = with_grpo_filler(pack_microbatch(sequences, IMAGE_CONFIG, tok.special), ChatRenderer(tok, IMAGE_CONFIG))
     exact = reference_logprobs(model, batch)
     noise = torch.from_numpy(rng.normal(0.0, 0.3, size=exact.shape[0]))
@@ -52,8 +62,13 @@ def reference_logprobs(model, batch) -> torch.Tensor:
     """float64 log softmax(logits / T) of every target, from a float64 copy of the model."""
     wide = copy.deepcopy(model).double()
     with torch.no_grad():
-        logits = wide(batch.input_ids, cu_seqlens=batch.cu_seqlens, position_ids=batch.position_ids,
-                      pixel_values=batch.pixel_values.double(), image_grid_thw=batch.image_grid_thw)
+        logits = wide(
+            batch.input_ids,
+            cu_seqlens=batch.cu_seqlens,
+            position_ids=batch.position_ids,
+            pixel_values=batch.pixel_values.double(),
+            image_grid_thw=batch.image_grid_thw,
+        )
     return torch.log_softmax(logits / TEMPERATURE, -1).gather(1, batch.target_ids[:, None])[:, 0]
 
 
@@ -67,21 +82,40 @@ def test_old_policy_logprobs_equal_a_float64_forward():
     assert torch.all(old[~batch.loss_mask] == 0)
 
 
-@pytest.mark.parametrize(("level", "mode", "cap"), [("token", "truncate", 1.3), ("token", "mask", 1.3),
-                                                    ("sequence", "truncate", 1.5)])
+@pytest.mark.parametrize(
+    ("level", "mode", "cap"), [("token", "truncate", 1.3), ("token", "mask", 1.3), ("sequence", "truncate", 1.5)]
+)
 def test_correction_weights_and_loss_equal_float64(level, mode, cap):
     model = tiny_model(3).eval()
     batch = _batch(model, seed=1)
-    config = GRPOConfig(old_logprobs="trainer", rollout_correction=level, rollout_correction_mode=mode,
-                        rollout_correction_cap=cap)
+    config = GRPOConfig(
+        old_logprobs="trainer", rollout_correction=level, rollout_correction_mode=mode, rollout_correction_cap=cap
+    )
     (old,) = old_policy_logprobs(model, [batch], TEMPERATURE)
-    hidden = model(batch.input_ids, cu_seqlens=batch.cu_seqlens, position_ids=batch.position_ids,
-                   pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw, return_hidden=True)
-    out = linear_grpo_loss(hidden, lm_head_weight(model), batch.target_ids, batch.cu_seqlens, batch.loss_mask,
-                           old_logprobs=old, behavior_logprobs=batch.old_logprobs,
-                           rollout_correction=rollout_correction(config), fatal_step=batch.fatal_step,
-                           token_step=batch.token_step, advantages=batch.advantages, temperature=TEMPERATURE,
-                           loss_agg="token-mean", backend="torch")
+    hidden = model(
+        batch.input_ids,
+        cu_seqlens=batch.cu_seqlens,
+        position_ids=batch.position_ids,
+        pixel_values=batch.pixel_values,
+        image_grid_thw=batch.image_grid_thw,
+        return_hidden=True,
+    )
+    out = linear_grpo_loss(
+        hidden,
+        lm_head_weight(model),
+        batch.target_ids,
+        batch.cu_seqlens,
+        batch.loss_mask,
+        old_logprobs=old,
+        behavior_logprobs=batch.old_logprobs,
+        rollout_correction=rollout_correction(config),
+        fatal_step=batch.fatal_step,
+        token_step=batch.token_step,
+        advantages=batch.advantages,
+        temperature=TEMPERATURE,
+        loss_agg="token-mean",
+        backend="torch",
+    )
 
     valid = batch.loss_mask
     log_ratio = torch.where(valid, reference_logprobs(model, batch) - batch.old_logprobs.double(), 0.0)

@@ -31,10 +31,17 @@ from osvl.train import main as train_main
 from tests.test_lifetime import alive
 from tests.trainer.fixtures import sft_overrides
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS, EVERY = 40, 4
-SETTINGS = [f"sft.max_steps={STEPS}", f"checkpoint.every_steps={EVERY}", "metrics.console=false",
-            "metrics.tensorboard=true", "checkpoint.export_hf=false"]
+SETTINGS = [
+    f"sft.max_steps={STEPS}",
+    f"checkpoint.every_steps={EVERY}",
+    "metrics.console=false",
+    "metrics.tensorboard=true",
+    "checkpoint.export_hf=false",
+]
 
 
 def _children(pid: int) -> list[int]:
@@ -76,18 +83,34 @@ class Launch:
 
     def __init__(self, root: Path, name: str, overrides: list[str]) -> None:
         self.out, self.err = root / f"{name}.out", root / f"{name}.err"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1",
-               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels"), os.environ.get("PYTHONPATH", "")])}
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                   "-m", "osvl.train", "--recipe", "tiny_sft", *[a for o in overrides for a in ("--set", o)]]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "TRITON_INTERPRET": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels"), os.environ.get("PYTHONPATH", "")]),
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "osvl.train",
+            "--recipe",
+            "tiny_sft",
+            *[a for o in overrides for a in ("--set", o)],
+        ]
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.agent = subprocess.Popen(command, stdout=out, stderr=err, cwd=REPO, env=env, start_new_session=True)
         self.ranks: dict[int, int] = {}
         self._started: dict[int, int | None] = {}
 
     def wait_for_ranks(self) -> dict[int, int]:
-        pids = _wait_for(lambda: len(_children(self.agent.pid)) == 2 and _children(self.agent.pid), 120,
-                         "the agent to start 2 ranks")
+        pids = _wait_for(
+            lambda: len(_children(self.agent.pid)) == 2 and _children(self.agent.pid), 120, "the agent to start 2 ranks"
+        )
         self.ranks = {_rank_of(pid): pid for pid in pids}
         self._started = {pid: _started(pid) for pid in pids}
         return self.ranks
@@ -146,8 +169,10 @@ def _expected_resume_line(run: Path, dead: dict[int, float]) -> str:
         discarded.append(r"\d+ TensorBoard events")
     if incomplete:
         discarded.append(re.escape("checkpoints " + ", ".join(f"step_{s:08d}" for s in incomplete)))
-    head = re.escape(f"resume: {run}/checkpoints/step_{at:08d} at step {at} of {STEPS} (policy version {at}); "
-                     f"discarded after step {at}: ")
+    head = re.escape(
+        f"resume: {run}/checkpoints/step_{at:08d} at step {at} of {STEPS} (policy version {at}); "
+        f"discarded after step {at}: "
+    )
     return head + ("; ".join(discarded) or "nothing")
 
 
@@ -182,8 +207,12 @@ def chain(tmp_path_factory):
         first = launch("first")
         ranks = first.wait_for_ranks()
         while True:
-            _wait_for(lambda: _checkpoints(run)[0] and max(_metrics(run), default=0) > _checkpoints(run)[0][-1],
-                      240, "a checkpoint with steps recorded past it", 0.01)
+            _wait_for(
+                lambda: _checkpoints(run)[0] and max(_metrics(run), default=0) > _checkpoints(run)[0][-1],
+                240,
+                "a checkpoint with steps recorded past it",
+                0.01,
+            )
             _freeze(ranks.values())
             if max(_metrics(run)) > _checkpoints(run)[0][-1]:
                 break
@@ -324,7 +353,10 @@ def test_a_finished_run_says_so_and_reports_its_recorded_loss(chain, capsys, mon
     assert train_main(["--recipe", "tiny_sft", *[a for o in overrides for a in ("--set", o)]]) == 0
     lines = capsys.readouterr().out.splitlines()
     loss = _metrics(run)[STEPS]
-    assert lines[0] == (f"finished: {run}/checkpoints/step_{STEPS:08d} holds step {STEPS} of {STEPS} (policy version "
-                        f"{STEPS}); nothing left to train; recorded final loss {loss:.4f}; discarded nothing")
-    assert lines[-1] == (f"tiny_sft: {STEPS} steps (already finished: nothing trained), final loss {loss:.4f}, "
-                         f"run dir {run}")
+    assert lines[0] == (
+        f"finished: {run}/checkpoints/step_{STEPS:08d} holds step {STEPS} of {STEPS} (policy version "
+        f"{STEPS}); nothing left to train; recorded final loss {loss:.4f}; discarded nothing"
+    )
+    assert lines[-1] == (
+        f"tiny_sft: {STEPS} steps (already finished: nothing trained), final loss {loss:.4f}, run dir {run}"
+    )

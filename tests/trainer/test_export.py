@@ -19,8 +19,15 @@ from tests.model.tiny import tiny_config
 
 def test_policy_defaults_follow_the_policy_prompt_and_sampling(tmp_path):
     (tmp_path / "prompt.txt").write_text("Answer briefly.\n")
-    recipe = load_recipe("tiny_grpo", [f"data.system_prompt={tmp_path / 'prompt.txt'}", "tools.profile=release",
-                                       "grpo.temperature=0.9", "grpo.top_p=0.8"])
+    recipe = load_recipe(
+        "tiny_grpo",
+        [
+            f"data.system_prompt={tmp_path / 'prompt.txt'}",
+            "tools.profile=release",
+            "grpo.temperature=0.9",
+            "grpo.top_p=0.8",
+        ],
+    )
     defaults = policy_defaults(recipe)
     assert defaults == PolicyDefaults("Answer briefly.", tuple(tool_profile("release").tool_schemas()), 0.9, 0.8)
     assert policy_defaults(load_recipe("tiny_grpo")).tools == ()  # the paper profile shows no schema

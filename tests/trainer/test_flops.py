@@ -27,10 +27,26 @@ from osvl.trainer.flops import (
 )
 from tests.trainer.fixtures import sft_overrides
 
-SMALL_TEXT = TextConfig(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        num_key_value_heads=1, head_dim=4, mrope_section=(1, 1, 0))
-SMALL_VISION = VisionConfig(depth=1, hidden_size=8, intermediate_size=16, num_heads=2, patch_size=2, out_hidden_size=8,
-                            num_position_embeddings=4, deepstack_visual_indexes=(0,))
+SMALL_TEXT = TextConfig(
+    vocab_size=10,
+    hidden_size=8,
+    intermediate_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=4,
+    mrope_section=(1, 1, 0),
+)
+SMALL_VISION = VisionConfig(
+    depth=1,
+    hidden_size=8,
+    intermediate_size=16,
+    num_heads=2,
+    patch_size=2,
+    out_hidden_size=8,
+    num_position_embeddings=4,
+    deepstack_visual_indexes=(0,),
+)
 
 
 def test_text_flops_by_hand():
@@ -61,13 +77,32 @@ def test_vision_flops_by_hand():
 
 
 def _tiny_arch(moe: bool) -> Qwen3VLConfig:
-    text = TextConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, mrope_section=(2, 1, 1), num_experts=4 if moe else 0,
-                      num_experts_per_tok=2 if moe else 0, moe_intermediate_size=16 if moe else 0)
-    vision = VisionConfig(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4, out_hidden_size=32,
-                          num_position_embeddings=16, deepstack_visual_indexes=(0,))
-    return Qwen3VLConfig(text=text, vision=vision, image_token_id=90, video_token_id=91, vision_start_token_id=92,
-                         vision_end_token_id=93)
+    text = TextConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        mrope_section=(2, 1, 1),
+        num_experts=4 if moe else 0,
+        num_experts_per_tok=2 if moe else 0,
+        moe_intermediate_size=16 if moe else 0,
+    )
+    vision = VisionConfig(
+        depth=2,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        patch_size=4,
+        out_hidden_size=32,
+        num_position_embeddings=16,
+        deepstack_visual_indexes=(0,),
+    )
+    return Qwen3VLConfig(
+        text=text, vision=vision, image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93
+    )
 
 
 @pytest.mark.parametrize("moe", [False, True])
@@ -79,12 +114,21 @@ def test_matches_flop_counter_on_forward_backward(moe):
     grid, lens = (1, 4, 4), [25, 15]
     ids = torch.randint(0, 80, (sum(lens),))
     ids[5:9] = arch.image_token_id  # 16 patches merge 2x2 into 4 image tokens
-    positions = np.concatenate([mrope_position_ids(ids[:25].numpy(), [grid], arch.image_token_id, 2),
-                                mrope_position_ids(ids[25:].numpy(), [], arch.image_token_id, 2)], axis=1)
+    positions = np.concatenate(
+        [
+            mrope_position_ids(ids[:25].numpy(), [grid], arch.image_token_id, 2),
+            mrope_position_ids(ids[25:].numpy(), [], arch.image_token_id, 2),
+        ],
+        axis=1,
+    )
     with FlopCounterMode(display=False) as counter:
-        logits = model(ids, cu_seqlens=torch.tensor([0, 25, 40], dtype=torch.int32),
-                       position_ids=torch.from_numpy(positions), pixel_values=torch.randn(16, arch.vision.patch_dim),
-                       image_grid_thw=torch.tensor([grid]))
+        logits = model(
+            ids,
+            cu_seqlens=torch.tensor([0, 25, 40], dtype=torch.int32),
+            position_ids=torch.from_numpy(positions),
+            pixel_values=torch.randn(16, arch.vision.patch_dim),
+            image_grid_thw=torch.tensor([grid]),
+        )
         logits.sum().backward()
     assert train_flops(arch, lens, [grid]) == counter.get_total_flops()
 
@@ -97,12 +141,24 @@ def test_packed_forward_flops_match_flop_counter_without_grad(moe):
     grid, lens = (1, 4, 4), [25, 15]
     ids = torch.randint(0, 80, (sum(lens),))
     ids[5:9] = arch.image_token_id
-    positions = np.concatenate([mrope_position_ids(ids[:25].numpy(), [grid], arch.image_token_id, 2),
-                                mrope_position_ids(ids[25:].numpy(), [], arch.image_token_id, 2)], axis=1)
-    batch = SimpleNamespace(cu_seqlens=torch.tensor([0, 25, 40], dtype=torch.int32), image_grid_thw=torch.tensor([grid]))
+    positions = np.concatenate(
+        [
+            mrope_position_ids(ids[:25].numpy(), [grid], arch.image_token_id, 2),
+            mrope_position_ids(ids[25:].numpy(), [], arch.image_token_id, 2),
+        ],
+        axis=1,
+    )
+    batch = SimpleNamespace(
+        cu_seqlens=torch.tensor([0, 25, 40], dtype=torch.int32), image_grid_thw=torch.tensor([grid])
+    )
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(ids, cu_seqlens=batch.cu_seqlens, position_ids=torch.from_numpy(positions),
-              pixel_values=torch.randn(16, arch.vision.patch_dim), image_grid_thw=batch.image_grid_thw)
+        model(
+            ids,
+            cu_seqlens=batch.cu_seqlens,
+            position_ids=torch.from_numpy(positions),
+            pixel_values=torch.randn(16, arch.vision.patch_dim),
+            image_grid_thw=batch.image_grid_thw,
+        )
     assert packed_forward_flops(arch, batch) == counter.get_total_flops()
 
 
@@ -136,8 +192,13 @@ def test_bad_mfu_inputs_fail_clearly():
 
 
 def test_sft_logs_model_tflops_and_mfu_with_a_configured_peak(tmp_path):
-    extra = ["sft.max_steps=1", "metrics.peak_tflops=0.001", "metrics.console=false", "metrics.tensorboard=false",
-             "checkpoint.export_hf=false"]
+    extra = [
+        "sft.max_steps=1",
+        "metrics.peak_tflops=0.001",
+        "metrics.console=false",
+        "metrics.tensorboard=false",
+        "checkpoint.export_hf=false",
+    ]
     run_sft(load_recipe("tiny_sft", sft_overrides(tmp_path / "data", tmp_path / "run", *extra)))
     (m,) = read_metrics(tmp_path / "run")
     assert m["model_tflops"] > 0

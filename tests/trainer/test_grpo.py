@@ -22,11 +22,24 @@ from tests.trainer.ranks import grpo_body, run_ranks
 def grpo_overrides(root, run_dir, *extra: str) -> list[str]:
     tok, _ = write_sft_data(root / "data")
     prompts = write_prompts_file(root / "data")
-    return [f"data.tokenizer={tok}", f"data.train_path={prompts}", f"job.run_dir={run_dir}", "model.pretrained=",
-            "grpo.max_steps=2", "grpo.batch_prompts=4", "grpo.mini_batch_prompts=2", "grpo.group_size=4",
-            "grpo.max_response_tokens=64", "grpo.max_prompt_tokens=512", "rollout.max_turns=4",
-            "tools.fault_rate=0.3", "checkpoint.every_steps=0", "metrics.console=false",
-            "metrics.tensorboard=false", *extra]
+    return [
+        f"data.tokenizer={tok}",
+        f"data.train_path={prompts}",
+        f"job.run_dir={run_dir}",
+        "model.pretrained=",
+        "grpo.max_steps=2",
+        "grpo.batch_prompts=4",
+        "grpo.mini_batch_prompts=2",
+        "grpo.group_size=4",
+        "grpo.max_response_tokens=64",
+        "grpo.max_prompt_tokens=512",
+        "rollout.max_turns=4",
+        "tools.fault_rate=0.3",
+        "checkpoint.every_steps=0",
+        "metrics.console=false",
+        "metrics.tensorboard=false",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +55,25 @@ def test_metrics_written_and_finite(two_rank_run):
     metrics = read_metrics(root / "run")
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
-        for key in ("loss", "reward", "accuracy", "fatal_rate", "clamped_frac", "clip_frac", "kl", "entropy",
-                    "logprob_abs_diff", "tokens_per_s", "padding_frac", "time_rollout_s", "time_tools_s",
-                    "time_scoring_s", "time_train_s", "time_sync_s", "memory_peak_gib"):
+        for key in (
+            "loss",
+            "reward",
+            "accuracy",
+            "fatal_rate",
+            "clamped_frac",
+            "clip_frac",
+            "kl",
+            "entropy",
+            "logprob_abs_diff",
+            "tokens_per_s",
+            "padding_frac",
+            "time_rollout_s",
+            "time_tools_s",
+            "time_scoring_s",
+            "time_train_s",
+            "time_sync_s",
+            "memory_peak_gib",
+        ):
             assert math.isfinite(m[key]), (key, m[key])
     assert metrics[0]["policy_version"] == 2 and metrics[1]["policy_version"] == 4  # 2 mini-batches a step
     # step 1 trains on the weights that generated it: the engine's logprobs are the trainer's
@@ -69,8 +98,11 @@ def test_parameters_change(two_rank_run, tmp_path):
     root, overrides = two_rank_run
     recipe = load_recipe("tiny_grpo", overrides)
     tokenizer = load_tokenizer(recipe.data.tokenizer)
-    save_pretrained(build_policy(recipe, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special), 1),
-                    tmp_path / "init", dtype=torch.float32)  # the same seeded initialisation the run started from
+    save_pretrained(
+        build_policy(recipe, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special), 1),
+        tmp_path / "init",
+        dtype=torch.float32,
+    )  # the same seeded initialisation the run started from
     initial = read_hf_tensors(tmp_path / "init")
     trained = read_hf_tensors(root / "run" / "hf")
     assert trained.keys() == initial.keys()
@@ -81,8 +113,12 @@ def test_parameters_change(two_rank_run, tmp_path):
 
 def test_single_process_hard_mask_drops_fatal(tmp_path, two_rank_run):
     root, _ = two_rank_run
-    recipe = load_recipe("tiny_grpo", grpo_overrides(root, tmp_path / "run", "grpo.fatal_mode=hard_mask",
-                                                     "grpo.max_steps=1", "checkpoint.export_hf=false"))
+    recipe = load_recipe(
+        "tiny_grpo",
+        grpo_overrides(
+            root, tmp_path / "run", "grpo.fatal_mode=hard_mask", "grpo.max_steps=1", "checkpoint.export_hf=false"
+        ),
+    )
     result = run_grpo(recipe, environment=echo_environment, engine_wrapper=scripted)
     assert result.steps == 1 and math.isfinite(result.final_loss)
     (m,) = read_metrics(tmp_path / "run")
@@ -96,15 +132,25 @@ def test_single_process_hard_mask_drops_fatal(tmp_path, two_rank_run):
 @pytest.mark.parametrize(("errors", "infra_rollouts"), [("policy", "drop"), ("all", "keep")])
 def test_outage_hit_rollouts_are_dropped_or_kept_as_the_recipe_says(tmp_path, two_rank_run, errors, infra_rollouts):
     root, _ = two_rank_run
-    outage = ["tools.fault_rate=0", "tools.outage_rate=1", "tools.outage_start_turns=1", 'tools.outage_tools=["echo"]',
-              f"grpo.fatal_errors={errors}", f"grpo.infra_rollouts={infra_rollouts}", "grpo.max_steps=1",
-              "checkpoint.export_hf=false"]
+    outage = [
+        "tools.fault_rate=0",
+        "tools.outage_rate=1",
+        "tools.outage_start_turns=1",
+        'tools.outage_tools=["echo"]',
+        f"grpo.fatal_errors={errors}",
+        f"grpo.infra_rollouts={infra_rollouts}",
+        "grpo.max_steps=1",
+        "checkpoint.export_hf=false",
+    ]
     recipe = load_recipe("tiny_grpo", grpo_overrides(root, tmp_path / "run", *outage))
     run_grpo(recipe, environment=echo_environment, engine_wrapper=scripted)
     (m,) = read_metrics(tmp_path / "run")
     rollouts = RolloutRecorder(tmp_path / "run" / "rollouts").read(1)
-    hit = [t for t in rollouts if any(s.tool_result is not None and s.tool_result.error
-                                      and "back-end" in s.tool_result.error for s in t.steps)]
+    hit = [
+        t
+        for t in rollouts
+        if any(s.tool_result is not None and s.tool_result.error and "back-end" in s.tool_result.error for s in t.steps)
+    ]
     assert hit and m["infra_hit"] == len(hit) and m["tool_calls_mean"] > 0
     if infra_rollouts == "keep":
         assert m["infra_kept"] == len(hit) and m["infra_dropped"] == 0 and all(t.reward.scored for t in hit)
@@ -117,8 +163,9 @@ def test_bad_grpo_inputs_fail_clearly(tmp_path, two_rank_run):
     recipe = load_recipe("tiny_grpo", grpo_overrides(root, tmp_path / "r", f"data.train_path={tmp_path}/none.jsonl"))
     with pytest.raises(ValueError, match="data.train_path: .* does not exist"):
         run_grpo(recipe, environment=echo_environment)
-    recipe = load_recipe("tiny_grpo", grpo_overrides(root, tmp_path / "r", "grpo.batch_prompts=16",
-                                                     "grpo.mini_batch_prompts=16"))
+    recipe = load_recipe(
+        "tiny_grpo", grpo_overrides(root, tmp_path / "r", "grpo.batch_prompts=16", "grpo.mini_batch_prompts=16")
+    )
     with pytest.raises(ValueError, match="grpo.batch_prompts 16 exceeds the 8 RL prompts"):
         run_grpo(recipe, environment=echo_environment)
     recipe = load_recipe("tiny_grpo", grpo_overrides(root, tmp_path / "r", "tools.world_dir="))

@@ -49,8 +49,12 @@ def async_body(rank: int, world: int, overrides: list[str], tool_urls: tuple[str
     from osvl.config import load_recipe
     from osvl.trainer import run_grpo
 
-    result = run_grpo(load_recipe("tiny_grpo", overrides), rank, world,
-                      environment=functools.partial(gated_environment, urls=tool_urls))
+    result = run_grpo(
+        load_recipe("tiny_grpo", overrides),
+        rank,
+        world,
+        environment=functools.partial(gated_environment, urls=tool_urls),
+    )
     assert result.steps == STEPS, result
 
 
@@ -62,13 +66,15 @@ def async_run(tmp_path_factory):
     gate = root / "gate"
     processes = []
     try:
-        sglang, sglang_url = _start(["-m", "tests.trainer.services", "sglang", str(model_dir), str(root / "r0"),
-                                     "gated"], root / "r0")
+        sglang, sglang_url = _start(
+            ["-m", "tests.trainer.services", "sglang", str(model_dir), str(root / "r0"), "gated"], root / "r0"
+        )
         processes.append(sglang)
         tool_urls = []
         for ready in ("r1", "r2"):  # 4 workers each: the held calls take some, the other rollouts go on
-            process, url = _start(["-m", "tests.trainer.services", "tools", str(root / ready), "0", "4", str(gate)],
-                                  root / ready)
+            process, url = _start(
+                ["-m", "tests.trainer.services", "tools", str(root / ready), "0", "4", str(gate)], root / ready
+            )
             processes.append(process)
             tool_urls.append(url)
         released = []
@@ -84,10 +90,17 @@ def async_run(tmp_path_factory):
 
         threading.Thread(target=open_gate, daemon=True).start()
         overrides = base + [
-            "rollout.engine=sglang", f'rollout.sglang_urls=["{sglang_url}"]', "rollout.max_logprob_diff=1e-4",
-            "rollout.max_staleness=1", "rollout.stale_groups=drop", "rollout.partial_rollouts=keep",
-            "grpo.old_logprobs=trainer", "grpo.rollout_correction=token", "grpo.rollout_correction_cap=2.0",
-            "rollout.max_in_flight=16"]
+            "rollout.engine=sglang",
+            f'rollout.sglang_urls=["{sglang_url}"]',
+            "rollout.max_logprob_diff=1e-4",
+            "rollout.max_staleness=1",
+            "rollout.stale_groups=drop",
+            "rollout.partial_rollouts=keep",
+            "grpo.old_logprobs=trainer",
+            "grpo.rollout_correction=token",
+            "grpo.rollout_correction_cap=2.0",
+            "rollout.max_in_flight=16",
+        ]
         run_ranks(async_body, 2, overrides, tuple(tool_urls))
         info = httpx.get(f"{sglang_url}/get_model_info", timeout=10, trust_env=False).json()
         yield root / "run", info, released
@@ -105,7 +118,8 @@ def _gate_opened(trajectory) -> bool:
     """The first turn's gate call returned once the gate was open (or its result got an injected fault)."""
     result = trajectory.steps[0].tool_result
     return trajectory.steps[0].tool_call.name == "gate" and (
-        result.text.endswith(":open") if result.ok else result.error == "injected fault")
+        result.text.endswith(":open") if result.ok else result.error == "injected fault"
+    )
 
 
 def test_every_trained_group_is_within_the_bound_and_some_are_one_sync_old(async_run):
@@ -133,16 +147,24 @@ def test_the_slow_group_did_not_stall_the_steps_and_was_dropped_past_the_bound(a
     assert released == [RELEASE_AFTER]  # steps 1 and 2 were logged while the slow rollouts were held
     metrics = read_metrics(run)
     assert sum(m["stale_groups"] for m in metrics) >= 1
-    stale = [t for step in range(1, STEPS + 1) if RolloutRecorder(run / "rollouts" / "stale").path(step).is_file()
-             for t in RolloutRecorder(run / "rollouts" / "stale").read(step)]
+    stale = [
+        t
+        for step in range(1, STEPS + 1)
+        if RolloutRecorder(run / "rollouts" / "stale").path(step).is_file()
+        for t in RolloutRecorder(run / "rollouts" / "stale").read(step)
+    ]
     held = [t for t in stale if f"code word is {SLOW_WORD}" in t.prompt.question]
     first = [t for t in held if _oldest(t) == 0]
     assert len(first) == 4 and len(held) % 4 == 0  # whole groups (G = 4), the first draw among them
     for t in held:
         assert _gate_opened(t)
         assert max(max(s.versions) for s in t.steps) >= UPDATES * RELEASE_AFTER  # answered after the gate opened
-    trained = [t for step in range(1, STEPS + 1) for t in RolloutRecorder(run / "rollouts").read(step)
-               if f"code word is {SLOW_WORD}" in t.prompt.question]
+    trained = [
+        t
+        for step in range(1, STEPS + 1)
+        for t in RolloutRecorder(run / "rollouts").read(step)
+        if f"code word is {SLOW_WORD}" in t.prompt.question
+    ]
     assert all(_gate_opened(t) for t in trained)  # later draws, within the bound
 
 

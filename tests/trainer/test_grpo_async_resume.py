@@ -26,22 +26,42 @@ from osvl.trainer import read_metrics
 from osvl.trainer.checkpoint import latest_checkpoint
 from tests.trainer.test_grpo import grpo_overrides
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, UPDATES = 4, 2
-ASYNC = [f"grpo.max_steps={STEPS}", "checkpoint.every_steps=1", "rollout.max_staleness=1", "tools.fault_rate=0.3",
-         "rollout.max_in_flight=4", "rollout.trajectory_deadline_s=3600"]
+ASYNC = [
+    f"grpo.max_steps={STEPS}",
+    "checkpoint.every_steps=1",
+    "rollout.max_staleness=1",
+    "tools.fault_rate=0.3",
+    "rollout.max_in_flight=4",
+    "rollout.trajectory_deadline_s=3600",
+]
 
 
 def _launch(overrides: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'kernels'}"}
-    return subprocess.Popen([sys.executable, "-m", "tests.trainer.grpo_job", json.dumps(overrides)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.trainer.grpo_job", json.dumps(overrides)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _record(t) -> tuple:
-    return (t.prompt.id, t.sample_index, t.fatal_step, t.reward.total,
-            tuple((tuple(s.token_ids), tuple(s.logprobs), tuple(s.versions), tuple(s.observation_token_ids))
-                  for s in t.steps))
+    return (
+        t.prompt.id,
+        t.sample_index,
+        t.fatal_step,
+        t.reward.total,
+        tuple(
+            (tuple(s.token_ids), tuple(s.logprobs), tuple(s.versions), tuple(s.observation_token_ids)) for s in t.steps
+        ),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,15 @@ from osvl.trainer import read_metrics, run_grpo
 from tests.trainer.grpo_fixtures import SampledThoughts, echo_environment
 from tests.trainer.test_grpo import grpo_overrides
 
-DETERMINISTIC = ["rollout.deterministic=true", "rollout.max_in_flight=8", "grpo.max_steps=2", "tools.fault_rate=0.0",
-                 "rollout.trajectory_deadline_s=3600"]  # no deadline reachable by CPU load
+pytestmark = pytest.mark.slow
+
+DETERMINISTIC = [
+    "rollout.deterministic=true",
+    "rollout.max_in_flight=8",
+    "grpo.max_steps=2",
+    "tools.fault_rate=0.0",
+    "rollout.trajectory_deadline_s=3600",
+]  # no deadline reachable by CPU load
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +41,20 @@ def runs(tmp_path_factory):
         return SampledThoughts(local)
 
     for name in ("a", "b"):
-        result = run_grpo(load_recipe("tiny_grpo", grpo_overrides(root, root / name, *DETERMINISTIC)),
-                          environment=echo_environment, engine_wrapper=sampled)
+        result = run_grpo(
+            load_recipe("tiny_grpo", grpo_overrides(root, root / name, *DETERMINISTIC)),
+            environment=echo_environment,
+            engine_wrapper=sampled,
+        )
         assert result.steps == 2
     return root / "a", root / "b", engines
 
 
 def _rollouts(run, step):
-    return [(t.group_id, t.sample_index, t.reward.total,
-             tuple((tuple(s.token_ids), tuple(s.logprobs)) for s in t.steps))
-            for t in RolloutRecorder(run / "rollouts").read(step)]
+    return [
+        (t.group_id, t.sample_index, t.reward.total, tuple((tuple(s.token_ids), tuple(s.logprobs)) for s in t.steps))
+        for t in RolloutRecorder(run / "rollouts").read(step)
+    ]
 
 
 def test_generation_was_batched(runs):

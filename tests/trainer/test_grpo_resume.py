@@ -1,16 +1,16 @@
 """A resumed GRPO run is the uninterrupted one: same rollouts (ids, logprobs, injected tool faults),
 same metrics, bitwise-equal final weights.
 
-Both runs use one process (the 2-rank path is covered by test_grpo), the scripted policy (real logprobs) and deterministic echo tools with
-injected faults. Run A takes 3 steps straight; run B takes 3 with a checkpoint at step 2 and "dies while saving
-step 3" (its checkpoint's completion marker removed), so step 3's metrics and rollouts outlive the checkpoint it
-resumes from; the relaunch must discard them and record step 3 once, as run A did. Bitwise equality
-is the right bar: the same ops run on the same inputs in the same order on the same machine, so any
-difference means some piece of state (weights, Adam moments, lr schedule, cursor, policy version,
-fault seed) was not restored, or that something in the rollout depends on the order concurrent
-trajectories finish in. No deadline may be reachable by CPU load: a call or trajectory that
-times out rolls out differently, so the deadlines here are generous and a test asserts none was hit.
-"""
+Both runs use one process (the 2-rank path is covered by test_grpo), the scripted policy (real
+logprobs) and deterministic echo tools with injected faults. Run A takes 3 steps straight; run B
+takes 3 with a checkpoint at step 2 and "dies while saving step 3" (its checkpoint's completion
+marker removed), so step 3's metrics and rollouts outlive the checkpoint it resumes from; the
+relaunch must discard them and record step 3 once, as run A did. Bitwise equality is the right bar:
+the same ops run on the same inputs in the same order on the same machine, so any difference means
+some piece of state (weights, Adam moments, lr schedule, cursor, policy version, fault seed) was not
+restored, or that something in the rollout depends on the order concurrent trajectories finish in.
+No deadline may be reachable by CPU load: a call or trajectory that times out rolls out differently,
+so the deadlines here are generous and a test asserts none was hit."""
 
 from __future__ import annotations
 
@@ -35,10 +35,17 @@ from tests.trainer.grpo_fixtures import scripted
 from tests.trainer.resume_fixtures import deterministic_specs
 from tests.trainer.test_grpo import grpo_overrides
 
+pytestmark = pytest.mark.slow
+
 # Several trajectories in flight: tool calls finish in an order set by thread timing, and the runs
 # must still match, since a fault is decided by the call's identity, not by when it finishes.
-RESUME = ["grpo.max_steps=3", "tools.fault_rate=0.3", "checkpoint.every_steps=2", "rollout.max_in_flight=4",
-          "rollout.trajectory_deadline_s=3600"]
+RESUME = [
+    "grpo.max_steps=3",
+    "tools.fault_rate=0.3",
+    "checkpoint.every_steps=2",
+    "rollout.max_in_flight=4",
+    "rollout.trajectory_deadline_s=3600",
+]
 
 
 @contextmanager
@@ -51,8 +58,12 @@ def deterministic_environment(recipe, rank):
 
 
 def _run(overrides, stop_after=None):
-    return run_grpo(load_recipe("tiny_grpo", overrides), stop_after=stop_after,
-                    environment=deterministic_environment, engine_wrapper=scripted)
+    return run_grpo(
+        load_recipe("tiny_grpo", overrides),
+        stop_after=stop_after,
+        environment=deterministic_environment,
+        engine_wrapper=scripted,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +84,24 @@ def runs(tmp_path_factory):
 
 
 def _rollout_record(trajectory) -> tuple:
-    steps = tuple((tuple(s.token_ids), tuple(s.logprobs), tuple(s.observation_token_ids),
-                   None if s.tool_result is None else (s.tool_result.status, s.tool_result.error))
-                  for s in trajectory.steps)
+    steps = tuple(
+        (
+            tuple(s.token_ids),
+            tuple(s.logprobs),
+            tuple(s.observation_token_ids),
+            None if s.tool_result is None else (s.tool_result.status, s.tool_result.error),
+        )
+        for s in trajectory.steps
+    )
     return trajectory.group_id, trajectory.sample_index, trajectory.fatal_step, trajectory.reward.total, steps
 
 
 def test_relaunch_says_what_it_resumed_and_discarded(runs):
     _, b, lines = runs
-    assert lines[0] == (f"resume: {b}/checkpoints/step_00000002 at step 2 of 3 (policy version 4); discarded after "
-                        "step 2: metrics of steps 3; rollouts of steps 3; checkpoints step_00000003")
+    assert lines[0] == (
+        f"resume: {b}/checkpoints/step_00000002 at step 2 of 3 (policy version 4); discarded after "
+        "step 2: metrics of steps 3; rollouts of steps 3; checkpoints step_00000003"
+    )
 
 
 def test_resumed_rollouts_match(runs):
@@ -103,22 +122,28 @@ def test_no_deadline_was_hit(runs):
         for step in (1, 2, 3):
             for t in RolloutRecorder(run / "rollouts").read(step):
                 where = f"{run.name} step {step} group {t.group_id} sample {t.sample_index}"
-                assert t.finish_reason is not FinishReason.INFRA_ERROR, f"{where}: trajectory deadline or engine failure"
+                assert t.finish_reason is not FinishReason.INFRA_ERROR, (
+                    f"{where}: trajectory deadline or engine failure"
+                )
                 for s in t.steps:
                     if s.tool_result is not None:
-                        assert s.tool_result.status not in (ToolStatus.TIMEOUT, ToolStatus.INFRA_ERROR), \
+                        assert s.tool_result.status not in (ToolStatus.TIMEOUT, ToolStatus.INFRA_ERROR), (
                             f"{where}: {s.tool_result.error}"
+                        )
 
 
 def test_tool_module_is_cheap_for_the_worker():
     """Every worker start (and restart after a timeout) imports the preloaded targets: the fixture
     module must not pull in torch, whose import (with the trainer's) took over 30 s on a loaded 2-core machine."""
-    probe = ("import sys, osvl.tools.worker as w\n"
-             "from tests.trainer.resume_fixtures import deterministic_specs\n"
-             "assert not w.preload_targets(s.target for s in deterministic_specs())\n"
-             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('osvl.trainer')))")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).parents[2], capture_output=True, text=True,
-                          check=False)
+    probe = (
+        "import sys, osvl.tools.worker as w\n"
+        "from tests.trainer.resume_fixtures import deterministic_specs\n"
+        "assert not w.preload_targets(s.target for s in deterministic_specs())\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('osvl.trainer')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=Path(__file__).parents[2], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", f"the tool worker would import {done.stdout[:500]}"
 
@@ -139,8 +164,18 @@ def test_resumed_metrics_continue_the_stream(runs):
     resumed = {m["step"]: m for m in read_metrics(b)}
     for m in straight:
         r = resumed[m["step"]]
-        for key in ("loss", "lr", "policy_version", "reward", "accuracy", "fatal", "clamped", "train_tokens",
-                    "model_tflops", "rollout_tflops"):
+        for key in (
+            "loss",
+            "lr",
+            "policy_version",
+            "reward",
+            "accuracy",
+            "fatal",
+            "clamped",
+            "train_tokens",
+            "model_tflops",
+            "rollout_tflops",
+        ):
             assert r[key] == m[key], (m["step"], key, r[key], m[key])
         assert m["model_tflops"] > 0 and m["rollout_tflops"] > 0
         assert "mfu" not in m  # CPU: no peak in the table, so no MFU rather than a made-up one

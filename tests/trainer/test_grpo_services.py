@@ -35,6 +35,8 @@ from tests.tools.fault_tools import fault_specs
 from tests.trainer.ranks import run_ranks
 from tests.trainer.test_grpo import grpo_overrides
 
+pytestmark = pytest.mark.slow
+
 OUTAGE = "code word is delta"  # the judge answers 503 for this question's samples
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,8 +66,12 @@ def fleet_environment(recipe, rank, *, urls):
 def services_body(rank: int, world: int, overrides: list[str], tool_urls: tuple[str, ...]) -> None:
     from osvl.trainer import run_grpo
 
-    result = run_grpo(load_recipe("tiny_grpo", overrides), rank, world,
-                      environment=functools.partial(fleet_environment, urls=tool_urls))
+    result = run_grpo(
+        load_recipe("tiny_grpo", overrides),
+        rank,
+        world,
+        environment=functools.partial(fleet_environment, urls=tool_urls),
+    )
     assert result.steps == 3, result
 
 
@@ -89,13 +95,15 @@ def services_run(tmp_path_factory):
     model_dir = _served_checkpoint(root, base)
     processes = []
     try:
-        sglang, sglang_url = _start(["-m", "tests.trainer.services", "sglang", str(model_dir), str(root / "r0")],
-                                    root / "r0")
+        sglang, sglang_url = _start(
+            ["-m", "tests.trainer.services", "sglang", str(model_dir), str(root / "r0")], root / "r0"
+        )
         processes.append(sglang)
         tools_a, url_a = _start(["-m", "tests.trainer.services", "tools", str(root / "r1")], root / "r1")
         tools_b, url_b = _start(["-m", "tests.trainer.services", "tools", str(root / "r2")], root / "r2")
-        judge, judge_url = _start(["-m", "osvl.rl.loopback_judge", "--port", "0", "--ready-file", str(root / "r3")],
-                                  root / "r3")
+        judge, judge_url = _start(
+            ["-m", "osvl.rl.loopback_judge", "--port", "0", "--ready-file", str(root / "r3")], root / "r3"
+        )
         processes += [tools_a, tools_b, judge]
         httpx.post(judge_url.removesuffix("/v1") + "/admin/outage", json={"status": 503, "match": OUTAGE}, timeout=10)
         killed = threading.Event()
@@ -111,9 +119,16 @@ def services_run(tmp_path_factory):
 
         threading.Thread(target=kill_after_first_step, daemon=True).start()
         overrides = base + [
-            "rollout.engine=sglang", f'rollout.sglang_urls=["{sglang_url}"]', "rollout.max_logprob_diff=1e-4",
-            "judges.accuracy=llm", "judges.query=llm", f"judges.url={judge_url}", "judges.model=loopback-judge",
-            "judges.max_attempts=2", "judges.timeout_s=30"]
+            "rollout.engine=sglang",
+            f'rollout.sglang_urls=["{sglang_url}"]',
+            "rollout.max_logprob_diff=1e-4",
+            "judges.accuracy=llm",
+            "judges.query=llm",
+            f"judges.url={judge_url}",
+            "judges.model=loopback-judge",
+            "judges.max_attempts=2",
+            "judges.timeout_s=30",
+        ]
         run_ranks(services_body, 2, overrides, (url_a, url_b))
         info = httpx.get(f"{sglang_url}/get_model_info", timeout=10).json()
         yield root, info, killed.is_set()
@@ -143,16 +158,25 @@ def test_a_judge_outage_leaves_samples_unscored_never_zero(services_run):
     root, _, _ = services_run
     recorder = RolloutRecorder(root / "run" / "rollouts")
     trajectories = [t for step in (1, 2, 3) for t in recorder.read(step)]
-    hit = [t for t in trajectories if OUTAGE in t.prompt.question and t.steps and t.reward.unscored_reason != "infra_error"]
-    spared = [t for t in trajectories if OUTAGE not in t.prompt.question and t.steps
-              and t.reward.unscored_reason != "infra_error"]
+    hit = [
+        t for t in trajectories if OUTAGE in t.prompt.question and t.steps and t.reward.unscored_reason != "infra_error"
+    ]
+    spared = [
+        t
+        for t in trajectories
+        if OUTAGE not in t.prompt.question and t.steps and t.reward.unscored_reason != "infra_error"
+    ]
     assert hit and spared
-    assert all(t.reward.total is None and "http_503" in t.reward.unscored_reason for t in hit
-               if not (t.fatal_step >= 0 or t.final_answer is None))  # fatal/unanswered: r_acc = 0 by rule
+    assert all(
+        t.reward.total is None and "http_503" in t.reward.unscored_reason
+        for t in hit
+        if not (t.fatal_step >= 0 or t.final_answer is None)
+    )  # fatal/unanswered: r_acc = 0 by rule
     assert all(t.reward.total is not None for t in spared if t.reward.unscored_reason is None)
     metrics = read_metrics(root / "run")
-    assert sum(m["unscored"] for m in metrics) == sum(t.reward.total is None and t.reward.unscored_reason != "infra_error"
-                                                      for t in trajectories)
+    assert sum(m["unscored"] for m in metrics) == sum(
+        t.reward.total is None and t.reward.unscored_reason != "infra_error" for t in trajectories
+    )
     assert all(m["judge_requests"] > 0 and m["judge_p99_s"] >= m["judge_p50_s"] >= 0 for m in metrics)
 
 
@@ -180,8 +204,13 @@ def sync_paths_body(rank: int, world: int, overrides: list[str], disk_url: str, 
     model = build_policy(recipe, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special), world)
     with asyncio.Runner() as runner:
         DiskSync(SGLangEngine(SGLangConfig((disk_url,))), weights, torch.float32, runner.run).sync(model, 5)
-        broadcast = DistributedSync(SGLangEngine(SGLangConfig((dist_url,))), torch.float32, runner.run,
-                                    bucket_bytes=1 << 16, master_address="127.0.0.1")
+        broadcast = DistributedSync(
+            SGLangEngine(SGLangConfig((dist_url,))),
+            torch.float32,
+            runner.run,
+            bucket_bytes=1 << 16,
+            master_address="127.0.0.1",
+        )
         broadcast.sync(model, 5)
         broadcast.close()
 

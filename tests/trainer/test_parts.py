@@ -65,11 +65,22 @@ def test_sft_loss_bf16_inputs_accumulate_in_fp32():
 
 def test_sft_loss_bad_shapes():
     with pytest.raises(ValueError, match="must share D"):
-        sft_loss(torch.zeros(3, 4), torch.zeros(5, 6), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool), 1)
+        sft_loss(
+            torch.zeros(3, 4), torch.zeros(5, 6), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool), 1
+        )
     with pytest.raises(ValueError, match="target_ids and loss_mask must be"):
-        sft_loss(torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(2, dtype=torch.long), torch.ones(3, dtype=torch.bool), 1)
+        sft_loss(
+            torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(2, dtype=torch.long), torch.ones(3, dtype=torch.bool), 1
+        )
     with pytest.raises(ValueError, match="chunk must be >= 1"):
-        sft_loss(torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool), 1, chunk=0)
+        sft_loss(
+            torch.zeros(3, 4),
+            torch.zeros(5, 4),
+            torch.zeros(3, dtype=torch.long),
+            torch.ones(3, dtype=torch.bool),
+            1,
+            chunk=0,
+        )
 
 
 def test_lr_schedule_warmup_then_cosine():
@@ -124,7 +135,7 @@ def test_vision_filler_adds_a_lossless_document(tmp_path):
     batch = pack_microbatch([seq], renderer.image_config, tokenizer.special)
     filled = with_vision_filler(batch, renderer.image_config, tokenizer.special)
     assert filled.cu_seqlens.tolist() == batch.cu_seqlens.tolist() + [batch.num_tokens + 3]
-    assert filled.loss_mask[batch.num_tokens:].sum() == 0 and filled.loss_mask.sum() == batch.loss_mask.sum()
+    assert filled.loss_mask[batch.num_tokens :].sum() == 0 and filled.loss_mask.sum() == batch.loss_mask.sum()
     assert int((filled.input_ids == tokenizer.special.image_pad).sum()) == 1
     assert filled.pixel_values.shape == (4, 3 * 2 * 8 * 8)
     assert with_vision_filler(filled, renderer.image_config, tokenizer.special) is filled
@@ -132,8 +143,9 @@ def test_vision_filler_adds_a_lossless_document(tmp_path):
 
 def test_metrics_jsonl_and_progress_line(tmp_path):
     out = io.StringIO()
-    writer = MetricsWriter(tmp_path, enabled=True, tensorboard=True, console=True, header={"job": {"name": "x"}},
-                           stream=out)
+    writer = MetricsWriter(
+        tmp_path, enabled=True, tensorboard=True, console=True, header={"job": {"name": "x"}}, stream=out
+    )
     writer.log(1, 4, {"loss": 2.5, "lr": 1e-3})
     writer.log(2, 4, {"loss": 2.0, "lr": 1e-3})
     writer.close()
@@ -163,7 +175,7 @@ def test_dry_run_says_what_would_make_a_plan_fit():
     lines = dry_run(load_recipe("grpo_32b", ["parallel.cpu_offload=false"]))
     verdict = next(line for line in lines if line.startswith("fits:"))
     assert verdict.startswith("fits: NO")
-    advice = "\n".join(lines[lines.index(verdict) + 1:])
+    advice = "\n".join(lines[lines.index(verdict) + 1 :])
     assert "with parallel.cpu_offload=true" in advice and "(fits)" in advice
     budget = int(advice.split("data.max_tokens <= ")[1].split()[0])
     assert 0 < budget < 74576

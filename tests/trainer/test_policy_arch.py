@@ -20,8 +20,12 @@ def test_cpu_sizes_build_a_model_of_their_shape(size):
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
     text = arch.text
     hidden, heads, kv_heads, head_dim, intermediate = CPU_SIZES[size]
-    assert (text.hidden_size, text.num_attention_heads, text.num_key_value_heads, text.head_dim) == \
-        (hidden, heads, kv_heads, head_dim)
+    assert (text.hidden_size, text.num_attention_heads, text.num_key_value_heads, text.head_dim) == (
+        hidden,
+        heads,
+        kv_heads,
+        head_dim,
+    )
     assert text.intermediate_size == intermediate and text.num_hidden_layers == 2
     assert sum(text.mrope_section) == head_dim // 2 and arch.vision.out_hidden_size == hidden
     assert text.vocab_size == tokenizer.vocab_size and arch.image_token_id == tokenizer.special.image_pad

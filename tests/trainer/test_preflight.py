@@ -114,5 +114,3 @@ def test_the_dry_run_refuses_what_the_stage_refuses():
     assert str(stage.value) == str(dry.value) and "tools.config_file" in str(dry.value)
     lines = "\n".join(dry_run(load_recipe("grpo_8b")))
     assert "serving: 1 SGLang server(s) x TP 4" in lines and "weight sync:" in lines and "fits:" in lines
-
-

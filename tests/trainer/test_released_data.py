@@ -54,8 +54,13 @@ def write_sharegpt(directory: Path, image_dir: Path) -> Path:
         write_png(image_dir / f"c{i}.png", rgb(16, 16, seed=10 + i))
     no_system = dict(release_record("q2.png", "c2.png"), system="")
     missing = release_record("q0.png", "gone.png")
-    records = [release_record("q0.png", "c0.png"), function_call_record(), release_record("q1.png", "c1.png"),
-               no_system, missing]
+    records = [
+        release_record("q0.png", "c0.png"),
+        function_call_record(),
+        release_record("q1.png", "c1.png"),
+        no_system,
+        missing,
+    ]
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "searchvl_sft.json"
     path.write_text(json.dumps(records, indent=1))
@@ -78,13 +83,17 @@ def renderer_for(tok: Path) -> ChatRenderer:
 
 # --- recipe keys -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides, message", [
-    (["data.format=llama_factory"], "data.format: 'llama_factory' is not one of"),
-    (["data.format=verl_parquet"], "the sft stage reads"),
-    (["data.format=osvl", "data.image_root=/images"], "image_root applies to the sharegpt format only"),
-    (["tools.profile=openai"], "tools.profile: 'openai' is not one of"),
-    (["tools.python_interpreter=1"], "tools.python_interpreter: expected true or false"),
-])
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.format=llama_factory"], "data.format: 'llama_factory' is not one of"),
+        (["data.format=verl_parquet"], "the sft stage reads"),
+        (["data.format=osvl", "data.image_root=/images"], "image_root applies to the sharegpt format only"),
+        (["tools.profile=openai"], "tools.profile: 'openai' is not one of"),
+        (["tools.python_interpreter=1"], "tools.python_interpreter: expected true or false"),
+    ],
+)
 def test_new_recipe_keys_reject_bad_values(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         load_recipe("tiny_sft", overrides)
@@ -97,10 +106,21 @@ def test_new_recipe_keys_validate_in_typed_configs():
         DataConfig(format="csv")
     with pytest.raises(ValueError, match="profile must be one of"):
         ToolsConfig(profile="gpt")
-    recipe = load_recipe("tiny_sft", ["data.format=sharegpt", "data.image_root=/data/images",
-                                      "data.system_prompt=prompts/system.txt", "tools.profile=release"])
+    recipe = load_recipe(
+        "tiny_sft",
+        [
+            "data.format=sharegpt",
+            "data.image_root=/data/images",
+            "data.system_prompt=prompts/system.txt",
+            "tools.profile=release",
+        ],
+    )
     assert (recipe.data.format, recipe.data.image_root, recipe.data.system_prompt, recipe.tools.profile) == (
-        "sharegpt", "/data/images", "prompts/system.txt", "release")
+        "sharegpt",
+        "/data/images",
+        "prompts/system.txt",
+        "release",
+    )
     assert load_recipe("tiny_grpo", ["data.format=verl_parquet"]).data.format == "verl_parquet"
     assert load_recipe("tiny_sft").data.format == "auto" and not load_recipe("tiny_sft").tools.python_interpreter
 
@@ -115,6 +135,7 @@ def test_system_prompt_file_is_read_or_refused(tmp_path):
 
 
 # --- SFT on ShareGPT ---------------------------------------------------------------------------
+
 
 def test_formats_are_detected(released, tmp_path):
     root, _, sharegpt, _ = released
@@ -184,9 +205,18 @@ def changed_keys(initial: dict, trained: dict) -> set[str]:
 
 def test_sft_stage_trains_on_sharegpt(released, tmp_path):
     _, tok, sharegpt, _ = released
-    recipe = load_recipe("tiny_sft", [f"data.tokenizer={tok}", f"data.train_path={sharegpt}",
-                                      f"job.run_dir={tmp_path / 'run'}", "sft.global_batch=4", "sft.max_steps=1",
-                                      "scheduler.warmup_ratio=0.0", *QUIET])
+    recipe = load_recipe(
+        "tiny_sft",
+        [
+            f"data.tokenizer={tok}",
+            f"data.train_path={sharegpt}",
+            f"job.run_dir={tmp_path / 'run'}",
+            "sft.global_batch=4",
+            "sft.max_steps=1",
+            "scheduler.warmup_ratio=0.0",
+            *QUIET,
+        ],
+    )
     result = run_sft(recipe)
     assert result.steps == 1 and math.isfinite(result.final_loss) and result.final_loss > 0
     assert all(math.isfinite(m["loss"]) for m in read_metrics(tmp_path / "run"))
@@ -201,6 +231,7 @@ def test_sft_stage_trains_on_sharegpt(released, tmp_path):
 
 # --- a released-style HF directory as model.pretrained ------------------------------------------
 
+
 def write_released_dir(root: Path, tok: Path, preprocessor: dict) -> Path:
     base = load_recipe("tiny_sft", [f"data.tokenizer={tok}"])
     tokenizer = load_tokenizer(tok)
@@ -211,18 +242,32 @@ def write_released_dir(root: Path, tok: Path, preprocessor: dict) -> Path:
     return root
 
 
-PREPROCESSOR = {"patch_size": 8, "temporal_patch_size": 2, "merge_size": 2,
-                "size": {"shortest_edge": 2048, "longest_edge": 12288},
-                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+PREPROCESSOR = {
+    "patch_size": 8,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "size": {"shortest_edge": 2048, "longest_edge": 12288},
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
 
 
 def test_released_dir_supplies_tokenizer_and_image_processor(released, tmp_path):
     _, tok, sharegpt, _ = released
     checkpoint = write_released_dir(tmp_path / "OpenSearch-VL-tiny", tok, PREPROCESSOR)
-    recipe = load_recipe("tiny_sft", [f"model.pretrained={checkpoint}", "data.tokenizer=",
-                                      f"data.train_path={sharegpt}", f"job.run_dir={tmp_path / 'run'}",
-                                      "sft.global_batch=2", "sft.max_steps=1", "scheduler.warmup_ratio=0.0",
-                                      *QUIET])
+    recipe = load_recipe(
+        "tiny_sft",
+        [
+            f"model.pretrained={checkpoint}",
+            "data.tokenizer=",
+            f"data.train_path={sharegpt}",
+            f"job.run_dir={tmp_path / 'run'}",
+            "sft.global_batch=2",
+            "sft.max_steps=1",
+            "scheduler.warmup_ratio=0.0",
+            *QUIET,
+        ],
+    )
     assert recipe.data.tokenizer == "" and (recipe.data.min_pixels, recipe.data.max_pixels) == (1024, 16384)
     tokenizer = load_tokenizer(recipe.data.tokenizer or recipe.model.pretrained)
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
@@ -234,8 +279,7 @@ def test_released_dir_supplies_tokenizer_and_image_processor(released, tmp_path)
 
     result = run_sft(recipe)
     assert result.steps == 1 and math.isfinite(result.final_loss)
-    changed = changed_keys(read_hf_tensors(checkpoint),
-                           read_hf_tensors(tmp_path / "run" / "hf"))
+    changed = changed_keys(read_hf_tensors(checkpoint), read_hf_tensors(tmp_path / "run" / "hf"))
     assert any(k.startswith("model.language_model") for k in changed)
 
 
@@ -261,11 +305,16 @@ WORDS = ["amber", "birch", "cobalt"]
 
 
 def write_verl_parquet(path: Path) -> Path:
-    rows = [{"data_source": "searchvl",
-             "prompt": [{"role": "user", "content": f"<image>The code word is {word}. What is it?"}],
-             "images": [{"bytes": png_bytes(rgb(40, 48, seed=i)), "path": f"{i}.png"}],
-             "reward_model": {"style": "rule", "ground_truth": [word]}, "extra_info": {"index": f"rl{i}"}}
-            for i, word in enumerate(WORDS[:2])]
+    rows = [
+        {
+            "data_source": "searchvl",
+            "prompt": [{"role": "user", "content": f"<image>The code word is {word}. What is it?"}],
+            "images": [{"bytes": png_bytes(rgb(40, 48, seed=i)), "path": f"{i}.png"}],
+            "reward_model": {"style": "rule", "ground_truth": [word]},
+            "extra_info": {"index": f"rl{i}"},
+        }
+        for i, word in enumerate(WORDS[:2])
+    ]
     rows.append(dict(rows[0], reward_model={"style": "rule", "ground_truth": None}))  # rejected: no answer
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
@@ -286,7 +335,9 @@ def release_policy(local: LocalEngine) -> ReplayEngine:
         text = tok.decode(request.input_ids, skip_special_tokens=False)
         word = re.search(r"code word is (\w+)", text).group(1)
         seed = request.sampling.seed
-        if text.count("<|im_start|>assistant") <= 1:  # the first turn (the release schema's prompt mentions </tool_call>)
+        if (
+            text.count("<|im_start|>assistant") <= 1
+        ):  # the first turn (the release schema's prompt mentions </tool_call>)
             call = RELEASE_CALLS[seed % 3]
             out = f"<think>check</think>\n<tool_call>\n{call}\n</tool_call>"
         else:
@@ -308,14 +359,32 @@ def test_grpo_stage_runs_verl_parquet_with_release_tools(released, world_dir, tm
     parquet = write_verl_parquet(tmp_path / "searchvl_rl.parquet")
     stats = FileStats(str(parquet))
     assert [p.id for p in load_prompts(DataConfig(train_path=str(parquet), format="verl_parquet"), stats)] == [
-        "rl0", "rl1"]
+        "rl0",
+        "rl1",
+    ]
     assert dict(stats.rejected) == {"no answer": 1}
     run = tmp_path / "run"
-    recipe = load_recipe("tiny_grpo", [
-        f"data.tokenizer={tok}", f"data.train_path={parquet}", f"job.run_dir={run}", "model.pretrained=",
-        f"tools.world_dir={world_dir}", "tools.profile=release", "tools.fault_rate=0.0", "tools.workers=1",
-        "grpo.max_steps=1", "grpo.batch_prompts=2", "grpo.mini_batch_prompts=2", "grpo.group_size=4",
-        "grpo.max_response_tokens=96", "grpo.max_prompt_tokens=4096", "rollout.max_turns=3", *QUIET])
+    recipe = load_recipe(
+        "tiny_grpo",
+        [
+            f"data.tokenizer={tok}",
+            f"data.train_path={parquet}",
+            f"job.run_dir={run}",
+            "model.pretrained=",
+            f"tools.world_dir={world_dir}",
+            "tools.profile=release",
+            "tools.fault_rate=0.0",
+            "tools.workers=1",
+            "grpo.max_steps=1",
+            "grpo.batch_prompts=2",
+            "grpo.mini_batch_prompts=2",
+            "grpo.group_size=4",
+            "grpo.max_response_tokens=96",
+            "grpo.max_prompt_tokens=4096",
+            "rollout.max_turns=3",
+            *QUIET,
+        ],
+    )
     result = run_grpo(recipe, engine_wrapper=release_policy)
     assert result.steps == 1 and math.isfinite(result.final_loss)
 
@@ -335,8 +404,7 @@ def test_grpo_stage_runs_verl_parquet_with_release_tools(released, world_dir, tm
     metrics = read_metrics(run)[0]
     assert math.isfinite(metrics["loss"]) and 0 < metrics["accuracy"] < 1
     initial = read_hf_tensors(write_initial(recipe, tok, tmp_path / "init"))
-    assert any(k.startswith("model.language_model") for k in changed_keys(
-        initial, read_hf_tensors(run / "hf")))
+    assert any(k.startswith("model.language_model") for k in changed_keys(initial, read_hf_tensors(run / "hf")))
 
 
 def write_initial(recipe, tok: Path, path: Path) -> Path:
@@ -349,8 +417,10 @@ def write_initial(recipe, tok: Path, path: Path) -> Path:
 def test_release_renderer_shows_the_release_schema(released):
     _, tok, _, prompt_file = released
     tokenizer = load_tokenizer(tok)
-    recipe = load_recipe("tiny_grpo", [f"data.tokenizer={tok}", "model.pretrained=", "tools.profile=release",
-                                       f"data.system_prompt={prompt_file}"])
+    recipe = load_recipe(
+        "tiny_grpo",
+        [f"data.tokenizer={tok}", "model.pretrained=", "tools.profile=release", f"data.system_prompt={prompt_file}"],
+    )
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
     system = policy_renderer(recipe, tokenizer, arch).system
     assert system.startswith(f"<|im_start|>system\n{OWN_PROMPT}\n\n")
@@ -358,11 +428,14 @@ def test_release_renderer_shows_the_release_schema(released):
     assert names == [t["function"]["name"] for t in tool_profile("release").tool_schemas()]
     assert {"web_search", "layout_parsing", "visit"} <= set(names) and "ocr" not in names
     assert "python_interpreter" not in names  # off unless tools.python_interpreter = true
-    with_python = load_recipe("tiny_grpo", [f"data.tokenizer={tok}", "model.pretrained=", "tools.profile=release",
-                                            "tools.python_interpreter=true"])
+    with_python = load_recipe(
+        "tiny_grpo",
+        [f"data.tokenizer={tok}", "model.pretrained=", "tools.profile=release", "tools.python_interpreter=true"],
+    )
     assert '"name": "python_interpreter"' in policy_renderer(with_python, tokenizer, arch).system
-    paper = load_recipe("tiny_grpo", [f"data.tokenizer={tok}", "model.pretrained=",
-                                      f"data.system_prompt={prompt_file}"])
+    paper = load_recipe(
+        "tiny_grpo", [f"data.tokenizer={tok}", "model.pretrained=", f"data.system_prompt={prompt_file}"]
+    )
     assert policy_renderer(paper, tokenizer, arch).system == f"<|im_start|>system\n{OWN_PROMPT}<|im_end|>\n"
 
 

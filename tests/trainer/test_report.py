@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from osvl.demo import summary_lines
 from osvl.report import main as report_main
 from osvl.report import render
-from osvl.demo import summary_lines
 from osvl.trainer.metrics import MetricsWriter
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -15,9 +15,19 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def fake_run(path, mode: str, accuracy: list[float]):
     writer = MetricsWriter(path, enabled=True, tensorboard=False, console=False, header={"grpo": {"fatal_mode": mode}})
     for step, acc in enumerate(accuracy, 1):
-        writer.log(step, len(accuracy), {"loss": 1.0 / step, "reward": acc * 0.8, "accuracy": acc,
-                                         "fatal_rate": 0.5 / step, "clamped_frac": 0.9, "time_train_s": 0.1,
-                                         "time_rollout_s": 0.2})
+        writer.log(
+            step,
+            len(accuracy),
+            {
+                "loss": 1.0 / step,
+                "reward": acc * 0.8,
+                "accuracy": acc,
+                "fatal_rate": 0.5 / step,
+                "clamped_frac": 0.9,
+                "time_train_s": 0.1,
+                "time_rollout_s": 0.2,
+            },
+        )
     return path
 
 
@@ -50,5 +60,3 @@ def test_summary_reports_before_and_after_honestly(tmp_path):
     assert "accuracy      before 0.100  after 0.300" in "\n".join(up) and "accuracy improved" in up[-2]
     down = summary_lines(sft, fake_run(tmp_path / "down", "fatal_clamp", [0.5, 0.25]))
     assert "did NOT improve" in down[-2]
-
-

@@ -14,9 +14,9 @@ from osvl.config import load_recipe
 from osvl.rl.trajectory import FinishReason, Prompt, Trajectory
 from osvl.rollout import RolloutRecorder
 from osvl.trainer.checkpoint import MARKER, discard_checkpoints_after
-from osvl.trainer.rng import seed_generators
 from osvl.trainer.metrics import MetricsWriter, read_metrics, truncate_metrics, truncate_tensorboard
 from osvl.trainer.resume import Discarded, Resumption, discard_records_after, recorded_loss, resume_records, step_ranges
+from osvl.trainer.rng import seed_generators
 
 
 def _log(run_dir, steps, loss=lambda s: 1.0 / s, tensorboard=False):
@@ -27,8 +27,9 @@ def _log(run_dir, steps, loss=lambda s: 1.0 / s, tensorboard=False):
 
 
 def _trajectories(n: int, tag: str) -> list[Trajectory]:
-    return [Trajectory(Prompt(id=f"{tag}{i}", question="q", answer="a"), [], FinishReason.MAX_TURNS, i, 0)
-            for i in range(n)]
+    return [
+        Trajectory(Prompt(id=f"{tag}{i}", question="q", answer="a"), [], FinishReason.MAX_TURNS, i, 0) for i in range(n)
+    ]
 
 
 def test_step_ranges():
@@ -113,11 +114,14 @@ def test_discard_records_after_reports_everything_it_cut(tmp_path):
 
 
 def test_resumption_lines(tmp_path):
-    base = dict(run_dir=tmp_path, policy_version=8, total=10, discarded=Discarded(metrics_steps=(5, 6)),
-                final_loss=0.25)
+    base = dict(
+        run_dir=tmp_path, policy_version=8, total=10, discarded=Discarded(metrics_steps=(5, 6)), final_loss=0.25
+    )
     resumed = Resumption(checkpoint=tmp_path / "checkpoints/step_00000004", step=4, **base)
-    assert resumed.line() == (f"resume: {tmp_path}/checkpoints/step_00000004 at step 4 of 10 (policy version 8); "
-                              "discarded after step 4: metrics of steps 5-6")
+    assert resumed.line() == (
+        f"resume: {tmp_path}/checkpoints/step_00000004 at step 4 of 10 (policy version 8); "
+        "discarded after step 4: metrics of steps 5-6"
+    )
     done = Resumption(checkpoint=tmp_path / "c", step=10, **base)
     assert done.finished and "nothing left to train; recorded final loss 0.2500" in done.line()
     fresh = Resumption(checkpoint=None, step=0, **base)

@@ -79,8 +79,9 @@ def test_checkpoints_and_export_layout(two_rank_runs):
 
 def test_bad_data_paths_fail_clearly(tmp_path):
     tok, _ = write_sft_data(tmp_path / "data")
-    recipe = load_recipe("tiny_sft", [f"data.tokenizer={tok}", f"data.train_path={tmp_path}/none.jsonl",
-                                      f"job.run_dir={tmp_path}/run"])
+    recipe = load_recipe(
+        "tiny_sft", [f"data.tokenizer={tok}", f"data.train_path={tmp_path}/none.jsonl", f"job.run_dir={tmp_path}/run"]
+    )
     with pytest.raises(ValueError, match="data.train_path: .* does not exist"):
         run_sft(recipe)
     recipe = load_recipe("tiny_sft", sft_overrides(tmp_path / "data", tmp_path / "run", "sft.global_batch=64"))

@@ -24,8 +24,9 @@ MOE_KEYS = ("moe_aux_loss", "moe_z_loss", "moe_load_cv", "moe_load_cv_max")
 def test_sft_logs_router_losses_and_they_change_the_update(tmp_path):
     runs = {}
     for name, extra in (("with", MOE), ("without", MOE[:1])):
-        recipe = load_recipe("tiny_sft", sft_overrides(tmp_path / "data", tmp_path / name, "sft.max_steps=2", *QUIET,
-                                                       *extra))
+        recipe = load_recipe(
+            "tiny_sft", sft_overrides(tmp_path / "data", tmp_path / name, "sft.max_steps=2", *QUIET, *extra)
+        )
         run_sft(recipe)
         runs[name] = read_metrics(tmp_path / name)
     for metrics in runs.values():
@@ -51,9 +52,19 @@ def test_dense_sft_logs_no_router_metrics(tmp_path):
 
 def test_grpo_validates_on_held_out_prompts_and_logs_router_losses(tmp_path):
     held_out = write_prompts_file(tmp_path / "held_out", n=6)
-    recipe = load_recipe("tiny_grpo", grpo_overrides(tmp_path, tmp_path / "run", *MOE, f"validation.path={held_out}",
-                                                     "validation.every_steps=1", "validation.batch_prompts=4",
-                                                     "validation.samples_per_prompt=2", "checkpoint.export_hf=false"))
+    recipe = load_recipe(
+        "tiny_grpo",
+        grpo_overrides(
+            tmp_path,
+            tmp_path / "run",
+            *MOE,
+            f"validation.path={held_out}",
+            "validation.every_steps=1",
+            "validation.batch_prompts=4",
+            "validation.samples_per_prompt=2",
+            "checkpoint.export_hf=false",
+        ),
+    )
     result = run_grpo(recipe, environment=echo_environment, engine_wrapper=scripted)
     assert result.steps == 2
     metrics = read_metrics(tmp_path / "run")
@@ -68,9 +79,18 @@ def test_grpo_validates_on_held_out_prompts_and_logs_router_losses(tmp_path):
 
 def test_validation_runs_at_its_cadence_and_at_the_last_step(tmp_path):
     held_out = write_prompts_file(tmp_path / "held_out", n=2)
-    recipe = load_recipe("tiny_grpo", grpo_overrides(tmp_path, tmp_path / "run", f"validation.path={held_out}",
-                                                     "validation.every_steps=2", "grpo.max_steps=3",
-                                                     "checkpoint.export_hf=false", "metrics.log_every=5"))
+    recipe = load_recipe(
+        "tiny_grpo",
+        grpo_overrides(
+            tmp_path,
+            tmp_path / "run",
+            f"validation.path={held_out}",
+            "validation.every_steps=2",
+            "grpo.max_steps=3",
+            "checkpoint.export_hf=false",
+            "metrics.log_every=5",
+        ),
+    )
     run_grpo(recipe, environment=echo_environment, engine_wrapper=scripted)
     metrics = read_metrics(tmp_path / "run")
     assert [m["step"] for m in metrics] == [2, 3]  # logged because they validated (log_every is 5)
@@ -94,8 +114,19 @@ def test_validation_refuses_a_missing_file_and_the_sft_stage(tmp_path):
 
 
 def test_summary_means_divide_reward_parts_by_scored_and_the_rest_by_all():
-    sums = {"trajectories": 4.0, "scored": 2.0, "accuracy": 1.0, "reward": 1.5, "reward_fmt": 2.0, "answered": 3.0,
-            "grounded": 1.0, "fatal_rate": 2.0, "turns_mean": 8.0, "tool_calls": 6.0, "no_tool_answers": 1.0}
+    sums = {
+        "trajectories": 4.0,
+        "scored": 2.0,
+        "accuracy": 1.0,
+        "reward": 1.5,
+        "reward_fmt": 2.0,
+        "answered": 3.0,
+        "grounded": 1.0,
+        "fatal_rate": 2.0,
+        "turns_mean": 8.0,
+        "tool_calls": 6.0,
+        "no_tool_answers": 1.0,
+    }
     means = summary_means(sums)
     assert means["accuracy"] == 0.5 and means["reward"] == 0.75 and means["answered"] == 0.75
     assert means["turns_mean"] == 2.0 and summary_means(summary_sums([]))["accuracy"] == 0.0

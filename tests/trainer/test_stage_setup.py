@@ -83,8 +83,9 @@ def test_resume_refuses_a_checkpoint_of_another_world_size(tmp_path):
 
 
 def test_stage_metrics_writes_the_recipe_header_on_rank_zero_only(tmp_path):
-    recipe = load_recipe("tiny_sft", [f"job.run_dir={tmp_path / 'run'}", "metrics.console=false",
-                                      "metrics.tensorboard=false"])
+    recipe = load_recipe(
+        "tiny_sft", [f"job.run_dir={tmp_path / 'run'}", "metrics.console=false", "metrics.tensorboard=false"]
+    )
     silent = stage_metrics(recipe, rank=1)
     silent.log(1, 2, {"loss": 1.0})
     assert not (tmp_path / "run").exists()
@@ -92,7 +93,9 @@ def test_stage_metrics_writes_the_recipe_header_on_rank_zero_only(tmp_path):
     writer.log(1, 2, {"loss": 1.5})
     writer.close()
     header = json.loads((tmp_path / "run" / "recipe.json").read_text())
-    assert header["job"]["run_dir"] == str(tmp_path / "run") and header["sft"]["global_batch"] == recipe.sft.global_batch
+    assert (
+        header["job"]["run_dir"] == str(tmp_path / "run") and header["sft"]["global_batch"] == recipe.sft.global_batch
+    )
     assert read_metrics(tmp_path / "run") == [{"step": 1, "loss": 1.5}]
 
 
@@ -101,11 +104,22 @@ def test_rollout_configs_follow_the_recipe():
     g, r = recipe.grpo, recipe.rollout
     agent, workers = rollout_configs(recipe)
     assert (agent.max_turns, agent.max_total_tokens, agent.fatal.k) == (
-        r.max_turns, g.max_prompt_tokens + g.max_response_tokens, g.fatal_k)
+        r.max_turns,
+        g.max_prompt_tokens + g.max_response_tokens,
+        g.fatal_k,
+    )
     assert (agent.sampling.temperature, agent.sampling.top_p, agent.sampling.max_new_tokens) == (
-        g.temperature, 0.9, g.max_response_tokens)
-    assert (workers.group_size, workers.max_in_flight, workers.trajectory_deadline_s, workers.max_retries,
-            workers.base_seed) == (g.group_size, r.max_in_flight, r.trajectory_deadline_s, 2, recipe.job.seed)
+        g.temperature,
+        0.9,
+        g.max_response_tokens,
+    )
+    assert (
+        workers.group_size,
+        workers.max_in_flight,
+        workers.trajectory_deadline_s,
+        workers.max_retries,
+        workers.base_seed,
+    ) == (g.group_size, r.max_in_flight, r.trajectory_deadline_s, 2, recipe.job.seed)
 
 
 def test_reward_scoring_follows_the_recipe():
@@ -122,6 +136,13 @@ def test_greedy_evaluation_rollouts_differ_only_where_asked():
     assert (agent.sampling.temperature, agent.sampling.top_p) == (0.0, 1.0)
     assert (workers.group_size, workers.max_retries) == (1, 0)
     assert (agent.max_turns, agent.max_total_tokens, agent.fatal, agent.sampling.max_new_tokens) == (
-        train_agent.max_turns, train_agent.max_total_tokens, train_agent.fatal, train_agent.sampling.max_new_tokens)
+        train_agent.max_turns,
+        train_agent.max_total_tokens,
+        train_agent.fatal,
+        train_agent.sampling.max_new_tokens,
+    )
     assert (workers.max_in_flight, workers.trajectory_deadline_s, workers.base_seed) == (
-        train_workers.max_in_flight, train_workers.trajectory_deadline_s, train_workers.base_seed)
+        train_workers.max_in_flight,
+        train_workers.trajectory_deadline_s,
+        train_workers.base_seed,
+    )

@@ -19,8 +19,11 @@ from osvl.trainer import read_metrics, run_sft
 from osvl.trainer.policy import build_policy, policy_arch, policy_renderer
 from osvl.trainer.sft_data import load_sft_sequences
 
-DOCS = [f"[Passage 1] Bridge {i}\nSummary: Its length in metres is {100 + 7 * i}.\n\nQ: What is the length in metres "
-        f"of Bridge {i}?\nA: {100 + 7 * i}" for i in range(12)]
+DOCS = [
+    f"[Passage 1] Bridge {i}\nSummary: Its length in metres is {100 + 7 * i}.\n\nQ: What is the length in metres "
+    f"of Bridge {i}?\nA: {100 + 7 * i}"
+    for i in range(12)
+]
 QUIET = ["metrics.console=false", "metrics.tensorboard=false", "checkpoint.every_steps=0"]
 
 
@@ -50,7 +53,7 @@ def test_windows_cover_the_document_and_end_with_endoftext(corpus):
     whole = text_windows(DOCS[0], tokenizer, 4096)
     assert len(whole) == 1 and whole[0].tolist() == ids
     cut = text_windows(DOCS[0], tokenizer, 7)
-    assert np.concatenate(cut).tolist()[:len(ids) - len(ids) % 7 or len(ids)] == ids[:len(np.concatenate(cut))]
+    assert np.concatenate(cut).tolist()[: len(ids) - len(ids) % 7 or len(ids)] == ids[: len(np.concatenate(cut))]
     assert all(2 <= len(w) <= 7 for w in cut) and sum(map(len, cut)) >= len(ids) - 1
     with pytest.raises(ValueError, match="max_tokens must be >= 2"):
         text_windows(DOCS[0], tokenizer, 1)
@@ -80,12 +83,24 @@ def test_format_is_detected_and_only_sft_reads_it(corpus, tmp_path):
 
 def test_sft_stage_pretrains_on_text(corpus, tmp_path):
     tok_path, path = corpus
-    recipe = load_recipe("tiny_base", [f"data.tokenizer={tok_path}", f"data.train_path={path}",
-                                       f"job.run_dir={tmp_path / 'run'}", "sft.global_batch=4", "sft.epochs=2",
-                                       "metrics.log_every=1", *QUIET])
+    recipe = load_recipe(
+        "tiny_base",
+        [
+            f"data.tokenizer={tok_path}",
+            f"data.train_path={path}",
+            f"job.run_dir={tmp_path / 'run'}",
+            "sft.global_batch=4",
+            "sft.epochs=2",
+            "metrics.log_every=1",
+            *QUIET,
+        ],
+    )
     tokenizer = load_tokenizer(tok_path)
-    save_pretrained(build_policy(recipe, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special), 1),
-                    tmp_path / "init", dtype=torch.float32)
+    save_pretrained(
+        build_policy(recipe, policy_arch(recipe, tokenizer.vocab_size, tokenizer.special), 1),
+        tmp_path / "init",
+        dtype=torch.float32,
+    )
     result = run_sft(recipe)
     losses = [m["loss"] for m in read_metrics(tmp_path / "run")]
     assert result.steps == 6 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]

@@ -110,9 +110,13 @@ def test_failures_are_never_converted_and_the_extremes_hold():
 def test_the_draw_depends_on_every_part_of_the_identity_and_the_seed():
     base = fault_draw(5, CallIdentity(1, 2, 3))
     assert base == fault_draw(5, CallIdentity(1, 2, 3))
-    others = [fault_draw(6, CallIdentity(1, 2, 3)), fault_draw(5, CallIdentity(0, 2, 3)),
-              fault_draw(5, CallIdentity(1, 0, 3)), fault_draw(5, CallIdentity(1, 2, 0)),
-              fault_draw(5, CallIdentity(12, 3, 3))]  # no collision from joining the numbers
+    others = [
+        fault_draw(6, CallIdentity(1, 2, 3)),
+        fault_draw(5, CallIdentity(0, 2, 3)),
+        fault_draw(5, CallIdentity(1, 0, 3)),
+        fault_draw(5, CallIdentity(1, 2, 0)),
+        fault_draw(5, CallIdentity(12, 3, 3)),
+    ]  # no collision from joining the numbers
     assert base not in others and len(set(others)) == len(others)
 
 
@@ -134,7 +138,10 @@ def test_bad_rates_are_rejected(rate):
 
 def test_step_faults_reseed_by_step_and_rank_not_history():
     env = ToolEnvironment(registry=None, pool=FaultInjectingRunner(DelayedRunner({}), 0.5, seed=0))
-    decisions = lambda e: [fault_draw(e.pool.seed, c) < e.pool.rate for c in CALLS]
+
+    def decisions(e):
+        return [fault_draw(e.pool.seed, c) < e.pool.rate for c in CALLS]
+
     first = step_faults(env, seed=0, step=3, rank=0)
     assert first.pool.runner is env.pool.runner and first.pool.rate == 0.5 and first is not env
     assert decisions(step_faults(env, seed=0, step=3, rank=0)) == decisions(first)  # a resumed run at step 3
@@ -161,7 +168,8 @@ def test_outages_hit_the_configured_share_of_rollouts_from_a_uniform_start_to_th
     assert [model.window(7, g, s) for g, s in ROLLOUTS] == windows  # a rerun or a resume meets the same outages
     assert [model.window(8, g, s) for g, s in ROLLOUTS] != windows
     assert OutageModel(rate=0.0).window(7, 0, 0) is None and all(
-        OutageModel(rate=1.0).window(7, g, s) is not None for g, s in ROLLOUTS[:50])
+        OutageModel(rate=1.0).window(7, g, s) is not None for g, s in ROLLOUTS[:50]
+    )
 
 
 def test_outage_durations_are_geometric_with_the_configured_mean():
@@ -170,8 +178,11 @@ def test_outage_durations_are_geometric_with_the_configured_mean():
     assert min(durations) == 1 and abs(sum(durations) / len(durations) - 3.0) < 0.15
     share_one = durations.count(1) / len(durations)
     assert abs(share_one - 1 / 3) < 0.03  # P(D = 1) = 1 / mean
-    assert {OutageModel(rate=1.0, mean_turns=1.0).window(1, g, 0)[1] - OutageModel(rate=1.0, mean_turns=1.0).window(
-        1, g, 0)[0] for g in range(50)} == {1}
+    assert {
+        OutageModel(rate=1.0, mean_turns=1.0).window(1, g, 0)[1]
+        - OutageModel(rate=1.0, mean_turns=1.0).window(1, g, 0)[0]
+        for g in range(50)
+    } == {1}
 
 
 def test_an_outage_answers_every_call_to_the_down_tools_in_its_window_without_running_them():
@@ -224,25 +235,37 @@ def test_step_faults_keep_the_outage_model():
     env = ToolEnvironment(registry=None, pool=FaultInjectingRunner(DelayedRunner({}), 0.0, seed=0, outages=model))
     stepped = step_faults(env, seed=0, step=5, rank=0)
     assert stepped.pool.outages is model and stepped.pool.seed != env.pool.seed
-    windows = lambda e: [e.pool.outages.window(e.pool.seed, g, s) for g, s in ROLLOUTS[:64]]
+
+    def windows(e):
+        return [e.pool.outages.window(e.pool.seed, g, s) for g, s in ROLLOUTS[:64]]
+
     assert windows(step_faults(env, seed=0, step=5, rank=0)) == windows(stepped)  # resumed at step 5
     assert windows(step_faults(env, seed=0, step=6, rank=0)) != windows(stepped)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"rate": 1.2}, "outage rate"), ({"start_turns": 0}, "start_turns"), ({"mean_turns": 0.5}, "mean_turns"),
-    ({"rate": 0.1, "tools": ()}, "tools whose back-end"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rate": 1.2}, "outage rate"),
+        ({"start_turns": 0}, "start_turns"),
+        ({"mean_turns": 0.5}, "mean_turns"),
+        ({"rate": 0.1, "tools": ()}, "tools whose back-end"),
+    ],
+)
 def test_bad_outage_models_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         OutageModel(**kwargs)
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("tools.outage_rate=-0.1", "tools: outage_rate"), ("tools.outage_mean_turns=0.5", "tools: outage_mean_turns"),
-    ("tools.outage_start_turns=0", "tools: outage_start_turns"),
-    ("tools.outage_tools=[]", "tools: outage_rate > 0 needs outage_tools"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("tools.outage_rate=-0.1", "tools: outage_rate"),
+        ("tools.outage_mean_turns=0.5", "tools: outage_mean_turns"),
+        ("tools.outage_start_turns=0", "tools: outage_start_turns"),
+        ("tools.outage_tools=[]", "tools: outage_rate > 0 needs outage_tools"),
+    ],
+)
 def test_bad_outage_recipes_name_the_key(override, message):
     extra = ["tools.outage_rate=0.2"] if "outage_tools" in override else []
     with pytest.raises(ValueError, match=message):
@@ -250,6 +273,7 @@ def test_bad_outage_recipes_name_the_key(override, message):
 
 
 def test_the_recipe_builds_the_outage_model():
-    recipe = load_recipe("tiny_grpo", ["tools.outage_rate=0.3", "tools.outage_mean_turns=2",
-                                       "tools.outage_tools=[\"text_search\"]"])
+    recipe = load_recipe(
+        "tiny_grpo", ["tools.outage_rate=0.3", "tools.outage_mean_turns=2", 'tools.outage_tools=["text_search"]']
+    )
     assert recipe_outages(recipe) == OutageModel(rate=0.3, start_turns=4, mean_turns=2.0, tools=("text_search",))

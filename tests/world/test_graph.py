@@ -19,10 +19,11 @@ from osvl.world.wikipedia import convert_wikiextractor, parse_links
 
 
 def test_pages_round_trip_through_jsonl(tmp_path):
-    pages = [Page(id="A", title="A", domain="Person", infobox={"born": "1900"},
-                  links=[Link("B_redirect", "spouse", "Bee")]),
-             Page(id="B", title="B", domain="Person", aliases=["Bee"]),
-             Page(id="B_redirect", title="B redirect", redirect="B")]
+    pages = [
+        Page(id="A", title="A", domain="Person", infobox={"born": "1900"}, links=[Link("B_redirect", "spouse", "Bee")]),
+        Page(id="B", title="B", domain="Person", aliases=["Bee"]),
+        Page(id="B_redirect", title="B redirect", redirect="B"),
+    ]
     path = tmp_path / "graph.jsonl"
     assert write_pages(path, pages) == 3
     loaded = Graph.load(path)
@@ -61,31 +62,51 @@ def test_namespaces_and_ids():
 
 
 def test_parse_links_strips_markup():
-    text, links = parse_links('Run by <a href="Steve%20Irwin">the Crocodile Hunter</a> in '
-                              '<a href="queensland#History">Queensland</a>.')
+    text, links = parse_links(
+        'Run by <a href="Steve%20Irwin">the Crocodile Hunter</a> in <a href="queensland#History">Queensland</a>.'
+    )
     assert text == "Run by the Crocodile Hunter in Queensland."
-    assert links == [Link("Steve_Irwin", "the Crocodile Hunter", "the Crocodile Hunter"),
-                     Link("Queensland", "Queensland", "Queensland")]
+    assert links == [
+        Link("Steve_Irwin", "the Crocodile Hunter", "the Crocodile Hunter"),
+        Link("Queensland", "Queensland", "Queensland"),
+    ]
 
 
 def test_convert_wikiextractor(tmp_path):
     extract = tmp_path / "wiki_00"
     docs = [
-        {"id": "1", "url": "u1", "title": "Australia Zoo",
-         "text": 'A zoo run by <a href="Crocodile%20Hunter">Steve</a> near <a href="Beerwah">Beerwah</a>.'},
+        {
+            "id": "1",
+            "url": "u1",
+            "title": "Australia Zoo",
+            "text": 'A zoo run by <a href="Crocodile%20Hunter">Steve</a> near <a href="Beerwah">Beerwah</a>.',
+        },
         {"id": "2", "url": "u2", "title": "Steve Irwin", "text": 'Married <a href="Terri%20Irwin">Terri</a>.'},
         {"id": "3", "url": "u3", "title": "Terri Irwin", "text": "Naturalist."},
-        {"id": "4", "url": "u4", "title": "Irwin (disambiguation)",
-         "text": '<a href="Steve%20Irwin">Steve</a>, <a href="Terri%20Irwin">Terri</a>'},
+        {
+            "id": "4",
+            "url": "u4",
+            "title": "Irwin (disambiguation)",
+            "text": '<a href="Steve%20Irwin">Steve</a>, <a href="Terri%20Irwin">Terri</a>',
+        },
         {"id": "5", "url": "u5", "title": "Category:Zoos", "text": '<a href="Australia%20Zoo">AZ</a>'},
     ]
     extract.write_text("".join(json.dumps(d) + "\n" for d in docs))
     redirects = tmp_path / "redirects.tsv"
     redirects.write_text("Crocodile Hunter\tSteve Irwin\n")
     side = tmp_path / "side.jsonl"
-    side.write_text(json.dumps({"title": "Terri Irwin", "domain": "Person", "kind": "person",
-                                "infobox": {"citizenship date": "17 November 2009"},
-                                "images": [{"file": "t.png", "width": 800, "height": 600}]}) + "\n")
+    side.write_text(
+        json.dumps(
+            {
+                "title": "Terri Irwin",
+                "domain": "Person",
+                "kind": "person",
+                "infobox": {"citizenship date": "17 November 2009"},
+                "images": [{"file": "t.png", "width": 800, "height": 600}],
+            }
+        )
+        + "\n"
+    )
     counts = convert_wikiextractor([extract], tmp_path / "out", redirects, side)
     assert counts == {"pages": 6, "redirects": 1, "links": 6, "dangling_links": 1}
     graph = Graph.load(tmp_path / "out" / "graph.jsonl")
@@ -95,7 +116,7 @@ def test_convert_wikiextractor(tmp_path):
     assert graph["Steve_Irwin"].in_degree == 2 and graph["Australia_Zoo"].in_degree == 0
     terri = graph["Terri_Irwin"]
     assert terri.infobox == {"citizenship date": "17 November 2009"} and terri.images[0].width == 800
-    corpus = [json.loads(l) for l in (tmp_path / "out" / "corpus.jsonl").read_text().splitlines()]
+    corpus = [json.loads(line) for line in (tmp_path / "out" / "corpus.jsonl").read_text().splitlines()]
     assert corpus[0]["text"] == "A zoo run by Steve near Beerwah." and len(corpus) == 5
 
 

@@ -15,13 +15,25 @@ from osvl.world.generate import generate_pages
 from osvl.world.graph import compute_in_degrees
 from osvl.world.render import render_entity, stable_seed
 
-SMALL = {"countries": 2, "cities": 4, "persons": 12, "buildings": 6, "organisms": 4, "artifacts": 4, "shared_names": 1,
-             "image_size": 96, "small_image_size": 64}
+SMALL = {
+    "countries": 2,
+    "cities": 4,
+    "persons": 12,
+    "buildings": 6,
+    "organisms": 4,
+    "artifacts": 4,
+    "shared_names": 1,
+    "image_size": 96,
+    "small_image_size": 64,
+}
 
 
 def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_same_seed_gives_byte_identical_world(tmp_path):
@@ -51,10 +63,16 @@ def test_world_exercises_every_sampling_rule(world):
     assert any(p.namespace == "Category" for p in pages)
     redirects = [p for p in pages if p.redirect is not None]
     assert redirects and all(graph.resolve(p.id) == p.redirect for p in redirects)
-    linked_through_redirect = {l.target for p in pages for l in p.links} & {p.id for p in redirects}
+    linked_through_redirect = {link.target for p in pages for link in p.links} & {p.id for p in redirects}
     assert linked_through_redirect
-    eligible = [p for p in graph.entities() if p.infobox and p.images and p.images[0].width >= 512
-                and world.sampling.min_seed_in_degree <= p.in_degree <= tau]
+    eligible = [
+        p
+        for p in graph.entities()
+        if p.infobox
+        and p.images
+        and p.images[0].width >= 512
+        and world.sampling.min_seed_in_degree <= p.in_degree <= tau
+    ]
     assert {p.domain for p in eligible} == set(DOMAINS)
     assert any(p.images and p.images[0].width < 512 for p in graph.entities())
 

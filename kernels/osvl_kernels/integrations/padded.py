@@ -40,9 +40,7 @@ def pack_layout(mask: torch.Tensor) -> PackedLayout:
 def pack(padded: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
     """[B, L, *] -> [T, *]; differentiable (the gradient scatters back to the kept positions)."""
     if padded.dim() < 2 or tuple(padded.shape[:2]) != (layout.batch_size, layout.seq_len):
-        raise ValueError(
-            f"expected a [{layout.batch_size}, {layout.seq_len}, ...] tensor, got {tuple(padded.shape)}"
-        )
+        raise ValueError(f"expected a [{layout.batch_size}, {layout.seq_len}, ...] tensor, got {tuple(padded.shape)}")
     return padded.reshape(layout.batch_size * layout.seq_len, *padded.shape[2:]).index_select(0, layout.index)
 
 

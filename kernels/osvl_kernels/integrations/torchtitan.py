@@ -71,8 +71,12 @@ class OsvlGRPOLoss(BaseLoss):
         if logits.dim() != 3:
             raise ValueError(f"logits must be [B, L, V], got {tuple(logits.shape)}")
         B, L, V = logits.shape
-        for name, x in (("labels", labels), ("generator_logprobs", generator_logprobs),
-                        ("advantages", advantages), ("loss_mask", loss_mask)):
+        for name, x in (
+            ("labels", labels),
+            ("generator_logprobs", generator_logprobs),
+            ("advantages", advantages),
+            ("loss_mask", loss_mask),
+        ):
             if x.shape != (B, L):
                 raise ValueError(f"{name} must be [{B}, {L}], got {tuple(x.shape)}")
         # A non-finite generator log-prob has no old policy to compare with: drop the token (as DAPOLoss does).

@@ -98,7 +98,7 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
         self.use_ref_model = use_ref_model
 
     @classmethod
-    def from_trainer(cls, trainer: Any) -> "OsvlFusedLinearGRPOLoss":
+    def from_trainer(cls, trainer: Any) -> OsvlFusedLinearGRPOLoss:
         """Built from a GRPOTrainer's resolved settings (the ones TRL passes its own loss)."""
         args = trainer.args
         return cls(
@@ -115,7 +115,7 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
         )
 
     @classmethod
-    def install(cls, trainer: Any) -> "OsvlFusedLinearGRPOLoss":
+    def install(cls, trainer: Any) -> OsvlFusedLinearGRPOLoss:
         """Replace `trainer.liger_loss`; the trainer must run with `use_liger_kernel=True`."""
         if not getattr(trainer, "use_liger_kernel", False):
             raise ValueError("the GRPOTrainer must be built with GRPOConfig(use_liger_kernel=True) (TRL 1.0-1.13)")

@@ -214,9 +214,7 @@ def fatal_grpo_advantage(
     return scores, scores
 
 
-def responses_to_packed(
-    responses: torch.Tensor, cu_seqlens: torch.Tensor, response_lens: torch.Tensor
-) -> torch.Tensor:
+def responses_to_packed(responses: torch.Tensor, cu_seqlens: torch.Tensor, response_lens: torch.Tensor) -> torch.Tensor:
     """Scatter padded response fields [B, R] onto verl's remove-padding layout [T].
 
     Inverse of verl's `no_padding_2_padding`: response token j of sequence i is scored by the

@@ -13,7 +13,8 @@ PARQUET_MAGIC = b"PAR1"
 
 def detect_format(path: str | os.PathLike[str], columns: ShareGPTColumns | None = None) -> str:
     """``verl_parquet`` (parquet magic bytes), ``sharegpt`` (the first JSON record holds the
-    conversation column), ``text`` (its only key is ``text``) or ``osvl`` (anything else: the osvl reader reports what is wrong)."""
+    conversation column), ``text`` (its only key is ``text``) or ``osvl`` (anything else: the osvl
+    reader reports what is wrong)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"data file {path} does not exist")

@@ -39,5 +39,5 @@ def text_windows(text: str, tokenizer: Tokenizer, max_tokens: int) -> list[np.nd
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be >= 2 to hold a prediction, got {max_tokens}")
     ids = np.asarray(tokenizer.encode(text) + [tokenizer.special.endoftext], dtype=np.int64)
-    windows = (ids[start:start + max_tokens] for start in range(0, len(ids), max_tokens))
+    windows = (ids[start : start + max_tokens] for start in range(0, len(ids), max_tokens))
     return [window for window in windows if len(window) >= 2]  # a lone last token predicts nothing

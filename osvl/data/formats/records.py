@@ -47,10 +47,18 @@ class FileStats:
         return self.turns / self.records if self.records else 0.0
 
     def summary(self) -> dict[str, object]:
-        return {"path": self.path, "records": self.records, "turns": self.turns, "tool_calls": self.tool_calls,
-                "tool_calls_per_trajectory": round(self.tool_calls_per_trajectory, 3),
-                "turns_per_trajectory": round(self.turns_per_trajectory, 3), "images": self.images,
-                "tokens": self.tokens, "rejected": dict(self.rejected), "examples": dict(self.examples)}
+        return {
+            "path": self.path,
+            "records": self.records,
+            "turns": self.turns,
+            "tool_calls": self.tool_calls,
+            "tool_calls_per_trajectory": round(self.tool_calls_per_trajectory, 3),
+            "turns_per_trajectory": round(self.turns_per_trajectory, 3),
+            "images": self.images,
+            "tokens": self.tokens,
+            "rejected": dict(self.rejected),
+            "examples": dict(self.examples),
+        }
 
 
 def decode_image_bytes(data: bytes, what: str) -> np.ndarray:

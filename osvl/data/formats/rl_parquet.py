@@ -83,13 +83,18 @@ def rl_prompt(row: Mapping[str, Any], default_id: str) -> Prompt:
     placeholders = question.count(IMAGE_PLACEHOLDER)
     if placeholders and placeholders != len(images):
         raise Rejected("image count mismatch", f"{placeholders} placeholders, {len(images)} images")
-    return Prompt(id=str(record_id if record_id is not None else default_id),
-                  question=question.replace(IMAGE_PLACEHOLDER, "").strip(), images=images,
-                  answer=answers[0], aliases=answers[1:])
+    return Prompt(
+        id=str(record_id if record_id is not None else default_id),
+        question=question.replace(IMAGE_PLACEHOLDER, "").strip(),
+        images=images,
+        answer=answers[0],
+        aliases=answers[1:],
+    )
 
 
-def iter_rl_parquet(path: str | os.PathLike[str], stats: FileStats | None = None,
-                    batch_rows: int = 256) -> Iterator[Prompt]:
+def iter_rl_parquet(
+    path: str | os.PathLike[str], stats: FileStats | None = None, batch_rows: int = 256
+) -> Iterator[Prompt]:
     """Stream prompts from a parquet file, ``batch_rows`` rows in memory at a time."""
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -92,9 +92,14 @@ def _assistant_step(text: str, function_call: bool, where: str) -> Step:
     action = parse_action(text)
     if action.error is not None:
         raise Rejected("bad assistant turn", f"{where}: {action.error}")
-    return Step(token_ids=[], logprobs=[], text=text, think=action.think,
-                tool_call=_parse_call(action.call, where) if action.call is not None else None,
-                response=action.response)
+    return Step(
+        token_ids=[],
+        logprobs=[],
+        text=text,
+        think=action.think,
+        tool_call=_parse_call(action.call, where) if action.call is not None else None,
+        response=action.response,
+    )
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:
@@ -113,8 +118,9 @@ def _tools(value: Any) -> list[dict[str, Any]]:
         raise Rejected("bad tools", str(err)) from None
 
 
-def sharegpt_record(raw: Any, record_id: str, image_root: str | os.PathLike[str],
-                    columns: ShareGPTColumns = ShareGPTColumns()) -> SFTRecord:
+def sharegpt_record(
+    raw: Any, record_id: str, image_root: str | os.PathLike[str], columns: ShareGPTColumns = ShareGPTColumns()
+) -> SFTRecord:
     """One ShareGPT object -> an :class:`SFTRecord`; raises :class:`Rejected` with the reason."""
     if not isinstance(raw, Mapping):
         raise Rejected("not an object", f"got {type(raw).__name__}")
@@ -159,8 +165,13 @@ def sharegpt_record(raw: Any, record_id: str, image_root: str | os.PathLike[str]
                 raise Rejected("bad role order", f"{where}: observation after a turn without a tool call")
             observation, images = take(text)
             status = ToolStatus.TOOL_ERROR if observation.startswith(ERROR_PREFIX) else ToolStatus.OK
-            steps[-1].tool_result = ToolResult(status=status, tool=steps[-1].tool_call.name, text=observation,
-                                               images=images, error=observation if status != ToolStatus.OK else None)
+            steps[-1].tool_result = ToolResult(
+                status=status,
+                tool=steps[-1].tool_call.name,
+                text=observation,
+                images=images,
+                error=observation if status != ToolStatus.OK else None,
+            )
             steps[-1].observation_text, steps[-1].observation_images = observation, images
         elif role == columns.user_tag:
             raise Rejected("multiple user turns", f"{where}: a trajectory has one question")
@@ -171,8 +182,13 @@ def sharegpt_record(raw: Any, record_id: str, image_root: str | os.PathLike[str]
     if any(step.tool_call is not None and step.tool_result is None for step in steps):
         raise Rejected("bad role order", "a tool call has no observation")
     record_id = str(raw.get("id", record_id))
-    trajectory = Trajectory(prompt=Prompt(id=record_id, question=question, images=prompt_images),
-                            steps=steps, finish_reason=FinishReason.RESPONSE, group_id=0, sample_index=0)
+    trajectory = Trajectory(
+        prompt=Prompt(id=record_id, question=question, images=prompt_images),
+        steps=steps,
+        finish_reason=FinishReason.RESPONSE,
+        group_id=0,
+        sample_index=0,
+    )
     return SFTRecord(trajectory, system, _tools(raw.get(columns.tools)))
 
 
@@ -208,9 +224,13 @@ def _json_objects(handle, chunk_chars: int = 1 << 20) -> Iterator[Any]:
         started, position = True, end
 
 
-def iter_sharegpt(path: str | os.PathLike[str], stats: FileStats | None = None,
-                  image_root: str | os.PathLike[str] | None = None, columns: ShareGPTColumns = ShareGPTColumns(),
-                  tokenizer: Tokenizer | None = None) -> Iterator[SFTRecord]:
+def iter_sharegpt(
+    path: str | os.PathLike[str],
+    stats: FileStats | None = None,
+    image_root: str | os.PathLike[str] | None = None,
+    columns: ShareGPTColumns = ShareGPTColumns(),
+    tokenizer: Tokenizer | None = None,
+) -> Iterator[SFTRecord]:
     """Stream a ShareGPT ``.json`` (array) or ``.jsonl`` file; bad records are counted in ``stats``.
 
     Image paths resolve against ``image_root`` (default: the file's directory). With a tokenizer,

@@ -14,18 +14,28 @@ from osvl.tools.sandbox.unsafe import run_unsafe, sweep_stale_scratch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "SandboxConfig", "SandboxLimits", "SandboxRun", "SandboxUnavailable", "check_sandbox",
-           "run_sandboxed", "sweep_stale_scratch"]
+__all__ = [
+    "BACKENDS",
+    "SandboxConfig",
+    "SandboxLimits",
+    "SandboxRun",
+    "SandboxUnavailable",
+    "check_sandbox",
+    "run_sandboxed",
+    "sweep_stale_scratch",
+]
 
 
-def run_sandboxed(code: str, limits: SandboxLimits = SandboxLimits(),
-                  config: SandboxConfig = SandboxConfig()) -> SandboxRun:
+def run_sandboxed(
+    code: str, limits: SandboxLimits = SandboxLimits(), config: SandboxConfig = SandboxConfig()
+) -> SandboxRun:
     """Run ``code`` under ``limits`` behind ``config``'s boundary."""
     if not isinstance(code, str):
         raise ValueError(f"code must be a str, got {type(code).__name__}")  # noqa: TRY004 (bad input is a ValueError throughout osvl)
     if len(code) > limits.max_code_chars:
-        return SandboxRun("", "", None, f"the code is {len(code)} characters; the limit is {limits.max_code_chars}",
-                          config.backend)
+        return SandboxRun(
+            "", "", None, f"the code is {len(code)} characters; the limit is {limits.max_code_chars}", config.backend
+        )
     if config.backend == "namespaces":
         return run_in_namespaces(code, limits, config)
     if config.backend == "sandbox_fusion":
@@ -36,8 +46,10 @@ def run_sandboxed(code: str, limits: SandboxLimits = SandboxLimits(),
 
 @functools.cache
 def _warn_unsafe() -> None:
-    log.warning("python_interpreter runs model-written code WITHOUT an OS boundary (sandbox backend "
-                "'unsafe_no_boundary'): only a Python audit hook stands between it and this machine")
+    log.warning(
+        "python_interpreter runs model-written code WITHOUT an OS boundary (sandbox backend "
+        "'unsafe_no_boundary'): only a Python audit hook stands between it and this machine"
+    )
 
 
 @functools.cache

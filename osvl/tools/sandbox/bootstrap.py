@@ -16,7 +16,7 @@ from osvl.tools.sandbox.config import SandboxLimits
 
 VIOLATION_EXIT = 97  # the audit hook's exit status; nothing else in the child uses it
 
-BOOTSTRAP = r'''
+BOOTSTRAP = r"""
 def _install():
     import posix, resource, sys
     cpu_s, memory, file_bytes, open_files, processes, hook_on = (int(v) for v in sys.argv[1:7])
@@ -32,8 +32,8 @@ def _install():
     if not hook_on:
         return compile(code, "<python_interpreter>", "exec")
     getcwd, lstat, readlink, leave, write = posix.getcwd, posix.lstat, posix.readlink, posix._exit, posix.write
-    join, decode, is_a, str_, bytes_, int_, any_, tuple_ = str.join, bytes.decode, isinstance, str, bytes, int, any, tuple
-    type_, repr_ = type, repr
+    join, decode, is_a = str.join, bytes.decode, isinstance
+    str_, bytes_, int_, any_, tuple_, type_, repr_ = str, bytes, int, any, tuple, type, repr
 
     def resolve(path):
         # realpath from C functions only: nothing the model's code can monkeypatch
@@ -131,12 +131,26 @@ def _install():
     return compiled
 
 exec(_install(), {"__name__": "__main__", "__builtins__": __builtins__})
-'''
+"""
 
 
-def bootstrap_args(limits: SandboxLimits, audit_hook: bool, import_roots: list[str],
-                   readable_roots: list[str]) -> list[str]:
+def bootstrap_args(
+    limits: SandboxLimits, audit_hook: bool, import_roots: list[str], readable_roots: list[str]
+) -> list[str]:
     """``-c BOOTSTRAP`` and its arguments, for the child's interpreter command line."""
-    return ["-I", "-S", "-B", "-c", BOOTSTRAP, str(limits.cpu_s), str(limits.memory_bytes), str(limits.file_bytes),
-            str(limits.open_files), str(limits.processes), "1" if audit_hook else "0", *import_roots, "--",
-            *readable_roots]
+    return [
+        "-I",
+        "-S",
+        "-B",
+        "-c",
+        BOOTSTRAP,
+        str(limits.cpu_s),
+        str(limits.memory_bytes),
+        str(limits.file_bytes),
+        str(limits.open_files),
+        str(limits.processes),
+        "1" if audit_hook else "0",
+        *import_roots,
+        "--",
+        *readable_roots,
+    ]

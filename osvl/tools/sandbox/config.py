@@ -23,8 +23,16 @@ class SandboxLimits:
     max_code_chars: int = 20_000
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "memory_bytes", "file_bytes", "scratch_bytes", "open_files", "processes",
-                     "output_chars", "max_code_chars"):
+        for name in (
+            "cpu_s",
+            "memory_bytes",
+            "file_bytes",
+            "scratch_bytes",
+            "open_files",
+            "processes",
+            "output_chars",
+            "max_code_chars",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SandboxLimits.{name} must be a positive integer, got {value!r}")
@@ -52,8 +60,9 @@ class SandboxConfig:
         if self.backend not in BACKENDS:
             raise ValueError(f"SandboxConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "sandbox_fusion" and not self.fusion_url.startswith(("http://", "https://")):
-            raise ValueError(f"SandboxConfig: backend 'sandbox_fusion' needs an http(s) fusion_url, got "
-                             f"{self.fusion_url!r}")
+            raise ValueError(
+                f"SandboxConfig: backend 'sandbox_fusion' needs an http(s) fusion_url, got {self.fusion_url!r}"
+            )
         if not (math.isfinite(self.fusion_grace_s) and self.fusion_grace_s >= 0):
             raise ValueError(f"SandboxConfig.fusion_grace_s must be >= 0, got {self.fusion_grace_s}")
 

@@ -21,8 +21,16 @@ SERVICE = "SandboxFusion"
 
 
 def fusion_request(code: str, limits: SandboxLimits) -> dict[str, Any]:
-    return {"code": code, "language": "python", "run_timeout": limits.wall_s, "compile_timeout": limits.wall_s,
-            "memory_limit_MB": max(1, limits.memory_bytes >> 20), "stdin": "", "files": {}, "fetch_files": []}
+    return {
+        "code": code,
+        "language": "python",
+        "run_timeout": limits.wall_s,
+        "compile_timeout": limits.wall_s,
+        "memory_limit_MB": max(1, limits.memory_bytes >> 20),
+        "stdin": "",
+        "files": {},
+        "fetch_files": [],
+    }
 
 
 def _text(value: Any) -> str:
@@ -31,8 +39,9 @@ def _text(value: Any) -> str:
 
 def run_on_fusion(code: str, limits: SandboxLimits, config: SandboxConfig) -> SandboxRun:
     http = HttpConfig(timeout_s=limits.wall_s + config.fusion_grace_s, max_retries=1)
-    reply = request_json(SERVICE, "POST", f"{config.fusion_url.rstrip('/')}/run_code", http,
-                         json_body=fusion_request(code, limits))
+    reply = request_json(
+        SERVICE, "POST", f"{config.fusion_url.rstrip('/')}/run_code", http, json_body=fusion_request(code, limits)
+    )
     if not isinstance(reply, dict) or reply.get("status") not in ("Success", "Failed", "SandboxError"):
         raise BackendError(f"{SERVICE} answered without a known status: {str(reply)[:200]}")
     run = reply.get("run_result")
@@ -42,11 +51,19 @@ def run_on_fusion(code: str, limits: SandboxLimits, config: SandboxConfig) -> Sa
         raise BackendError(f"{SERVICE} failed to run the code: {_text(run.get('stderr'))[:500]}")
     stdout, stderr = _text(run.get("stdout")), _text(run.get("stderr"))
     code_ = run.get("return_code")
-    outcome = ChildOutcome(stdout[:limits.output_chars], stderr[:limits.output_chars],
-                           code_ if isinstance(code_, int) and not isinstance(code_, bool) else None,
-                           timed_out=run.get("status") == "TimeLimitExceeded",
-                           overflow=len(stdout) > limits.output_chars or len(stderr) > limits.output_chars)
+    outcome = ChildOutcome(
+        stdout[: limits.output_chars],
+        stderr[: limits.output_chars],
+        code_ if isinstance(code_, int) and not isinstance(code_, bool) else None,
+        timed_out=run.get("status") == "TimeLimitExceeded",
+        overflow=len(stdout) > limits.output_chars or len(stderr) > limits.output_chars,
+    )
     if outcome.exit_code is None and not outcome.timed_out:
         raise BackendError(f"{SERVICE} reported no return code for a finished run")
-    return SandboxRun(outcome.stdout, outcome.stderr, outcome.exit_code,
-                      diagnose(outcome, limits, signal_base=128), backend="sandbox_fusion")
+    return SandboxRun(
+        outcome.stdout,
+        outcome.stderr,
+        outcome.exit_code,
+        diagnose(outcome, limits, signal_base=128),
+        backend="sandbox_fusion",
+    )

@@ -31,8 +31,15 @@ SITE = "/osvl/site"
 SCRATCH = "/tmp"
 NOBODY = "65534"
 SIGNAL_BASE = 128  # bubblewrap reports a child killed by signal N as exit status 128 + N
-ENVIRONMENT = {"PATH": "/usr/bin:/bin", "HOME": SCRATCH, "TMPDIR": SCRATCH, "LC_ALL": "C.UTF-8",
-               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+ENVIRONMENT = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": SCRATCH,
+    "TMPDIR": SCRATCH,
+    "LC_ALL": "C.UTF-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -87,10 +94,26 @@ def _system_dirs() -> list[str]:
     return args + ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
 
 
-def bwrap_argv(bwrap: str, limits: SandboxLimits, runtime: Runtime, audit_hook: bool, seccomp_fd: int,
-               status_fd: int) -> list[str]:
-    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--uid", NOBODY, "--gid", NOBODY, "--hostname", "osvl-sandbox", "--cap-drop", "ALL", "--clearenv"]
+def bwrap_argv(
+    bwrap: str, limits: SandboxLimits, runtime: Runtime, audit_hook: bool, seccomp_fd: int, status_fd: int
+) -> list[str]:
+    args = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--uid",
+        NOBODY,
+        "--gid",
+        NOBODY,
+        "--hostname",
+        "osvl-sandbox",
+        "--cap-drop",
+        "ALL",
+        "--clearenv",
+    ]
     for key, value in ENVIRONMENT.items():
         args += ["--setenv", key, value]
     args += _system_dirs()
@@ -101,9 +124,27 @@ def bwrap_argv(bwrap: str, limits: SandboxLimits, runtime: Runtime, audit_hook: 
     site = [f"{SITE}/{os.path.basename(p)}" for p in runtime.packages]
     for host, inside in zip(runtime.packages, site):
         args += ["--ro-bind", host, inside]
-    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-             "--size", str(limits.scratch_bytes), "--tmpfs", SCRATCH, "--chdir", SCRATCH,
-             "--remount-ro", "/", "--seccomp", str(seccomp_fd), "--json-status-fd", str(status_fd), "--"]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--remount-ro",
+        "/dev",
+        "--size",
+        str(limits.scratch_bytes),
+        "--tmpfs",
+        SCRATCH,
+        "--chdir",
+        SCRATCH,
+        "--remount-ro",
+        "/",
+        "--seccomp",
+        str(seccomp_fd),
+        "--json-status-fd",
+        str(status_fd),
+        "--",
+    ]
     return args + [runtime.python, *bootstrap_args(limits, audit_hook, [*runtime.stdlib, SITE], [])]
 
 
@@ -136,8 +177,9 @@ def run_in_namespaces(code: str, limits: SandboxLimits, config: SandboxConfig) -
         with open(seccomp_write, "wb") as sink:  # a few hundred bytes: fits the pipe's buffer
             sink.write(program)
         argv = bwrap_argv(bwrap, limits, runtime, config.audit_hook, seccomp_read, status_write)
-        outcome = run_child(argv, code, limits, env={"PATH": ENVIRONMENT["PATH"]}, cwd="/",
-                            pass_fds=(seccomp_read, status_write))
+        outcome = run_child(
+            argv, code, limits, env={"PATH": ENVIRONMENT["PATH"]}, cwd="/", pass_fds=(seccomp_read, status_write)
+        )
     finally:
         os.close(seccomp_read)
         os.close(status_write)
@@ -146,7 +188,14 @@ def run_in_namespaces(code: str, limits: SandboxLimits, config: SandboxConfig) -
     finally:
         os.close(status_read)
     if not any("child-pid" in record for record in status) and not outcome.timed_out:
-        raise SandboxUnavailable(f"bubblewrap could not create the sandbox (exit status {outcome.exit_code}): "
-                                 f"{outcome.stderr.strip()[-500:] or 'no message'}")
-    return SandboxRun(outcome.stdout, outcome.stderr, outcome.exit_code,
-                      diagnose(outcome, limits, signal_base=SIGNAL_BASE), backend="namespaces")
+        raise SandboxUnavailable(
+            f"bubblewrap could not create the sandbox (exit status {outcome.exit_code}): "
+            f"{outcome.stderr.strip()[-500:] or 'no message'}"
+        )
+    return SandboxRun(
+        outcome.stdout,
+        outcome.stderr,
+        outcome.exit_code,
+        diagnose(outcome, limits, signal_base=SIGNAL_BASE),
+        backend="namespaces",
+    )

@@ -35,16 +35,32 @@ def _drain(stream, cap: int, sink: list[bytes], overflow: threading.Event, on_ov
             on_overflow()
 
 
-def run_child(argv: Sequence[str], code: str, limits: SandboxLimits, *, env: dict[str, str] | None = None,
-              cwd: str | None = None, pass_fds: Sequence[int] = (),
-              preexec_fn: Callable[[], None] | None = None) -> ChildOutcome:
+def run_child(
+    argv: Sequence[str],
+    code: str,
+    limits: SandboxLimits,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    pass_fds: Sequence[int] = (),
+    preexec_fn: Callable[[], None] | None = None,
+) -> ChildOutcome:
     """Run ``argv`` with ``code`` on stdin until it exits, prints too much, or ``limits.wall_s`` passes.
 
     The child leads a new process group; a deadline or an overflow kills the whole group with SIGKILL
     (for bubblewrap that is its monitor, whose death takes the PID namespace along)."""
-    child = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             cwd=cwd, env=env, start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds),
-                             preexec_fn=preexec_fn)  # noqa: PLW1509 - the worker's calling thread is its only one
+    child = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=tuple(pass_fds),
+        preexec_fn=preexec_fn,
+    )  # noqa: PLW1509 - the worker's calling thread is its only one
 
     def kill() -> None:
         try:
@@ -56,8 +72,10 @@ def run_child(argv: Sequence[str], code: str, limits: SandboxLimits, *, env: dic
     err: list[bytes] = []
     overflow = threading.Event()
     cap = limits.output_chars  # characters ~ bytes for the cap
-    readers = [threading.Thread(target=_drain, args=(child.stdout, cap, out, overflow, kill), daemon=True),
-               threading.Thread(target=_drain, args=(child.stderr, cap, err, overflow, kill), daemon=True)]
+    readers = [
+        threading.Thread(target=_drain, args=(child.stdout, cap, out, overflow, kill), daemon=True),
+        threading.Thread(target=_drain, args=(child.stderr, cap, err, overflow, kill), daemon=True),
+    ]
     for reader in readers:
         reader.start()
     try:
@@ -79,8 +97,13 @@ def run_child(argv: Sequence[str], code: str, limits: SandboxLimits, *, env: dic
     child.wait()
     for reader in readers:
         reader.join(timeout=5.0)
-    return ChildOutcome(b"".join(out).decode("utf-8", "replace"), b"".join(err).decode("utf-8", "replace"),
-                        child.returncode, timed_out, overflow.is_set())
+    return ChildOutcome(
+        b"".join(out).decode("utf-8", "replace"),
+        b"".join(err).decode("utf-8", "replace"),
+        child.returncode,
+        timed_out,
+        overflow.is_set(),
+    )
 
 
 def diagnose(outcome: ChildOutcome, limits: SandboxLimits, signal_base: int | None = None) -> str | None:

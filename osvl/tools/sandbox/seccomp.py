@@ -20,23 +20,74 @@ CLONE_THREAD = 0x00010000
 
 DENIED_SYSCALLS = (
     # network
-    "socket", "socketpair",
+    "socket",
+    "socketpair",
     # processes
-    "fork", "vfork",
+    "fork",
+    "vfork",
     # other processes and the kernel's view of them
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open", "pidfd_getfd", "pidfd_send_signal",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "pidfd_open",
+    "pidfd_getfd",
+    "pidfd_send_signal",
     # file systems and namespaces
-    "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount",
-    "fspick", "mount_setattr", "unshare", "setns", "open_by_handle_at", "name_to_handle_at", "fanotify_init",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "unshare",
+    "setns",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "fanotify_init",
     # kernel attack surface
-    "bpf", "keyctl", "add_key", "request_key", "perf_event_open", "userfaultfd", "io_uring_setup",
-    "io_uring_enter", "io_uring_register", "init_module", "finit_module", "delete_module", "kexec_load",
-    "kexec_file_load", "lookup_dcookie", "syslog", "iopl", "ioperm", "personality", "quotactl", "acct",
+    "bpf",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "lookup_dcookie",
+    "syslog",
+    "iopl",
+    "ioperm",
+    "personality",
+    "quotactl",
+    "acct",
     # the host
-    "reboot", "swapon", "swapoff", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "sethostname",
     "setdomainname",
     # shared memory and message queues (private to the IPC namespace anyway)
-    "shmget", "shmat", "msgget", "semget", "mq_open",
+    "shmget",
+    "shmat",
+    "msgget",
+    "semget",
+    "mq_open",
 )
 
 
@@ -46,8 +97,10 @@ def seccomp_program() -> bytes:
     try:
         import pyseccomp as seccomp
     except (ImportError, OSError) as err:  # pyseccomp loads libseccomp.so.2 when imported
-        raise SandboxUnavailable(f"the seccomp filter needs pyseccomp and libseccomp ({err}); "
-                                 "pip install pyseccomp and apt-get install libseccomp2") from None
+        raise SandboxUnavailable(
+            f"the seccomp filter needs pyseccomp and libseccomp ({err}); "
+            "pip install pyseccomp and apt-get install libseccomp2"
+        ) from None
     deny = seccomp.ERRNO(errno.EPERM)
     program = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
     for name in DENIED_SYSCALLS:

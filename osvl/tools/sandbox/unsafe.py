@@ -77,5 +77,6 @@ def run_unsafe(code: str, limits: SandboxLimits, audit_hook: bool = True) -> San
         parent = os.getpid()
         argv = [sys.executable, *bootstrap_args(limits, audit_hook, [*stdlib_dirs(), site], list(packages))]
         outcome = run_child(argv, code, limits, env=env, cwd=workdir, preexec_fn=lambda: _die_with_parent(parent))
-    return SandboxRun(outcome.stdout, outcome.stderr, outcome.exit_code, diagnose(outcome, limits),
-                      backend="unsafe_no_boundary")
+    return SandboxRun(
+        outcome.stdout, outcome.stderr, outcome.exit_code, diagnose(outcome, limits), backend="unsafe_no_boundary"
+    )

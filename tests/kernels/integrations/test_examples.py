@@ -53,7 +53,7 @@ def test_torchtitan_example_chunked_loss_equals_the_whole_batch():
 
 
 def test_readme_shows_the_verl_overrides_the_example_checks():
-    readme = (os.path.join(os.path.dirname(os.path.dirname(verl_grpo.__file__)), "README.md"))
+    readme = os.path.join(os.path.dirname(os.path.dirname(verl_grpo.__file__)), "README.md")
     text = open(readme, encoding="utf-8").read()
     missing = [override for override in verl_grpo.VERL_OVERRIDES if override not in text]
     assert not missing, f"README's verl command lacks {missing}"

@@ -47,9 +47,13 @@ def rl_microbatch(seed: int, B: int = 2, L: int = 8, V: int = 29) -> dict:
 def call(loss_fn, batch: dict, gvt, **extra):
     logits = batch["logits"].clone().requires_grad_()
     loss, metrics = loss_fn(
-        logits, batch["labels"], gvt,
-        generator_logprobs=batch["generator_logprobs"], advantages=batch["advantages"],
-        loss_mask=batch["loss_mask"], **extra,
+        logits,
+        batch["labels"],
+        gvt,
+        generator_logprobs=batch["generator_logprobs"],
+        advantages=batch["advantages"],
+        loss_mask=batch["loss_mask"],
+        **extra,
     )
     loss.backward()
     return loss.detach(), metrics, logits.grad
@@ -75,10 +79,17 @@ def test_equals_grpo_loss_on_packed_sequences_with_dual_clip():
     valid = batch["loss_mask"] & torch.isfinite(batch["generator_logprobs"])
     logits = batch["logits"].reshape(16, -1).clone().requires_grad_()
     out = grpo_loss(
-        logits, batch["labels"].reshape(-1), torch.tensor([0, 3, 7, 8, 13, 16], dtype=torch.int32),
-        valid.reshape(-1), old_logprobs=torch.where(valid, batch["generator_logprobs"], 0.0).reshape(-1),
-        advantages=batch["advantages"].reshape(-1), eps_low=0.1, eps_high=0.1, dual_clip=1.5,
-        loss_agg="token-mean", num_tokens=7.0,
+        logits,
+        batch["labels"].reshape(-1),
+        torch.tensor([0, 3, 7, 8, 13, 16], dtype=torch.int32),
+        valid.reshape(-1),
+        old_logprobs=torch.where(valid, batch["generator_logprobs"], 0.0).reshape(-1),
+        advantages=batch["advantages"].reshape(-1),
+        eps_low=0.1,
+        eps_high=0.1,
+        dual_clip=1.5,
+        loss_agg="token-mean",
+        num_tokens=7.0,
     )
     out.loss.backward()
     torch.testing.assert_close(loss, out.loss.detach())
@@ -97,8 +108,14 @@ def test_bad_inputs_raise_value_error():
     with pytest.raises(ValueError, match="advantages must be"):
         call(loss_fn, {**batch, "advantages": batch["advantages"][:, :3]}, 5.0)
     with pytest.raises(ValueError, match=r"logits must be \[B, L, V\]"):
-        loss_fn(batch["logits"][0], batch["labels"], 5.0, generator_logprobs=batch["generator_logprobs"],
-                advantages=batch["advantages"], loss_mask=batch["loss_mask"])
+        loss_fn(
+            batch["logits"][0],
+            batch["labels"],
+            5.0,
+            generator_logprobs=batch["generator_logprobs"],
+            advantages=batch["advantages"],
+            loss_mask=batch["loss_mask"],
+        )
     with pytest.raises(ValueError, match="positions must be"):
         call(loss_fn, batch, 5.0, positions=batch["positions"][:, :4])
     with pytest.raises(ValueError, match="eps_low"):

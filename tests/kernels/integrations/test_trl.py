@@ -52,8 +52,15 @@ def run(loss_module, batch: dict, num_items_in_batch=None, vllm_is_ratio=None):
 @pytest.mark.parametrize("bias_correction", [False, True])
 def test_matches_trl_fused_linear_grpo_loss(loss_type, beta, bias_correction):
     batch = padded_batch(1)
-    kw = dict(beta=beta, epsilon_low=0.2, epsilon_high=0.28, loss_type=loss_type,
-              max_completion_length=9, temperature=0.9, use_bias_correction_kl=bias_correction)
+    kw = dict(
+        beta=beta,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        loss_type=loss_type,
+        max_completion_length=9,
+        temperature=0.9,
+        use_bias_correction_kl=bias_correction,
+    )
     trl_loss = FusedLinearGRPOLoss(compiled=False, use_ref_model=beta != 0.0, chunk_size=2, **kw)
     ours = OsvlFusedLinearGRPOLoss(**kw)
     num_items = torch.tensor(13.0) if loss_type == "dapo" else None
@@ -94,9 +101,16 @@ def test_equals_linear_grpo_loss_on_the_packed_batch():
     w = batch["lin_weight"].clone().requires_grad_()
     targets = pack(batch["selected_token_ids"], layout)
     out = linear_grpo_loss(
-        h, w, targets, layout.cu_seqlens, torch.ones_like(targets, dtype=torch.bool),
-        old_logprobs=pack(batch["old_per_token_logps"], layout), advantages=batch["advantages"],
-        eps_low=0.2, eps_high=0.28, loss_agg="seq-mean-token-mean",
+        h,
+        w,
+        targets,
+        layout.cu_seqlens,
+        torch.ones_like(targets, dtype=torch.bool),
+        old_logprobs=pack(batch["old_per_token_logps"], layout),
+        advantages=batch["advantages"],
+        eps_low=0.2,
+        eps_high=0.28,
+        loss_agg="seq-mean-token-mean",
     )
     out.loss.backward()
     torch.testing.assert_close(loss, out.loss.detach())
@@ -110,8 +124,13 @@ def test_ref_logprobs_from_ref_input_and_weight():
     ours = OsvlFusedLinearGRPOLoss(beta=0.1, loss_type="bnpo")
     x = batch["_input"].clone().requires_grad_()
     ref_w = batch["lin_weight"] * 1.1
-    call = dict(_input=x, lin_weight=batch["lin_weight"], selected_token_ids=batch["selected_token_ids"],
-                attention_mask=batch["attention_mask"], advantages=batch["advantages"])
+    call = dict(
+        _input=x,
+        lin_weight=batch["lin_weight"],
+        selected_token_ids=batch["selected_token_ids"],
+        attention_mask=batch["attention_mask"],
+        advantages=batch["advantages"],
+    )
     from_input, _ = ours(**call, ref_input=batch["_input"], ref_weight=ref_w)
     ref = torch.log_softmax(batch["_input"] @ ref_w.T, -1).gather(-1, batch["selected_token_ids"][..., None])[..., 0]
     given, _ = ours(**call, ref_per_token_logps=ref)
@@ -139,7 +158,12 @@ def test_install_replaces_the_trainer_loss_with_its_settings():
     trainer = _Trainer()
     loss = OsvlFusedLinearGRPOLoss.install(trainer)
     assert trainer.liger_loss is loss
-    assert (loss.loss_type, loss.max_completion_length, loss.temperature, loss.epsilon_high) == ("dr_grpo", 64, 0.7, 0.28)
+    assert (loss.loss_type, loss.max_completion_length, loss.temperature, loss.epsilon_high) == (
+        "dr_grpo",
+        64,
+        0.7,
+        0.28,
+    )
     assert loss.use_bias_correction_kl is True
     with pytest.raises(ValueError, match="use_liger_kernel=True"):
         OsvlFusedLinearGRPOLoss.install(_Trainer(use_liger_kernel=False))

@@ -15,6 +15,8 @@ import torch
 from examples.trl_grpo import build_trainer, tiny_policy, tiny_tokenizer
 from osvl_kernels.integrations.trl import OsvlFusedLinearGRPOLoss
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
@@ -36,8 +38,10 @@ def generated_batch(trainer, seed: int = 0, drift: float = 0.3) -> dict:
     assert inputs["advantages"].abs().sum() > 0, "all rewards tied: nothing to compare"
     with torch.no_grad():
         logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1), inputs["completion_ids"].shape[1],
+            trainer.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            inputs["completion_ids"].shape[1],
         )
     g = torch.Generator().manual_seed(seed + 1)
     inputs["old_per_token_logps"] = logps.float() + drift * torch.randn(logps.shape, generator=g)
@@ -83,8 +87,9 @@ def test_reference_model_kl_with_and_without_bias_correction(policy_dir, tmp_pat
 
 
 def test_bf16_policy_with_fp32_lm_head(policy_dir, tmp_path):
-    trainer = make_trainer(policy_dir, tmp_path, loss_type="bnpo", model_init_kwargs={"dtype": torch.bfloat16},
-                           cast_lm_head_to_fp32=True)
+    trainer = make_trainer(
+        policy_dir, tmp_path, loss_type="bnpo", model_init_kwargs={"dtype": torch.bfloat16}, cast_lm_head_to_fp32=True
+    )
     assert trainer.model.lm_head.weight.dtype == torch.float32
     assert trainer.model.model.embed_tokens.weight.dtype == torch.bfloat16
     compare_with_trl(trainer, generated_batch(trainer, seed=2), rtol=2e-2, atol=1e-3)
@@ -106,7 +111,12 @@ def trl_vllm_ratio(old, sampling, mask, mode: str, clip_min, clip_max) -> torch.
 
 @pytest.mark.parametrize(
     "mode, clip_min, clip_max",
-    [("sequence_mask", None, 3.0), ("token_truncate", None, 1.5), ("token_mask", 0.5, 1.5), ("sequence_truncate", 0.2, 2.0)],
+    [
+        ("sequence_mask", None, 3.0),
+        ("token_truncate", None, 1.5),
+        ("token_mask", 0.5, 1.5),
+        ("sequence_truncate", 0.2, 2.0),
+    ],
 )
 def test_vllm_importance_sampling_correction(policy_dir, tmp_path, mode, clip_min, clip_max):
     trainer = make_trainer(policy_dir, tmp_path, loss_type="dapo", beta=0.05)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 from verl.trainer.ppo import core_algos
-from verl.workers.config import ActorConfig
 from verl.utils import tensordict_utils as tu
+from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
@@ -30,8 +30,15 @@ from osvl_kernels.integrations.verl import (
 
 
 def actor_config(**kw) -> ActorConfig:
-    base = dict(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, rollout_n=1,
-                clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+    base = dict(
+        strategy="fsdp",
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        rollout_n=1,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=3.0,
+    )
     return ActorConfig(**{**base, **kw})
 
 
@@ -65,8 +72,13 @@ def test_policy_loss_matches_verl_vanilla(mode):
     for name in (POLICY_LOSS_NAME, "vanilla"):
         log_prob = batch["log_prob"].clone().requires_grad_()
         loss, metrics = core_algos.get_policy_loss_fn(name)(
-            old_log_prob=batch["old_log_prob"], log_prob=log_prob, advantages=batch["advantages"],
-            response_mask=batch["response_mask"], loss_agg_mode=mode, config=config, rollout_is_weights=None,
+            old_log_prob=batch["old_log_prob"],
+            log_prob=log_prob,
+            advantages=batch["advantages"],
+            response_mask=batch["response_mask"],
+            loss_agg_mode=mode,
+            config=config,
+            rollout_is_weights=None,
         )
         loss.backward()
         results.append((loss.detach(), log_prob.grad, metrics))
@@ -84,8 +96,9 @@ def test_policy_loss_uses_verl_global_batch_info(mode):
     config.global_batch_info.update(dp_size=2, batch_num_tokens=40, global_batch_size=8, loss_scale_factor=None)
     weights = torch.rand(4, 6)
     loss, _ = osvl_policy_loss(**batch, loss_agg_mode=mode, config=config, rollout_is_weights=weights)
-    theirs, _ = core_algos.compute_policy_loss_vanilla(**batch, loss_agg_mode=mode, config=config,
-                                                        rollout_is_weights=weights)
+    theirs, _ = core_algos.compute_policy_loss_vanilla(
+        **batch, loss_agg_mode=mode, config=config, rollout_is_weights=weights
+    )
     torch.testing.assert_close(loss, theirs)
 
 
@@ -115,15 +128,21 @@ def test_advantage_estimator_with_verl_kwargs_and_fatal_clamp():
     uids = np.array(["p0", "p0", "p0", "p1", "p1", "p1"], dtype=object)
     is_fatal = torch.tensor([False, True, False, False, False, True])
     estimator = core_algos.get_adv_estimator_fn(ADV_ESTIMATOR_NAME)
-    adv, returns = estimator(token_level_rewards=token_rewards, response_mask=mask, config=None, index=uids,
-                             is_fatal=is_fatal)
+    adv, returns = estimator(
+        token_level_rewards=token_rewards, response_mask=mask, config=None, index=uids, is_fatal=is_fatal
+    )
     expected = group_advantages(rewards, torch.tensor([0, 0, 0, 1, 1, 1]), is_fatal)
     torch.testing.assert_close(adv, expected[:, None] * mask)
     assert torch.equal(adv, returns)
     assert adv[1].min() >= 0 and adv[5].min() >= 0  # fatal and below the mean: clamped to 0
     verl_adv, _ = core_algos.compute_grpo_outcome_advantage(token_rewards, mask, uids)
-    no_clamp, _ = estimator(token_level_rewards=token_rewards, response_mask=mask, config=None, index=uids,
-                            is_fatal=torch.zeros(B, dtype=torch.bool))
+    no_clamp, _ = estimator(
+        token_level_rewards=token_rewards,
+        response_mask=mask,
+        config=None,
+        index=uids,
+        is_fatal=torch.zeros(B, dtype=torch.bool),
+    )
     torch.testing.assert_close(no_clamp, verl_adv)
     with pytest.raises(ValueError, match="index"):
         estimator(token_level_rewards=token_rewards, response_mask=mask, config=None, is_fatal=is_fatal)
@@ -131,8 +150,7 @@ def test_advantage_estimator_with_verl_kwargs_and_fatal_clamp():
     with pytest.raises(ValueError, match="trainer_mode=osvl_fatal_"):
         estimator(token_level_rewards=token_rewards, response_mask=mask, config=None, index=uids)
     with pytest.raises(ValueError, match=r"is_fatal must be \[B=6\]"):
-        estimator(token_level_rewards=token_rewards, response_mask=mask, config=None, index=uids,
-                  is_fatal=is_fatal[:4])
+        estimator(token_level_rewards=token_rewards, response_mask=mask, config=None, index=uids, is_fatal=is_fatal[:4])
 
 
 def verl_rmpad_batch(seed: int, H: int = 8, V: int = 23) -> dict:
@@ -147,18 +165,26 @@ def verl_rmpad_batch(seed: int, H: int = 8, V: int = 23) -> dict:
     R = int(response_lens.max())
     mask = torch.arange(R)[None] < response_lens[:, None]
     return dict(
-        hidden=torch.randn(T, H, generator=g), weight=torch.randn(V, H, generator=g) * 0.5,
-        input_ids=input_ids, rolled=torch.roll(input_ids, -1), cu=cu, prompt_lens=prompt_lens,
-        response_lens=response_lens, response_mask=mask,
-        old=-torch.rand(3, R, generator=g) * 3 - 0.5, ref=-torch.rand(3, R, generator=g) * 3 - 0.5,
+        hidden=torch.randn(T, H, generator=g),
+        weight=torch.randn(V, H, generator=g) * 0.5,
+        input_ids=input_ids,
+        rolled=torch.roll(input_ids, -1),
+        cu=cu,
+        prompt_lens=prompt_lens,
+        response_lens=response_lens,
+        response_mask=mask,
+        old=-torch.rand(3, R, generator=g) * 3 - 0.5,
+        ref=-torch.rand(3, R, generator=g) * 3 - 0.5,
         advantages=torch.randn(3, 1, generator=g).expand(3, R) * mask,
     )
 
 
 def verl_padded(values: torch.Tensor, b: dict) -> torch.Tensor:
     """verl's own no_padding_2_padding: packed model outputs -> padded response fields."""
+
     def nested(lens):
         return torch.nested.nested_tensor_from_jagged(torch.zeros(int(lens.sum())), lengths=lens)
+
     data = TensorDict({"prompts": nested(b["prompt_lens"]), "responses": nested(b["response_lens"])}, batch_size=[3])
     return no_padding_2_padding(values, data)
 
@@ -177,12 +203,22 @@ def test_fused_hook_equals_log_prob_path(use_kl):
     with torch.no_grad():  # a reference policy near the current one: verl clamps k3 at 10
         true = torch.log_softmax((b["hidden"] @ b["weight"].T) / 0.8, -1).gather(1, b["rolled"][:, None])[:, 0]
         b["ref"] = verl_padded(true, b) + 0.3 * torch.randn(b["ref"].shape, generator=torch.Generator().manual_seed(5))
-    config = actor_config(loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01, use_kl_loss=use_kl,
-                          kl_loss_coef=0.1, kl_loss_type="k3")
+    config = actor_config(
+        loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01, use_kl_loss=use_kl, kl_loss_coef=0.1, kl_loss_type="k3"
+    )
     h, w = b["hidden"].clone().requires_grad_(), b["weight"].clone().requires_grad_()
     loss, metrics = verl_fused_policy_loss(
-        h, w, b["rolled"], b["cu"], b["response_lens"], b["old"], b["advantages"], b["response_mask"],
-        config=config, temperature=0.8, ref_log_prob=b["ref"],
+        h,
+        w,
+        b["rolled"],
+        b["cu"],
+        b["response_lens"],
+        b["old"],
+        b["advantages"],
+        b["response_mask"],
+        config=config,
+        temperature=0.8,
+        ref_log_prob=b["ref"],
     )
     loss.backward()
 
@@ -190,8 +226,9 @@ def test_fused_hook_equals_log_prob_path(use_kl):
     logp_all = torch.log_softmax((h2 @ w2.T) / 0.8, dim=-1)
     log_prob = verl_padded(logp_all.gather(1, b["rolled"][:, None])[:, 0], b)
     entropy = verl_padded(-(logp_all.exp() * logp_all).sum(-1), b)
-    ref_loss, _ = osvl_policy_loss(b["old"], log_prob, b["advantages"], b["response_mask"],
-                                   "seq-mean-token-mean", config)
+    ref_loss, _ = osvl_policy_loss(
+        b["old"], log_prob, b["advantages"], b["response_mask"], "seq-mean-token-mean", config
+    )
     ref_loss = ref_loss - 0.01 * core_algos.agg_loss(entropy, b["response_mask"], "seq-mean-token-mean")
     if use_kl:
         kl = core_algos.kl_penalty(log_prob, b["ref"], "k3")
@@ -205,8 +242,16 @@ def test_fused_hook_equals_log_prob_path(use_kl):
 
 def test_fused_hook_bad_inputs_raise_value_error():
     b = verl_rmpad_batch(2)
-    args = (b["hidden"], b["weight"], b["rolled"], b["cu"], b["response_lens"], b["old"], b["advantages"],
-            b["response_mask"])
+    args = (
+        b["hidden"],
+        b["weight"],
+        b["rolled"],
+        b["cu"],
+        b["response_lens"],
+        b["old"],
+        b["advantages"],
+        b["response_mask"],
+    )
     with pytest.raises(ValueError, match="ref_log_prob"):
         verl_fused_policy_loss(*args, config=actor_config(use_kl_loss=True, kl_loss_type="k3"))
     with pytest.raises(ValueError, match="kl_loss_type"):
@@ -217,18 +262,24 @@ def test_fused_hook_bad_inputs_raise_value_error():
         responses_to_packed(b["old"], b["cu"][:-1], b["response_lens"])
 
 
-def verl_micro_batch(b: dict, *, temperature: float, dp_size: int, batch_num_tokens, global_batch_size,
-                     rollout_is_weights=None) -> TensorDict:
+def verl_micro_batch(
+    b: dict, *, temperature: float, dp_size: int, batch_num_tokens, global_batch_size, rollout_is_weights=None
+) -> TensorDict:
     """The micro-batch TensorDict verl's engine hands `ppo_loss` (no-padding mode): nested
     input_ids / prompts / responses, nested response fields, global counts as non-tensor data."""
+
     def nested(values, lens):  # as verl builds them (response_to_nested)
         return torch.nested.as_nested_tensor(list(values.split(lens.tolist())), layout=torch.jagged)
 
     mask = b["response_mask"]
     starts = b["cu"][:-1]
-    prompts = torch.cat([b["input_ids"][s: s + p] for s, p in zip(starts.tolist(), b["prompt_lens"].tolist())])
-    responses = torch.cat([b["input_ids"][s + p: s + p + r] for s, p, r in
-                           zip(starts.tolist(), b["prompt_lens"].tolist(), b["response_lens"].tolist())])
+    prompts = torch.cat([b["input_ids"][s : s + p] for s, p in zip(starts.tolist(), b["prompt_lens"].tolist())])
+    responses = torch.cat(
+        [
+            b["input_ids"][s + p : s + p + r]
+            for s, p, r in zip(starts.tolist(), b["prompt_lens"].tolist(), b["response_lens"].tolist())
+        ]
+    )
     fields = {
         "input_ids": nested(b["input_ids"], b["prompt_lens"] + b["response_lens"]),
         "prompts": nested(prompts, b["prompt_lens"]),
@@ -241,8 +292,13 @@ def verl_micro_batch(b: dict, *, temperature: float, dp_size: int, batch_num_tok
     if rollout_is_weights is not None:
         fields["rollout_is_weights"] = nested(rollout_is_weights[mask], b["response_lens"])
     data = TensorDict(fields, batch_size=[3])
-    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
-                         global_batch_size=global_batch_size, temperature=temperature)
+    tu.assign_non_tensor(
+        data,
+        dp_size=dp_size,
+        batch_num_tokens=batch_num_tokens,
+        global_batch_size=global_batch_size,
+        temperature=temperature,
+    )
     return data
 
 
@@ -261,12 +317,19 @@ def test_fused_ppo_loss_equals_verl_ppo_loss(loss_mode, mode):
         k3 = delta.exp() - delta - 1
         assert (k3[b["response_mask"]] > 10).any() and (k3[b["response_mask"]] < 10).any()
     weights = torch.rand(3, 4, generator=g) * 2
-    data = verl_micro_batch(b, temperature=0.8, dp_size=2, batch_num_tokens=13, global_batch_size=5,
-                            rollout_is_weights=weights)
+    data = verl_micro_batch(
+        b, temperature=0.8, dp_size=2, batch_num_tokens=13, global_batch_size=5, rollout_is_weights=weights
+    )
 
     def config():
-        return actor_config(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
-                            kl_loss_type="low_var_kl", policy_loss=PolicyLossConfig(loss_mode=loss_mode))
+        return actor_config(
+            loss_agg_mode=mode,
+            entropy_coeff=0.01,
+            use_kl_loss=True,
+            kl_loss_coef=0.1,
+            kl_loss_type="low_var_kl",
+            policy_loss=PolicyLossConfig(loss_mode=loss_mode),
+        )
 
     h, w = b["hidden"].clone().requires_grad_(), b["weight"].clone().requires_grad_()
     loss, metrics = verl_fused_ppo_loss(config(), h, w, data)
@@ -276,7 +339,9 @@ def test_fused_ppo_loss_equals_verl_ppo_loss(loss_mode, mode):
     logp_all = torch.log_softmax((h2 @ w2.T) / 0.8, dim=-1)
     seq_lens = b["prompt_lens"] + b["response_lens"]
     model_output = {
-        "log_probs": torch.nested.nested_tensor_from_jagged(logp_all.gather(1, b["rolled"][:, None])[:, 0], lengths=seq_lens),
+        "log_probs": torch.nested.nested_tensor_from_jagged(
+            logp_all.gather(1, b["rolled"][:, None])[:, 0], lengths=seq_lens
+        ),
         "entropy": torch.nested.nested_tensor_from_jagged(-(logp_all.exp() * logp_all).sum(-1), lengths=seq_lens),
     }
     expected, _ = ppo_loss(config(), model_output, data)
@@ -299,8 +364,14 @@ def test_fused_ppo_loss_refuses_mixed_temperatures_and_padded_batches():
 
 
 def test_fatal_flags_from_reward_extra_info():
-    extra = [{"reward_extra_info": {"osvl_fatal": True, "acc": 0.0}}, {"reward_extra_info": {"acc": 1.0}},
-             {}, None, {"reward_extra_info": {"osvl_fatal": np.bool_(False)}}, {"reward_extra_info": {"osvl_fatal": 1}}]
+    extra = [
+        {"reward_extra_info": {"osvl_fatal": True, "acc": 0.0}},
+        {"reward_extra_info": {"acc": 1.0}},
+        {},
+        None,
+        {"reward_extra_info": {"osvl_fatal": np.bool_(False)}},
+        {"reward_extra_info": {"osvl_fatal": 1}},
+    ]
     assert fatal_flags_from_extra_fields(extra).tolist() == [True, False, False, False, False, True]
     with pytest.raises(ValueError, match=r"sample 0: reward_extra_info\['osvl_fatal'\] must be a bool"):
         fatal_flags_from_extra_fields([{"reward_extra_info": {"osvl_fatal": "yes"}}])
@@ -317,8 +388,9 @@ class _VerlAdvantageStep:
         token_rewards = torch.zeros(len(self.uids), 3)
         token_rewards[:, -1] = self.rewards
         estimator = core_algos.get_adv_estimator_fn(ADV_ESTIMATOR_NAME)
-        adv, _ = estimator(token_level_rewards=token_rewards, response_mask=torch.ones(len(self.uids), 3),
-                           config=None, index=self.uids)
+        adv, _ = estimator(
+            token_level_rewards=token_rewards, response_mask=torch.ones(len(self.uids), 3), config=None, index=self.uids
+        )
         return adv
 
 
