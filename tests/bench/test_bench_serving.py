@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from bench.rollout.bench_serving import main
+
+pytestmark = pytest.mark.slow
 
 
 def test_serving_bench_writes_a_complete_record(tmp_path):

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "device_check.sh"
 STAGES = ["environment", "wheels", "gpu_tests", "logits", "linear", "train_step"]

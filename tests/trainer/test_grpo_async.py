@@ -32,6 +32,8 @@ from tests.trainer.ranks import run_ranks
 from tests.trainer.test_grpo import grpo_overrides
 from tests.trainer.test_grpo_services import _served_checkpoint, _start
 
+pytestmark = pytest.mark.slow
+
 STEPS, UPDATES = 4, 2  # rollout steps; optimizer steps (policy versions) per rollout step
 RELEASE_AFTER = 2  # steps logged before the gate opens
 
