@@ -105,6 +105,22 @@ from osvl.rollout.engine import (
 )
 
 Routing = Literal["round_robin", "least_loaded"]
+
+
+def check_server_fleet(config: Any) -> None:
+    """The checks an HTTP engine's config shares (SGLang's and vLLM's): generation URLs (at least one),
+    weight-update URLs, routing and timeout."""
+    kind = type(config).__name__
+    for name in ("urls", "update_urls"):
+        urls = getattr(config, name)
+        if (name == "urls" and not urls) or any(not u.startswith(("http://", "https://")) for u in urls):
+            raise ValueError(f"{kind}.{name} needs http(s) base URLs, got {urls!r}")
+    if config.routing not in ("round_robin", "least_loaded"):
+        raise ValueError(f"unknown routing {config.routing!r}; expected round_robin or least_loaded")
+    if not config.timeout_s > 0:
+        raise ValueError(f"timeout_s must be positive, got {config.timeout_s}")
+
+
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"  # the SGLang server flag rollout.deterministic needs
 PartialRollouts = Literal["keep", "restart"]
 MAX_IDLE_ABORTS = 8  # aborts in a row that return no token before a request counts as failed
@@ -122,14 +138,7 @@ class SGLangConfig:
     def __post_init__(self) -> None:
         if self.partial_rollouts not in ("keep", "restart"):
             raise ValueError(f"unknown partial_rollouts {self.partial_rollouts!r}; expected keep or restart")
-        for name in ("urls", "update_urls"):
-            urls = getattr(self, name)
-            if (name == "urls" and not urls) or any(not u.startswith(("http://", "https://")) for u in urls):
-                raise ValueError(f"SGLangConfig.{name} needs http(s) base URLs, got {urls!r}")
-        if self.routing not in ("round_robin", "least_loaded"):
-            raise ValueError(f"unknown routing {self.routing!r}; expected round_robin or least_loaded")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        check_server_fleet(self)
 
     @property
     def weight_urls(self) -> tuple[str, ...]:

@@ -64,7 +64,7 @@ from typing import Any
 import httpx
 
 from osvl.rollout.engine import EngineError, GenerationRequest, GenerationResult, StopKind
-from osvl.rollout.sglang import Routing, image_data_url
+from osvl.rollout.sglang import Routing, check_server_fleet, image_data_url
 
 PROCESSED_LOGPROBS = "processed_logprobs"
 
@@ -78,14 +78,7 @@ class VLLMConfig:
     image_token_id: int | None = None  # the policy's <|image_pad|>: requests with images need it
 
     def __post_init__(self) -> None:
-        for name in ("urls", "update_urls"):
-            urls = getattr(self, name)
-            if (name == "urls" and not urls) or any(not u.startswith(("http://", "https://")) for u in urls):
-                raise ValueError(f"VLLMConfig.{name} needs http(s) base URLs, got {urls!r}")
-        if self.routing not in ("round_robin", "least_loaded"):
-            raise ValueError(f"unknown routing {self.routing!r}; expected round_robin or least_loaded")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        check_server_fleet(self)
 
     @property
     def weight_urls(self) -> tuple[str, ...]:
