@@ -174,11 +174,11 @@ def config_from_hf(raw: dict[str, Any]) -> Qwen3VLConfig:
     return config
 
 
-def config_to_hf(config: Qwen3VLConfig, *, dtype: str = "bfloat16") -> dict[str, Any]:
-    """HF ``config.json`` dict that transformers and vLLM/SGLang load."""
-    t, v = config.text, config.vision
-    text = {
-        "model_type": config.model_type + "_text",
+def hf_decoder_fields(config: Qwen3VLConfig) -> dict[str, Any]:
+    """The language model's shape in HF ``config.json`` keys, shared by the Qwen3-VL config's
+    ``text_config`` and the text-only export's (``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM``)."""
+    t = config.text
+    fields: dict[str, Any] = {
         "vocab_size": t.vocab_size,
         "hidden_size": t.hidden_size,
         "intermediate_size": t.intermediate_size,
@@ -191,6 +191,24 @@ def config_to_hf(config: Qwen3VLConfig, *, dtype: str = "bfloat16") -> dict[str,
         "max_position_embeddings": t.max_position_embeddings,
         "attention_bias": False,
         "tie_word_embeddings": config.tie_word_embeddings,
+    }
+    if t.is_moe:
+        fields.update(
+            num_experts=t.num_experts,
+            num_experts_per_tok=t.num_experts_per_tok,
+            moe_intermediate_size=t.moe_intermediate_size,
+            decoder_sparse_step=t.decoder_sparse_step,
+            mlp_only_layers=list(t.mlp_only_layers),
+        )
+    return fields
+
+
+def config_to_hf(config: Qwen3VLConfig, *, dtype: str = "bfloat16") -> dict[str, Any]:
+    """HF ``config.json`` dict that transformers and vLLM/SGLang load."""
+    t, v = config.text, config.vision
+    text = {
+        "model_type": config.model_type + "_text",
+        **hf_decoder_fields(config),
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": t.rope_theta,
@@ -199,14 +217,6 @@ def config_to_hf(config: Qwen3VLConfig, *, dtype: str = "bfloat16") -> dict[str,
         },
         "dtype": dtype,
     }
-    if t.is_moe:
-        text.update(
-            num_experts=t.num_experts,
-            num_experts_per_tok=t.num_experts_per_tok,
-            moe_intermediate_size=t.moe_intermediate_size,
-            decoder_sparse_step=t.decoder_sparse_step,
-            mlp_only_layers=list(t.mlp_only_layers),
-        )
     vision = {
         "model_type": config.model_type + "_vision",
         "depth": v.depth,

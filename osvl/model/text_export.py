@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from osvl.model.config import Qwen3VLConfig
+from osvl.model.config import Qwen3VLConfig, hf_decoder_fields
 
 VL_TEXT_PREFIX = "model.language_model."
 VL_VISUAL_PREFIX = "model.visual."
@@ -29,18 +29,7 @@ def text_config_to_hf(config: Qwen3VLConfig, *, dtype: str = "bfloat16") -> dict
     out: dict[str, Any] = {
         "architectures": ["Qwen3MoeForCausalLM" if t.is_moe else "Qwen3ForCausalLM"],
         "model_type": "qwen3_moe" if t.is_moe else "qwen3",
-        "vocab_size": t.vocab_size,
-        "hidden_size": t.hidden_size,
-        "intermediate_size": t.intermediate_size,
-        "num_hidden_layers": t.num_hidden_layers,
-        "num_attention_heads": t.num_attention_heads,
-        "num_key_value_heads": t.num_key_value_heads,
-        "head_dim": t.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": t.rms_norm_eps,
-        "max_position_embeddings": t.max_position_embeddings,
-        "attention_bias": False,
-        "tie_word_embeddings": config.tie_word_embeddings,
+        **hf_decoder_fields(config),
         "rope_theta": t.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": t.rope_theta},
         "use_sliding_window": False,
@@ -48,14 +37,7 @@ def text_config_to_hf(config: Qwen3VLConfig, *, dtype: str = "bfloat16") -> dict
         "torch_dtype": dtype,
     }
     if t.is_moe:
-        out.update(
-            num_experts=t.num_experts,
-            num_experts_per_tok=t.num_experts_per_tok,
-            moe_intermediate_size=t.moe_intermediate_size,
-            decoder_sparse_step=t.decoder_sparse_step,
-            mlp_only_layers=list(t.mlp_only_layers),
-            norm_topk_prob=True,
-        )
+        out["norm_topk_prob"] = True
     return out
 
 
