@@ -25,11 +25,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from osvl.config.recipe import Recipe
-from osvl.eval.interval import wilson_interval
-from osvl.rl.trajectory import Prompt, Trajectory
-from osvl.trainer.metrics import read_metrics
+if TYPE_CHECKING:  # imports stay light: the tool workers `evaluate` spawns re-import this module as __main__
+    from osvl.config.recipe import Recipe
+    from osvl.rl.trajectory import Prompt, Trajectory
 
 SUMMARY_KEYS = ("reward", "accuracy", "fatal_rate", "clamped_frac")
 
@@ -47,7 +47,8 @@ def demo_tokenizer(
     ``max_digits``: see :func:`osvl.data.tokenizer.train_bpe_tokenizer`."""
     from osvl.data.formats import iter_text
     from osvl.data.tokenizer import train_bpe_tokenizer
-    from osvl.rl.trajectory import read_jsonl
+    from osvl.jsonl import iter_jsonl
+    from osvl.rl.trajectory import trajectory_from_dict
     from osvl.synth.records import read_prompts
 
     data = Path(data_dir)
@@ -61,7 +62,7 @@ def demo_tokenizer(
     if text is not None:
         documents = iter_text(text)
         corpus += list(itertools.islice(documents, text_docs) if text_docs else documents)
-    for traj in read_jsonl(sft):
+    for traj in (trajectory_from_dict(data, store=None) for _, data in iter_jsonl(sft)):  # text only, no pixels
         corpus.append(traj.prompt.question)
         corpus += [s.text for s in traj.steps] + [s.observation_text for s in traj.steps if s.observation_text]
     corpus += [p.question for p in read_prompts(rl)]
@@ -179,6 +180,8 @@ def _window_mean(records: list[dict], key: str, first: bool, width: int) -> floa
 
 def accuracy_interval(result: dict) -> tuple[float, float]:
     """95% Wilson interval of an evaluation's accuracy over its scored prompts."""
+    from osvl.eval.interval import wilson_interval
+
     return wilson_interval(result["accuracy"] * result["scored"], result["scored"])
 
 
@@ -206,6 +209,8 @@ def summary_lines(
     when the intervals do);
     ``other_evals`` (other prompt sets) reported beside them; then GRPO's rollout metrics: first
     ``width`` steps vs last ``width``."""
+    from osvl.trainer.metrics import read_metrics
+
     sft, grpo = read_metrics(sft_dir), read_metrics(grpo_dir)
     lines = []
     if evals:

@@ -5,17 +5,19 @@ the data layer share it without the other's imports."""
 from __future__ import annotations
 
 import io
+import os
 import warnings
 
 
-def image_size(data: bytes) -> tuple[int, int]:
-    """(width, height) read from the file header only; ValueError when it is not an image."""
+def image_size(source: bytes | os.PathLike[str]) -> tuple[int, int]:
+    """(width, height) read from the header only, of encoded bytes or of a file (read no further than
+    its header); ValueError when it is not an image."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the caller applies its own bound
-            with Image.open(io.BytesIO(data)) as header:
+            with Image.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source) as header:
                 return header.size
     except Image.DecompressionBombError as err:  # PIL refuses over twice its own limit before telling the size
         raise ValueError(f"image declares too many pixels: {err}") from None

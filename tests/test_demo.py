@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -284,3 +287,18 @@ def test_answer_prior_guesses_the_most_frequent_answer_to_the_asked_attribute(tm
     assert "grpo is above it (the prior is inside" in summary_lines(sft_run, grpo_run, 1, evals, prior=prior)[4]
     prior.write_text(json.dumps({"accuracy": 0.02, "prompts": 4}))  # below 4 of 32's interval [0.050, 0.281]
     assert "grpo is above it (the prior is outside" in summary_lines(sft_run, grpo_run, 1, evals, prior=prior)[4]
+
+
+def test_the_demo_module_imports_light_for_the_tool_workers():
+    """`python -m osvl.demo evaluate` spawns tool workers, and a spawned worker re-imports the parent's
+    __main__: importing torch and the trainer there made every worker of each evaluation pay for them."""
+    probe = (
+        "import sys, osvl.demo\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchtitan', 'cv2')"
+        " or m.startswith(('osvl.config', 'osvl.eval', 'osvl.model', 'osvl.trainer'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=Path(__file__).parents[1], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", f"importing the demo module loads {done.stdout[:500]}"

@@ -11,11 +11,14 @@ They differ by a few uint8 levels where bicubic overshoots (PIL clips between it
 
 A processed image keeps its resized uint8 pixels (8x smaller than the float32 patches with their
 duplicated temporal frame); :func:`pixel_values` expands them only when a micro-batch is packed.
+An image's pad-token count follows from its size alone (:func:`image_grid`), so a
+:class:`DeferredImage` can stand in for it, with the pixels made only when a micro-batch needs them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -141,6 +144,31 @@ class ProcessedImage:
         return t * h * w
 
 
+@dataclass(frozen=True, eq=False)
+class DeferredImage:
+    """A processed image whose grid is known (from the file's header) and whose pixels are made on
+    first use, when a micro-batch that holds it is packed; ``load`` may cache them."""
+
+    grid_thw: tuple[int, int, int]
+    num_tokens: int
+    load: Callable[[], ProcessedImage]
+
+    @property
+    def num_patches(self) -> int:
+        t, h, w = self.grid_thw
+        return t * h * w
+
+    @property
+    def pixels(self) -> np.ndarray:
+        processed = self.load()
+        if processed.grid_thw != self.grid_thw:
+            raise ValueError(
+                f"deferred image: the pixels came out as grid {processed.grid_thw}, "
+                f"its tokens were counted for {self.grid_thw}"
+            )
+        return processed.pixels
+
+
 def smart_resize(height: int, width: int, config: ImageConfig) -> tuple[int, int]:
     """Target (H', W'): multiples of ``factor``, pixel count within [min, max], aspect kept."""
     if height <= 0 or width <= 0:
@@ -180,16 +208,22 @@ def resize_bicubic(image: np.ndarray, height: int, width: int, resample: str = "
     return y[0].clamp_(0, 255).round_().to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
 
 
+def image_grid(height: int, width: int, config: ImageConfig) -> tuple[tuple[int, int, int], int]:
+    """``(grid_thw, num_tokens)`` of an image of that size: what its pad tokens follow from, pixels unseen."""
+    resized_height, resized_width = smart_resize(height, width, config)
+    grid = (1, resized_height // config.patch_size, resized_width // config.patch_size)
+    return grid, grid[0] * grid[1] * grid[2] // config.merge_size**2
+
+
 def process_image(image: np.ndarray, config: ImageConfig) -> ProcessedImage:
     """Validates and resizes one RGB uint8 image; its token count follows from the grid."""
     check_image(image)
-    height, width = smart_resize(image.shape[0], image.shape[1], config)
-    pixels = resize_bicubic(image, height, width, config.resample)
-    grid = (1, height // config.patch_size, width // config.patch_size)
-    return ProcessedImage(pixels=pixels, grid_thw=grid, num_tokens=grid[0] * grid[1] * grid[2] // config.merge_size**2)
+    grid, num_tokens = image_grid(image.shape[0], image.shape[1], config)
+    pixels = resize_bicubic(image, grid[1] * config.patch_size, grid[2] * config.patch_size, config.resample)
+    return ProcessedImage(pixels=pixels, grid_thw=grid, num_tokens=num_tokens)
 
 
-def pixel_values(images: list[ProcessedImage], config: ImageConfig) -> np.ndarray:
+def pixel_values(images: list[ProcessedImage | DeferredImage], config: ImageConfig) -> np.ndarray:
     """Normalised patches of all images, concatenated: [sum(t*h*w), C*temporal*patch*patch] float32.
 
     Row order inside an image is merge-window major: (h/m, w/m, m, m), so the m*m rows the vision

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _Backend
 
@@ -125,6 +126,21 @@ class Tokenizer:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         self.backend.save(str(path))
+
+
+class CachedTokenizer(Tokenizer):
+    """Encodes each distinct text once: SFT data repeats its steps and observations (the demo's 51,812
+    texts hold 12,030 distinct ones). The ids are kept as int32 arrays, for as long as the instance lives."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        super().__init__(tokenizer.backend)
+        self._ids: dict[str, np.ndarray] = {}
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._ids.get(text) if isinstance(text, str) else None
+        if ids is None:
+            ids = self._ids[text] = np.asarray(super().encode(text), dtype=np.int32)
+        return ids.tolist()
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:

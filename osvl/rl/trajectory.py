@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import numpy as np
 from osvl.jsonl import iter_jsonl
 
 SCHEMA_VERSION = 1
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class ToolStatus(str, enum.Enum):
@@ -267,8 +269,8 @@ def _images_out(images: list[np.ndarray], store: ImageStore) -> list[str]:
     return [store.put(image) for image in images]
 
 
-def _images_in(hashes: list[str], store: ImageStore) -> list[np.ndarray]:
-    return [store.get(sha) for sha in hashes]
+def _images_in(hashes: list[str], store: ImageStore | None) -> list[np.ndarray]:
+    return [store.get(sha) for sha in hashes] if store is not None else []
 
 
 def _float_out(value: float) -> float | str:
@@ -294,7 +296,7 @@ def _tool_result_out(result: ToolResult, store: ImageStore) -> dict[str, Any]:
     }
 
 
-def _tool_result_in(data: Mapping[str, Any], store: ImageStore) -> ToolResult:
+def _tool_result_in(data: Mapping[str, Any], store: ImageStore | None) -> ToolResult:
     return ToolResult(
         status=ToolStatus.parse(data["status"]),
         tool=data["tool"],
@@ -327,7 +329,7 @@ def _step_out(step: Step, store: ImageStore) -> dict[str, Any]:
     }
 
 
-def _step_in(data: Mapping[str, Any], store: ImageStore) -> Step:
+def _step_in(data: Mapping[str, Any], store: ImageStore | None) -> Step:
     call = data["tool_call"]
     result = data["tool_result"]
     return Step(
@@ -377,7 +379,9 @@ def trajectory_to_dict(traj: Trajectory, store: ImageStore) -> dict[str, Any]:
     }
 
 
-def trajectory_from_dict(data: Mapping[str, Any], store: ImageStore) -> Trajectory:
+def trajectory_from_dict(data: Mapping[str, Any], store: ImageStore | None) -> Trajectory:
+    """The record as a trajectory; ``store=None`` decodes no image and leaves every image list empty,
+    for readers that take the images by :func:`image_hashes`."""
     if data.get("schema") != SCHEMA_VERSION:
         raise ValueError(
             f"unsupported trajectory schema {data.get('schema')!r}; this reader understands {SCHEMA_VERSION}"
@@ -400,6 +404,15 @@ def trajectory_from_dict(data: Mapping[str, Any], store: ImageStore) -> Trajecto
         reward=None if reward is None else RewardParts(**reward),
         infra_retries=data["infra_retries"],
     )
+
+
+def image_hashes(data: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """A trajectory record's prompt images and each step's observation images, as content hashes."""
+    hashes = (list(data["prompt"]["images"]), [list(step["observation_images"]) for step in data["steps"]])
+    for sha in [*hashes[0], *(sha for step in hashes[1] for sha in step)]:
+        if not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
+            raise ValueError(f"image reference {sha!r} is not a SHA-256 hex digest")
+    return hashes
 
 
 def default_images_dir(jsonl_path: str | os.PathLike[str]) -> Path:

@@ -1,8 +1,11 @@
 """SFT trajectories -> packed micro-batches (drawn in the order of :mod:`osvl.trainer.index_stream`).
 
-Synthesised SFT trajectories carry text, not engine ids: each step is tokenized once here
-(generation + ``<|im_end|>``, so the model learns to stop). Every rank renders the whole set and
-plans the same packing, so the global loss normaliser needs no collective.
+Synthesised SFT trajectories carry text, not engine ids: each step is tokenized here (generation +
+``<|im_end|>``, so the model learns to stop), each distinct text once. Every rank lays out the
+tokens of the whole set and plans the same packing, so the global loss normaliser needs no
+collective. An image's pad tokens need only its size, so osvl JSONL images stay files until a
+micro-batch that holds them is packed, each decoded and resized once per process
+(:mod:`osvl.data.image_files`): a rank makes the pixels of its own share only.
 
 ``data.format`` picks the reader: osvl JSONL, or the released LLaMA-Factory ShareGPT files, whose
 records are rendered with their own system prompt and tool schema (what the released checkpoints
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +27,7 @@ import torch.distributed as dist
 
 from osvl.config.loader import read_prompt_file
 from osvl.config.recipe import STAGE_FORMATS, DataConfig
-from osvl.data.chat import ChatRenderer
+from osvl.data.chat import ChatRenderer, TrajectoryImages
 from osvl.data.formats import (
     FileStats,
     SFTRecord,
@@ -33,7 +37,8 @@ from osvl.data.formats import (
     text_windows,
     tokenize_steps,
 )
-from osvl.data.image import ImageConfig
+from osvl.data.image import DeferredImage, ImageConfig
+from osvl.data.image_files import ImageFile, ImageFileCache
 from osvl.data.mrope import mrope_position_ids
 from osvl.data.packing import (
     PackedBatch,
@@ -44,8 +49,9 @@ from osvl.data.packing import (
     text_sequence,
     train_sequence,
 )
-from osvl.data.tokenizer import SpecialTokens
-from osvl.rl.trajectory import Trajectory, read_jsonl
+from osvl.data.tokenizer import CachedTokenizer, SpecialTokens
+from osvl.jsonl import iter_jsonl
+from osvl.rl.trajectory import Trajectory, default_images_dir, image_hashes, trajectory_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +103,41 @@ def _record_renderers(
         yield record.trajectory, renderers[key]
 
 
+def _osvl_records(
+    path: Path, config: ImageConfig, image_cache: ImageFileCache
+) -> Iterator[tuple[Trajectory, TrajectoryImages]]:
+    """osvl JSONL trajectories without their pixels: each image deferred, from the store beside the file."""
+    store = default_images_dir(path)
+
+    def deferred(sha: str) -> DeferredImage:
+        return image_cache.deferred(ImageFile(store / f"{sha}.png", sha), config)
+
+    for line, data in iter_jsonl(path):
+        where = f"data.train_path: {path}:{line}"
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a trajectory object")
+        try:
+            trajectory = trajectory_from_dict(data, store=None)
+            prompt, observations = image_hashes(data)
+            images = TrajectoryImages(
+                [deferred(sha) for sha in prompt], [[deferred(sha) for sha in step] for step in observations]
+            )
+        except KeyError as error:
+            raise ValueError(f"{where}: the record has no {error} field") from None
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{where}: {error}") from None
+        yield trajectory, images
+
+
 def load_sft_sequences(
-    source: str | Path | DataConfig, renderer: ChatRenderer, stats: FileStats | None = None
+    source: str | Path | DataConfig,
+    renderer: ChatRenderer,
+    stats: FileStats | None = None,
+    image_cache: ImageFileCache | None = None,
 ) -> list[TrainSequence]:
-    """Every training sequence of ``data.train_path``; ``stats`` collects a ShareGPT file's counts."""
+    """Every training sequence of ``data.train_path``; ``stats`` collects a ShareGPT file's counts.
+    osvl JSONL images are deferred through ``image_cache`` (a new one when not given)."""
+    started = time.perf_counter()
     data = as_data_config(source)
     fmt = resolve_format(data, "sft")
     path = Path(data.train_path)
@@ -113,18 +150,33 @@ def load_sft_sequences(
         if not windows:
             raise ValueError(f"data.train_path: {path} holds no usable text ({dict(stats.rejected)} rejected)")
         return [text_sequence(ids, index) for index, ids in enumerate(windows)]
+    renderer = renderer.with_tokenizer(CachedTokenizer(renderer.tokenizer))  # for this load only
+    cache = image_cache if image_cache is not None else ImageFileCache()
     if fmt == "osvl":
-        pairs = ((t, renderer) for t in read_jsonl(path))
+        records = ((t, renderer, images) for t, images in _osvl_records(path, renderer.image_config, cache))
     else:
         stats = stats if stats is not None else FileStats(str(path))
-        records = iter_sharegpt(path, stats, image_root=data.image_root or None)
-        pairs = _record_renderers(records, renderer, read_system_prompt(data.system_prompt))
-    sequences = [train_sequence(tokenize_steps(t, r.tokenizer, keep_token_ids=True), r, reward=0.0) for t, r in pairs]
+        shared = iter_sharegpt(path, stats, image_root=data.image_root or None)
+        pairs = _record_renderers(shared, renderer, read_system_prompt(data.system_prompt))
+        records = ((t, r, None) for t, r in pairs)
+    sequences = [
+        train_sequence(tokenize_steps(t, r.tokenizer, keep_token_ids=True), r, reward=0.0, images=images)
+        for t, r, images in records
+    ]
     if stats is not None:
         log_file_stats(stats)
     if not sequences:
         rejected = f" ({dict(stats.rejected)} rejected: {stats.examples})" if stats and stats.rejected else ""
         raise ValueError(f"data.train_path: {path} holds no usable trajectories{rejected}")
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        log.info(
+            "%s: %d sequences, %d tokens, %d image files read to their headers, laid out in %.1f s",
+            path,
+            len(sequences),
+            sum(s.num_tokens for s in sequences),
+            cache.num_files,
+            time.perf_counter() - started,
+        )
     return sequences
 
 

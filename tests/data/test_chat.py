@@ -8,9 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from osvl.data.chat import ChatRenderer, function_schema, system_text
-from osvl.data.image import ImageConfig, process_image
+from osvl.data.chat import ChatRenderer, TrajectoryImages, function_schema, system_text
+from osvl.data.image import DeferredImage, ImageConfig, process_image
 from osvl.data.mrope import mrope_position_ids
+from osvl.data.tokenizer import Tokenizer
 from osvl.rl.trajectory import FinishReason, Prompt, Trajectory
 from tests.data.helpers import TOOLS, engine_step, rgb, search_trajectory, tiny_tokenizer
 
@@ -220,3 +221,53 @@ def test_bad_prompt_image_raises(renderer):
     prompt.images.append(np.zeros((0, 4, 3), np.uint8))
     with pytest.raises(ValueError, match="H, W > 0"):
         renderer.render_prompt(prompt)
+
+
+def deferred_images(traj: Trajectory) -> TrajectoryImages:
+    """The trajectory's images as ready processed ones; a deferred image only has to count its tokens."""
+
+    def defer(image: np.ndarray) -> DeferredImage:
+        processed = process_image(image, IMAGES)
+        return DeferredImage(processed.grid_thw, processed.num_tokens, lambda: processed)
+
+    return TrajectoryImages(
+        [defer(i) for i in traj.prompt.images], [[defer(i) for i in step.observation_images] for step in traj.steps]
+    )
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_given_images_render_as_the_trajectory_own(renderer, recorded):
+    traj = search_trajectory(renderer.tokenizer)
+    if recorded:  # the agent loop's ids, with the image's pad run
+        traj.steps[1].observation_token_ids = renderer.render_observation(traj.steps[1]).ids
+    given = deferred_images(traj)
+    bare = copy.deepcopy(traj)
+    bare.prompt.images, bare.steps[1].observation_images = [], []  # e.g. read with store=None
+    eager, deferred = renderer.render_trajectory(traj), renderer.render_trajectory(bare, given)
+    assert np.array_equal(eager.input_ids, deferred.input_ids) and np.array_equal(eager.loss_mask, deferred.loss_mask)
+    assert np.array_equal(eager.token_step, deferred.token_step)
+    assert deferred.images == [*given.prompt, *given.observations[1]]
+    assert [p.grid_thw for p in eager.images] == [p.grid_thw for p in deferred.images]
+
+
+def test_given_images_must_fit_the_trajectory(renderer):
+    traj = search_trajectory(renderer.tokenizer)
+    given = deferred_images(traj)
+    with pytest.raises(ValueError, match="images for 2 observations, 3 steps"):
+        renderer.render_trajectory(traj, TrajectoryImages(given.prompt, given.observations[:2]))
+    with pytest.raises(ValueError, match="1 processed images given for 2 images"):
+        renderer.render_trajectory(traj, TrajectoryImages(given.prompt[:1], given.observations))
+
+
+def test_with_tokenizer_renders_the_same_prompt_through_another_tokenizer(renderer):
+    counted = []
+
+    class Counting(Tokenizer):
+        def encode(self, text):
+            counted.append(text)
+            return super().encode(text)
+
+    other = renderer.with_tokenizer(Counting(renderer.tokenizer.backend))
+    traj = search_trajectory(renderer.tokenizer)
+    assert np.array_equal(other.render_trajectory(traj).input_ids, renderer.render_trajectory(traj).input_ids)
+    assert counted and other.system == renderer.system and renderer.tokenizer is not other.tokenizer

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
-from osvl.data.tokenizer import QWEN_ADDED_TOKENS, SpecialTokens, Tokenizer, load_tokenizer, train_bpe_tokenizer
+from osvl.data.tokenizer import (
+    QWEN_ADDED_TOKENS,
+    CachedTokenizer,
+    SpecialTokens,
+    Tokenizer,
+    load_tokenizer,
+    train_bpe_tokenizer,
+)
 from tests.data.helpers import CORPUS, tiny_tokenizer
 
 QWEN_BASE_VOCAB = 151643  # Qwen2/3 learned vocabulary size; added tokens start here
@@ -144,3 +151,20 @@ def test_bad_encode_decode_arguments_raise():
 
 def test_special_tokens_is_a_typed_record():
     assert SpecialTokens.NAMES["image_pad"] == "<|image_pad|>"
+
+
+def test_cached_tokenizer_encodes_each_distinct_text_once(monkeypatch):
+    plain = tiny_tokenizer()
+    encoded = []
+    real = Tokenizer.encode
+    monkeypatch.setattr(Tokenizer, "encode", lambda self, text: encoded.append(text) or real(self, text))
+    cached = CachedTokenizer(plain)
+    texts = [*CORPUS[:5], "<|im_start|>user\n<|image_pad|><|image_pad|>hi<|im_end|>\n", ""] * 3
+    ids = [cached.encode(text) for text in texts]
+    assert ids == [real(plain, text) for text in texts]
+    assert encoded == texts[:7]  # the backend saw each distinct text once
+    ids[0].append(-1)  # callers own what they get
+    assert cached.encode(texts[0]) == real(plain, texts[0])
+    assert cached.special == plain.special and cached.vocab_size == plain.vocab_size
+    with pytest.raises(ValueError, match="encode takes a str"):
+        cached.encode(["not", "text"])

@@ -23,8 +23,10 @@ from osvl.rl.trajectory import (
     Trajectory,
     append_jsonl,
     default_images_dir,
+    image_hashes,
     image_sha256,
     read_jsonl,
+    trajectory_from_dict,
 )
 
 from .helpers import PROMPT, response_step, rgb, tool_step
@@ -126,6 +128,22 @@ def test_images_are_stored_once_per_content(tmp_path) -> None:
     line = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
     assert line["prompt"]["images"] == [image_sha256(rgb(17, 23, 0))]
     assert "Какой год" in path.read_text(encoding="utf-8")  # unicode stays readable
+
+
+def test_a_record_reads_without_its_images_and_names_them_by_hash(tmp_path) -> None:
+    path = tmp_path / "rollouts.jsonl"
+    append_jsonl(path, [rich_trajectory()])
+    record = json.loads(path.read_text(encoding="utf-8"))
+    photo, crop = image_sha256(rgb(17, 23, 0)), image_sha256(rgb(5, 4, 1))
+    assert image_hashes(record) == ([photo], [[crop, photo], [], [], []])  # the result's images are not rendered
+    bare = trajectory_from_dict(record, store=None)
+    full = next(read_jsonl(path))
+    assert bare.prompt.images == [] and all(s.observation_images == [] for s in bare.steps)
+    assert bare.steps[0].tool_result.images == [] and full.steps[0].tool_result.images
+    assert [s.token_ids for s in bare.steps] == [s.token_ids for s in full.steps]
+    record["steps"][0]["observation_images"] = ["../../etc/passwd"]
+    with pytest.raises(ValueError, match="image reference '../../etc/passwd' is not a SHA-256 hex digest"):
+        image_hashes(record)
 
 
 def test_rgb_order_survives_png(tmp_path) -> None:
