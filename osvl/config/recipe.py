@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from osvl.parallel.parallelize import ParallelConfig
+from osvl.config.parallel import ParallelConfig
 
 Stage = Literal["sft", "grpo"]
 FatalMode = Literal["vanilla", "hard_mask", "fatal_mask", "fatal_clamp"]

@@ -86,7 +86,7 @@ class ImageFileCache:
         return self._sizes[file.path]
 
     def processed(self, file: ImageFile, config: ImageConfig) -> ProcessedImage:
-        """The file decoded, checked against its hash and resized under ``config``; made once."""
+        """The file decoded, checked against its hash and resized under ``config``; made once while it fits."""
         key = (file, config)
         if key in self._processed:
             self._processed.move_to_end(key)

@@ -19,9 +19,10 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from osvl.config.parallel import ParallelConfig
 from osvl.model.config import Qwen3VLConfig
 from osvl.model.presets import PRESETS, preset
-from osvl.parallel.parallelize import ParallelConfig, parallelize, sharded_model_config
+from osvl.parallel.parallelize import parallelize, sharded_model_config
 
 _SHARDING_DIMS = ("fsdp", "efsdp", "dp_shard")
 _BYTES = {"bfloat16": 2, "float32": 4}

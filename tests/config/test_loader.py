@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +78,19 @@ def test_counting_infra_errors_needs_the_outage_rollouts_kept():
     assert (default.grpo.fatal_errors, default.grpo.infra_rollouts) == ("policy", "drop")
     with pytest.raises(ValueError, match="grpo.infra_rollouts"):
         load_recipe("tiny_grpo", ["grpo.infra_rollouts=retry"])
+
+
+def test_loading_a_recipe_imports_neither_torch_nor_torchtitan():
+    """Every CLI loads a recipe first (reports, the demo's prior, summaries): the recipe and its
+    ``[parallel]`` table stay torch-free, so those commands start in a fraction of a second."""
+    probe = (
+        "import sys\n"
+        "from osvl.config import load_recipe\n"
+        "recipe = load_recipe('tiny_grpo', ['parallel.tp=1'])\n"
+        "print(recipe.parallel.tp, sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torchtitan', 'cv2'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=Path(__file__).parents[2], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "1 []", f"loading a recipe imports {done.stdout[:300]}"
