@@ -37,7 +37,7 @@ from osvl.trainer.sft_data import load_sft_sequences, rank_microbatches
 
 SCHEMA = "osvl.bench.sft_data/1"
 REPO = Path(__file__).resolve().parents[2]
-IMAGE_CONFIG = ImageConfig(min_pixels=1024, max_pixels=16384)  # tiny_sft's data.min_pixels / max_pixels
+PATCH_SIZE = 8  # the demo's `small` preset; tiny_sft's data.min_pixels / max_pixels below
 
 
 def synthetic_corpus(root: Path, num_trajectories: int, num_images: int, seed: int = 0) -> tuple[Path, Path]:
@@ -105,8 +105,12 @@ def pack_epoch(
     return time.perf_counter() - started
 
 
-def eager_arm(data: Path, tokenizer: Tokenizer, ranks: int, batch: int, max_tokens: int) -> dict:
-    renderer = ChatRenderer(tokenizer, IMAGE_CONFIG)
+def image_config(patch_size: int) -> ImageConfig:
+    return ImageConfig(patch_size=patch_size, min_pixels=1024, max_pixels=16384)
+
+
+def eager_arm(data: Path, renderer: ChatRenderer, ranks: int, batch: int, max_tokens: int) -> dict:
+    tokenizer = renderer.tokenizer
     started = time.perf_counter()
     sequences = [
         train_sequence(tokenize_steps(t, tokenizer, keep_token_ids=True), renderer, reward=0.0)
@@ -122,8 +126,8 @@ def eager_arm(data: Path, tokenizer: Tokenizer, ranks: int, batch: int, max_toke
     }
 
 
-def deferred_arm(data: Path, tokenizer: Tokenizer, ranks: int, batch: int, max_tokens: int) -> dict:
-    renderer, cache = ChatRenderer(tokenizer, IMAGE_CONFIG), ImageFileCache()
+def deferred_arm(data: Path, renderer: ChatRenderer, ranks: int, batch: int, max_tokens: int) -> dict:
+    cache = ImageFileCache()
     started = time.perf_counter()
     sequences = load_sft_sequences(data, renderer, image_cache=cache)
     load_s = time.perf_counter() - started
@@ -139,9 +143,12 @@ def deferred_arm(data: Path, tokenizer: Tokenizer, ranks: int, batch: int, max_t
     }
 
 
-def run(data: Path, tokenizer: Tokenizer, ranks: int, batch: int, max_tokens: int) -> dict:
-    eager = eager_arm(data, tokenizer, ranks, batch, max_tokens)
-    deferred = deferred_arm(data, tokenizer, ranks, batch, max_tokens)
+def run(
+    data: Path, tokenizer: Tokenizer, ranks: int, batch: int, max_tokens: int, patch_size: int = PATCH_SIZE
+) -> dict:
+    renderer = ChatRenderer(tokenizer, image_config(patch_size))
+    eager = eager_arm(data, renderer, ranks, batch, max_tokens)
+    deferred = deferred_arm(data, renderer, ranks, batch, max_tokens)
     if eager["tokens"] != deferred["tokens"]:
         raise RuntimeError(f"the two arms laid out different token counts: {eager['tokens']} vs {deferred['tokens']}")
     total = {name: arm["load_s"] + arm["pack_epoch_s"] for name, arm in (("eager", eager), ("deferred", deferred))}
@@ -152,6 +159,7 @@ def run(data: Path, tokenizer: Tokenizer, ranks: int, batch: int, max_tokens: in
         "ranks": ranks,
         "global_batch": batch,
         "max_tokens": max_tokens,
+        "patch_size": patch_size,
         "eager": eager,
         "deferred": deferred,
         "load_speedup": eager["load_s"] / deferred["load_s"],
@@ -169,19 +177,20 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--global-batch", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--patch-size", type=int, default=PATCH_SIZE, help="the vision tower's patch")
     parser.add_argument("--out", type=Path, default=REPO / "bench/packing/results/sft_data-cpu.json")
     args = parser.parse_args()
     if (args.data is None) != (args.tokenizer is None):
         parser.error("--data and --tokenizer go together")
-    if min(args.trajectories, args.images, args.ranks, args.global_batch, args.max_tokens) < 1:
-        parser.error("--trajectories, --images, --ranks, --global-batch and --max-tokens must be >= 1")
+    if min(args.trajectories, args.images, args.ranks, args.global_batch, args.max_tokens, args.patch_size) < 1:
+        parser.error("--trajectories, --images, --ranks, --global-batch, --max-tokens and --patch-size must be >= 1")
     with tempfile.TemporaryDirectory() as scratch:
         data, tokenizer = (
             (args.data, args.tokenizer)
             if args.data is not None
             else synthetic_corpus(Path(scratch), args.trajectories, args.images)
         )
-        result = run(data, load_tokenizer(tokenizer), args.ranks, args.global_batch, args.max_tokens)
+        result = run(data, load_tokenizer(tokenizer), args.ranks, args.global_batch, args.max_tokens, args.patch_size)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -10,7 +10,9 @@ from osvl.data.tokenizer import load_tokenizer
 
 def test_benchmark_record_counts_what_each_arm_decodes(tmp_path):
     data, tokenizer = synthetic_corpus(tmp_path, num_trajectories=24, num_images=5)
-    result = json.loads(json.dumps(run(data, load_tokenizer(tokenizer), ranks=2, batch=4, max_tokens=4096)))
+    result = json.loads(
+        json.dumps(run(data, load_tokenizer(tokenizer), ranks=2, batch=4, max_tokens=4096, patch_size=16))
+    )
     assert result["schema"] == "osvl.bench.sft_data/1" and "commit" in result["git"]
     eager, deferred = result["eager"], result["deferred"]
     assert eager["tokens"] == deferred["tokens"] > 0
