@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +13,7 @@ from osvl.rollout import ReplayEngine
 from osvl.synth.records import write_prompts
 from osvl.trainer.validation import answer_is_grounded
 from osvl.world.__main__ import main as world_main
+from tests.fresh_imports import fresh_imports
 from tests.trainer.fixtures import write_sft_data
 from tests.trainer.test_report import fake_run
 
@@ -292,13 +290,5 @@ def test_answer_prior_guesses_the_most_frequent_answer_to_the_asked_attribute(tm
 def test_the_demo_module_imports_light_for_the_tool_workers():
     """`python -m osvl.demo evaluate` spawns tool workers, and a spawned worker re-imports the parent's
     __main__: importing torch and the trainer there made every worker of each evaluation pay for them."""
-    probe = (
-        "import sys, osvl.demo\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchtitan', 'cv2')"
-        " or m.startswith(('osvl.config', 'osvl.eval', 'osvl.model', 'osvl.trainer'))))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=Path(__file__).parents[1], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]", f"importing the demo module loads {done.stdout[:500]}"
+    watched = ("torch", "torchtitan", "cv2", "osvl.config", "osvl.eval", "osvl.model", "osvl.trainer")
+    assert fresh_imports("import osvl.demo", watched) == []

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from osvl.config.loader import build, load_recipe, read_prompt_file
 from osvl.synth.pipeline import CurationConfig
+from tests.fresh_imports import fresh_imports
 
 
 @dataclass(frozen=True)
@@ -83,14 +81,5 @@ def test_counting_infra_errors_needs_the_outage_rollouts_kept():
 def test_loading_a_recipe_imports_neither_torch_nor_torchtitan():
     """Every CLI loads a recipe first (reports, the demo's prior, summaries): the recipe and its
     ``[parallel]`` table stay torch-free, so those commands start in a fraction of a second."""
-    probe = (
-        "import sys\n"
-        "from osvl.config import load_recipe\n"
-        "recipe = load_recipe('tiny_grpo', ['parallel.tp=1'])\n"
-        "print(recipe.parallel.tp, sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torchtitan', 'cv2'}))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=Path(__file__).parents[2], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "1 []", f"loading a recipe imports {done.stdout[:300]}"
+    code = "from osvl.config import load_recipe\nassert load_recipe('tiny_grpo', ['parallel.tp=1']).parallel.tp == 1"
+    assert fresh_imports(code, ("torch", "torchtitan", "cv2")) == []

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 from contextlib import contextmanager, redirect_stdout
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +28,7 @@ from osvl.rollout import RolloutRecorder
 from osvl.tools import PoolConfig, ToolBackendsConfig, ToolEnvironment, ToolPool, ToolRegistry
 from osvl.trainer import read_metrics, run_grpo
 from osvl.trainer.tool_env import with_faults
+from tests.fresh_imports import fresh_imports
 from tests.trainer.grpo_fixtures import scripted
 from tests.trainer.resume_fixtures import deterministic_specs
 from tests.trainer.test_grpo import grpo_overrides
@@ -135,17 +133,12 @@ def test_no_deadline_was_hit(runs):
 def test_tool_module_is_cheap_for_the_worker():
     """Every worker start (and restart after a timeout) imports the preloaded targets: the fixture
     module must not pull in torch, whose import (with the trainer's) took over 30 s on a loaded 2-core machine."""
-    probe = (
-        "import sys, osvl.tools.worker as w\n"
+    code = (
+        "import osvl.tools.worker as w\n"
         "from tests.trainer.resume_fixtures import deterministic_specs\n"
-        "assert not w.preload_targets(s.target for s in deterministic_specs())\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('osvl.trainer')))"
+        "assert not w.preload_targets(s.target for s in deterministic_specs())"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=Path(__file__).parents[2], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]", f"the tool worker would import {done.stdout[:500]}"
+    assert fresh_imports(code, ("torch", "osvl.trainer")) == []
 
 
 def test_resumed_weights_are_bitwise_equal(runs):
