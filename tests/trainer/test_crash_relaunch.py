@@ -63,9 +63,13 @@ def _started(pid: int) -> int | None:
         return None
 
 
-def _rank_of(pid: int) -> int:
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return int(next(v for v in environ if v.startswith(b"RANK=")).split(b"=", 1)[1])
+def _rank_of(pid: int) -> int | None:
+    """The process's RANK, or None while it has none (forked by the agent, not yet exec'd as a rank)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((int(v.split(b"=", 1)[1]) for v in environ if v.startswith(b"RANK=")), None)
 
 
 def _wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.05):
@@ -108,10 +112,13 @@ class Launch:
         self._started: dict[int, int | None] = {}
 
     def wait_for_ranks(self) -> dict[int, int]:
-        pids = _wait_for(
-            lambda: len(_children(self.agent.pid)) == 2 and _children(self.agent.pid), 120, "the agent to start 2 ranks"
-        )
-        self.ranks = {_rank_of(pid): pid for pid in pids}
+        def started_ranks() -> dict[int, int] | None:
+            pids = _children(self.agent.pid)
+            ranks = {_rank_of(pid): pid for pid in pids}
+            return ranks if len(pids) == 2 and set(ranks) == {0, 1} else None
+
+        self.ranks = _wait_for(started_ranks, 120, "the agent to start 2 ranks")
+        pids = list(self.ranks.values())
         self._started = {pid: _started(pid) for pid in pids}
         return self.ranks
 
