@@ -247,11 +247,16 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
 
     log, pushes = root / "vllm.log", _log_count(root / "vllm.log", "/update_weight_version")
 
+    def generated_since_the_push() -> int:
+        text = log.read_text(errors="replace")
+        return text[text.rfind("/update_weight_version") :].count("POST /inference/v1/generate")
+
     def kill_during_rollouts() -> None:
-        """Kills the server once the resumed stage has pushed its weights (its step-3 rollouts start
-        then, and its training keeps step 3's weight sync seconds away), with requests of its own in flight."""
+        """Kills the server once the resumed stage has pushed its weights and its pre-flight probe turn
+        has come back (the first generation after the push: step-3 rollouts start then, and its training
+        keeps step 3's weight sync seconds away), with requests of its own in flight."""
         deadline = time.monotonic() + 600
-        while _log_count(log, "/update_weight_version") <= pushes:
+        while _log_count(log, "/update_weight_version") <= pushes or not generated_since_the_push():
             if time.monotonic() > deadline:
                 return
             time.sleep(0.05)
