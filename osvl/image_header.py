@@ -23,3 +23,9 @@ def image_size(source: bytes | os.PathLike[str]) -> tuple[int, int]:
         raise ValueError(f"image declares too many pixels: {err}") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as err:
         raise ValueError(f"not a readable image: {err}") from None
+
+
+def check_declared_pixels(width: int, height: int, max_pixels: int, what: str = "image") -> None:
+    """Refuses a header that declares more than ``max_pixels``, before anything is decoded."""
+    if width * height > max_pixels:
+        raise ValueError(f"{what} declares {width}x{height} = {width * height} pixels, over the limit of {max_pixels}")

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from osvl.image_header import image_size
+from osvl.image_header import check_declared_pixels, image_size
 from osvl.rl.trajectory import check_image
 
 MAX_ASPECT_RATIO = 200  # Qwen's smart_resize refuses anything more elongated
@@ -257,8 +257,7 @@ def decode_image(data: bytes, max_pixels: int = MAX_DECODE_PIXELS) -> np.ndarray
         width, height = image_size(bytes(data))
     except ValueError as error:
         raise ValueError(f"cannot decode image ({len(data)} bytes): corrupt or unsupported format ({error})") from None
-    if width * height > max_pixels:
-        raise ValueError(f"image declares {width}x{height} = {width * height} pixels, over the limit of {max_pixels}")
+    check_declared_pixels(width, height, max_pixels)
     import cv2  # decoding only: packing and the model run without OpenCV (GPU images may lack it)
 
     decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)

@@ -27,7 +27,7 @@ from osvl.data.image import (
     image_grid,
     process_image,
 )
-from osvl.image_header import image_size
+from osvl.image_header import check_declared_pixels, image_size
 from osvl.rl.trajectory import image_sha256
 
 
@@ -77,11 +77,7 @@ class ImageFileCache:
                 width, height = image_size(file.path)
             except ValueError as error:
                 raise ValueError(f"image {file.path}: {error}") from None
-            if width * height > MAX_DECODE_PIXELS:
-                raise ValueError(
-                    f"image {file.path} declares {width}x{height} = {width * height} pixels, "
-                    f"over the limit of {MAX_DECODE_PIXELS}"
-                )
+            check_declared_pixels(width, height, MAX_DECODE_PIXELS, what=f"image {file.path}")
             self._sizes[file.path] = (height, width)
         return self._sizes[file.path]
 
@@ -105,10 +101,11 @@ class ImageFileCache:
             pixels = decode_image(file.path.read_bytes())
         except (OSError, ValueError) as error:
             raise ValueError(f"image {file.path}: {error}") from None
-        if pixels.shape[:2] != self.size(file):
+        height, width = self.size(file)
+        if pixels.shape[:2] != (height, width):
             raise ValueError(
                 f"image {file.path} decodes to {pixels.shape[1]}x{pixels.shape[0]} but its header "
-                f"declared {self.size(file)[1]}x{self.size(file)[0]} (changed on disk?)"
+                f"declared {width}x{height} (changed on disk?)"
             )
         if file.sha256 and image_sha256(pixels) != file.sha256:
             raise ValueError(f"image {file.path} does not match its content hash {file.sha256}")

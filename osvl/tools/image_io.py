@@ -11,7 +11,7 @@ import os
 import cv2
 import numpy as np
 
-from osvl.image_header import image_size
+from osvl.image_header import check_declared_pixels, image_size
 
 
 def decode_image(data: bytes, max_pixels: int, max_bytes: int | None = None) -> np.ndarray:
@@ -19,9 +19,7 @@ def decode_image(data: bytes, max_pixels: int, max_bytes: int | None = None) -> 
     is refused before anything is decoded."""
     if max_bytes is not None and len(data) > max_bytes:
         raise ValueError(f"image data is {len(data)} bytes, over the limit of {max_bytes}")
-    width, height = image_size(data)
-    if width * height > max_pixels:
-        raise ValueError(f"image declares {width}x{height} = {width * height} pixels, over the limit of {max_pixels}")
+    check_declared_pixels(*image_size(data), max_pixels)
     decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     if decoded is None or decoded.size == 0:
         raise ValueError("image data could not be decoded")

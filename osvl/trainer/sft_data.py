@@ -151,8 +151,9 @@ def load_sft_sequences(
             raise ValueError(f"data.train_path: {path} holds no usable text ({dict(stats.rejected)} rejected)")
         return [text_sequence(ids, index) for index, ids in enumerate(windows)]
     renderer = renderer.with_tokenizer(CachedTokenizer(renderer.tokenizer))  # for this load only
-    cache = image_cache if image_cache is not None else ImageFileCache()
+    cache = None
     if fmt == "osvl":
+        cache = image_cache if image_cache is not None else ImageFileCache()
         records = ((t, renderer, images) for t, images in _osvl_records(path, renderer.image_config, cache))
     else:
         stats = stats if stats is not None else FileStats(str(path))
@@ -169,12 +170,13 @@ def load_sft_sequences(
         rejected = f" ({dict(stats.rejected)} rejected: {stats.examples})" if stats and stats.rejected else ""
         raise ValueError(f"data.train_path: {path} holds no usable trajectories{rejected}")
     if not dist.is_initialized() or dist.get_rank() == 0:
+        headers = f", {cache.num_files} image files read to their headers" if cache is not None else ""
         log.info(
-            "%s: %d sequences, %d tokens, %d image files read to their headers, laid out in %.1f s",
+            "%s: %d sequences, %d tokens%s, laid out in %.1f s",
             path,
             len(sequences),
             sum(s.num_tokens for s in sequences),
-            cache.num_files,
+            headers,
             time.perf_counter() - started,
         )
     return sequences
