@@ -267,11 +267,13 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
         ]
 
         async def crash():
-            inflight = [asyncio.create_task(engine.generate(r)) for r in long]
+            requests = [asyncio.create_task(engine.generate(r)) for r in long]
             await asyncio.sleep(0.5)
-            outcomes.append(not any(t.done() for t in inflight))  # still generating when the node dies
-            await asyncio.to_thread(server.kill)
+            inflight = [t for t in requests if not t.done()]  # still generating when the node dies
+            outcomes.append(bool(inflight))
+            server.kill()  # in this loop turn: nothing it has not yet seen completes before the kill
             outcomes.extend(await asyncio.gather(*inflight, return_exceptions=True))
+            await asyncio.gather(*requests, return_exceptions=True)
             await engine.aclose()
 
         asyncio.run(crash())
