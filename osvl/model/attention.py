@@ -6,6 +6,8 @@ calls torch's flash varlen kernel (CUDA, bf16). Both read the same ``VarlenMetad
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +19,49 @@ from torchtitan.protocols.module import Module
 
 AttentionBackend = Literal["sdpa", "varlen"]
 ATTENTION_BACKENDS: tuple[str, ...] = ("sdpa", "varlen")
+
+
+class VarlenAttention:
+    """torch's ``varlen_attn`` bound once to the installed signature.
+
+    torch >= 2.12 refuses fewer KV heads than query heads unless ``enable_gqa=True``; torch 2.11 (the
+    GPU image) has no such keyword and hands KV heads straight to the flash kernel, which shares
+    them across query groups itself. Passing the keyword there is a TypeError on the first call.
+    """
+
+    def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
+        self.fn = fn
+        self.takes_enable_gqa = "enable_gqa" in inspect.signature(fn).parameters
+
+    def __call__(
+        self,
+        q_TNH: torch.Tensor,
+        k_TNH: torch.Tensor,
+        v_TNH: torch.Tensor,
+        meta: VarlenMetadata,
+        *,
+        causal: bool,
+        scale: float | None,
+    ) -> torch.Tensor:
+        heads_q, heads_kv = q_TNH.shape[1], k_TNH.shape[1]
+        if heads_q % heads_kv:
+            raise ValueError(f"query heads ({heads_q}) must be a multiple of key/value heads ({heads_kv})")
+        gqa = {"enable_gqa": heads_q != heads_kv} if self.takes_enable_gqa else {}
+        return self.fn(
+            q_TNH,
+            k_TNH,
+            v_TNH,
+            meta.cu_seq_q,
+            meta.cu_seq_k,
+            meta.max_q,
+            meta.max_k,
+            scale=scale,
+            window_size=(-1, 0) if causal else (-1, -1),
+            **gqa,
+        )
+
+
+INSTALLED_VARLEN = VarlenAttention(varlen_attn)
 
 
 def packed_metadata(cu_seqlens: torch.Tensor, total: int) -> VarlenMetadata:
@@ -46,26 +91,14 @@ def packed_attention(
     backend: AttentionBackend,
 ) -> torch.Tensor:
     """Per-document attention on ``[T, N, H]`` tensors; returns ``[T, Nq, H]``."""
-    gqa = q_TNH.shape[1] != k_TNH.shape[1]
     if backend == "varlen":
         if q_TNH.device.type != "cuda":
             raise ValueError("attention backend 'varlen' needs CUDA tensors; use 'sdpa' on CPU")
-        dtype = q_TNH.dtype
-        out = varlen_attn(
-            q_TNH.to(torch.bfloat16),
-            k_TNH.to(torch.bfloat16),
-            v_TNH.to(torch.bfloat16),
-            meta.cu_seq_q,
-            meta.cu_seq_k,
-            meta.max_q,
-            meta.max_k,
-            scale=scale,
-            window_size=(-1, 0) if causal else (-1, -1),
-            enable_gqa=gqa,
-        )
-        return out.to(dtype)
+        bf16 = (t.to(torch.bfloat16) for t in (q_TNH, k_TNH, v_TNH))
+        return INSTALLED_VARLEN(*bf16, meta, causal=causal, scale=scale).to(q_TNH.dtype)
     if backend != "sdpa":
         raise ValueError(f"unknown attention backend {backend!r}; choose from {ATTENTION_BACKENDS}")
+    gqa = q_TNH.shape[1] != k_TNH.shape[1]
     bounds = meta.cu_seq_q_host
     outs = []
     for start, end in zip(bounds[:-1], bounds[1:], strict=True):

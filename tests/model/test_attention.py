@@ -1,7 +1,9 @@
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from osvl.model.attention import packed_attention, packed_metadata
+from osvl.model import attention
+from osvl.model.attention import VarlenAttention, packed_attention, packed_metadata
 
 
 def _dense_reference(q, k, v, cu, causal):
@@ -70,3 +72,62 @@ def test_packed_metadata_rejects_float_and_bad_backend():
         packed_attention(x, x, x, meta, causal=True, scale=None, backend="varlen")
     with pytest.raises(ValueError, match="unknown attention backend"):
         packed_attention(x, x, x, meta, causal=True, scale=None, backend="flash9")
+
+
+def _fake_cuda_inputs(heads_q: int, heads_kv: int, cu: list[int]):
+    """Fake CUDA q, k, v (no device needed) and metadata whose offsets live on that fake device."""
+    with unset_fake_temporarily():  # the metadata reads the offsets on the host
+        meta = packed_metadata(torch.tensor(cu, dtype=torch.int32), cu[-1])
+    T, D = cu[-1], 8
+    q = torch.empty(T, heads_q, D, device="cuda")
+    k, v = torch.empty(T, heads_kv, D, device="cuda"), torch.empty(T, heads_kv, D, device="cuda")
+    cu_cuda = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    return q, k, v, meta._replace(cu_seq_q=cu_cuda, cu_seq_k=cu_cuda)
+
+
+def torch_2_11_varlen_attn(calls: list[dict]):
+    """A stand-in with exactly torch 2.11's public signature (the GPU image's: no enable_gqa keyword)
+    that records each call."""
+
+    def varlen_attn(
+        query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)
+    ):
+        dtypes = {t.dtype for t in (query, key, value)}
+        calls.append(
+            dict(dtypes=dtypes, heads=(query.shape[1], key.shape[1]), max_q=max_q, scale=scale, window=window_size)
+        )
+        return torch.empty_like(query)
+
+    return varlen_attn
+
+
+@pytest.mark.parametrize("causal, window", [(True, (-1, 0)), (False, (-1, -1))])
+def test_varlen_backend_calls_torch_2_11_signature(monkeypatch, causal, window):
+    """Text layers (GQA, causal) and vision blocks (equal heads, bidirectional) on torch 2.11's varlen_attn."""
+    calls = []
+    monkeypatch.setattr(attention, "INSTALLED_VARLEN", VarlenAttention(torch_2_11_varlen_attn(calls)))
+    with FakeTensorMode():
+        for heads_kv in (2, 4):
+            q, k, v, meta = _fake_cuda_inputs(4, heads_kv, [0, 3, 10, 11])
+            out = packed_attention(q, k, v, meta, causal=causal, scale=0.5, backend="varlen")
+            assert (out.shape, out.dtype, out.device.type) == ((11, 4, 8), torch.float32, "cuda")
+    assert calls == [
+        dict(dtypes={torch.bfloat16}, heads=(4, heads_kv), max_q=7, scale=0.5, window=window) for heads_kv in (2, 4)
+    ]
+
+
+def test_varlen_backend_runs_the_installed_torch_varlen_attn():
+    """The real varlen_attn (its fake-tensor kernel): torch >= 2.12 raises on GQA without enable_gqa=True,
+    torch 2.11 on the keyword itself, so a call the installed torch does not take fails here."""
+    with FakeTensorMode():
+        for heads_kv in (2, 4):
+            q, k, v, meta = _fake_cuda_inputs(4, heads_kv, [0, 5, 12])
+            out = packed_attention(q, k, v, meta, causal=True, scale=None, backend="varlen")
+            assert (out.shape, out.dtype) == ((12, 4, 8), torch.float32)
+
+
+def test_varlen_backend_rejects_heads_that_do_not_group():
+    with FakeTensorMode():
+        q, k, v, meta = _fake_cuda_inputs(3, 2, [0, 4])
+        with pytest.raises(ValueError, match=r"query heads \(3\) must be a multiple of key/value heads \(2\)"):
+            packed_attention(q, k, v, meta, causal=True, scale=None, backend="varlen")
