@@ -10,7 +10,8 @@ mesh, torchtitan's activation checkpointing, the packed multimodal forward, `lin
 the final hidden states, backward, AdamW. The batch is synthetic (random weights, random token
 ids, random pixels) with the shapes of real trajectories: several sequences, each with images,
 about half its tokens policy tokens. FLOPs come from osvl.trainer.flops on the actual packed
-lengths and image grids. Writes <out-dir>/<name>-<gpu|cpu>-<commit>.json.
+lengths and image grids. Writes <out-dir>/<name>-<gpu|cpu>-<commit>.json once the model is built and
+again after every step (`"complete": false` until the last), so a run cut short keeps its steps.
 """
 
 from __future__ import annotations
@@ -218,11 +219,35 @@ class Clock:
         return end - start
 
 
+def step_summary(steps: list[dict], tokens: int, flops: float, peak: float | None) -> dict:
+    """Medians over the timed steps (the first is a warm-up); None until one has run."""
+    from osvl.trainer.flops import mfu
+
+    timed = steps[1:]
+    if not timed:
+        return dict.fromkeys(
+            ("step_s", "tokens_per_s", "model_tflops_per_s", "mfu", "peak_memory_gib", "loss_time_share", "loss_s")
+        )
+    step_s = float(np.median([s["step_s"] for s in timed]))
+    loss_s = float(np.median([s["loss_s"] for s in timed]))
+    peaks = [s["peak_memory_bytes"] for s in timed if s["peak_memory_bytes"] is not None]
+    return {
+        "step_s": step_s,
+        "tokens_per_s": tokens / step_s,
+        "model_tflops_per_s": flops / step_s / 1e12,
+        "mfu": mfu(flops, step_s, 1, peak),
+        "peak_memory_gib": max(peaks) / 2**30 if peaks else None,
+        "loss_time_share": loss_s / step_s,
+        "loss_s": loss_s,
+    }
+
+
 def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tuple[dict, Path]:
-    from osvl.trainer.flops import mfu, packed_batch_flops, resolve_peak_tflops
+    from osvl.trainer.flops import packed_batch_flops, resolve_peak_tflops
     from osvl.trainer.policy import lm_head_weight
     from osvl_kernels import linear_grpo_loss
 
+    git = git_info(REPO)  # first: the file's name, and a failure here must not cost the steps
     device = torch.device("cuda" if config.param_dtype == "bfloat16" else "cpu")
     one_rank_group(device)
     arch, special = architecture(config)
@@ -231,11 +256,39 @@ def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tup
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0, fused=device.type == "cuda")
     flops = packed_batch_flops(arch, batch.to("cpu"))
-    num_params = sum(p.numel() for p in model.parameters())
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = resolve_peak_tflops(peak_tflops, gpu_name)
-    clock = Clock(device)
     steps = []
+    record = {
+        "schema": SCHEMA,
+        "name": name,
+        "complete": False,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git": git,
+        "device": {"type": device.type, "name": gpu_name or "cpu", "peak_tflops": peak},
+        "versions": versions(),
+        "config": asdict(config),
+        "model": {
+            "params": sum(p.numel() for p in model.parameters()),
+            "hidden": arch.text.hidden_size,
+            "vocab": arch.text.vocab_size,
+            "decoder_layers": arch.text.num_hidden_layers,
+            "vision_depth": arch.vision.depth,
+        },
+        "batch": {
+            "tokens": batch.num_tokens,
+            "seqs": batch.num_seqs,
+            "valid_tokens": batch.num_valid_tokens,
+            "images": int(batch.image_grid_thw.shape[0]),
+            "patches": int(batch.pixel_values.shape[0]),
+        },
+        "flops_per_step": flops,
+        "steps": steps,
+        "summary": step_summary(steps, batch.num_tokens, flops, peak),
+    }
+    path = result_path(out_dir, name, device_tag(device), git["short"])
+    write_record(record, path)
+    clock = Clock(device)
     for step in range(config.steps):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -270,11 +323,10 @@ def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tup
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         t4 = clock.mark()
-        total = clock.seconds(t0, t4)
         steps.append(
             {
                 "step": step,
-                "step_s": total,
+                "step_s": clock.seconds(t0, t4),
                 "forward_s": clock.seconds(t0, t1),
                 "loss_s": clock.seconds(t1, t2),
                 "backward_s": clock.seconds(t2, t3),
@@ -284,46 +336,9 @@ def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tup
             }
         )
         print(json.dumps(steps[-1]), flush=True)
-    timed = steps[1:]
-    step_s = float(np.median([s["step_s"] for s in timed]))
-    loss_s = float(np.median([s["loss_s"] for s in timed]))
-    git = git_info(REPO)
-    record = {
-        "schema": SCHEMA,
-        "name": name,
-        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "git": git,
-        "device": {"type": device.type, "name": gpu_name or "cpu", "peak_tflops": peak},
-        "versions": versions(),
-        "config": asdict(config),
-        "model": {
-            "params": num_params,
-            "hidden": arch.text.hidden_size,
-            "vocab": arch.text.vocab_size,
-            "decoder_layers": arch.text.num_hidden_layers,
-            "vision_depth": arch.vision.depth,
-        },
-        "batch": {
-            "tokens": batch.num_tokens,
-            "seqs": batch.num_seqs,
-            "valid_tokens": batch.num_valid_tokens,
-            "images": int(batch.image_grid_thw.shape[0]),
-            "patches": int(batch.pixel_values.shape[0]),
-        },
-        "flops_per_step": flops,
-        "steps": steps,
-        "summary": {
-            "step_s": step_s,
-            "tokens_per_s": batch.num_tokens / step_s,
-            "model_tflops_per_s": flops / step_s / 1e12,
-            "mfu": mfu(flops, step_s, 1, peak),
-            "peak_memory_gib": max(s["peak_memory_bytes"] for s in timed) / 2**30 if device.type == "cuda" else None,
-            "loss_time_share": loss_s / step_s,
-            "loss_s": loss_s,
-        },
-    }
-    path = result_path(out_dir, name, device_tag(device), git["short"])
-    write_record(record, path)
+        record["summary"] = step_summary(steps, batch.num_tokens, flops, peak)
+        record["complete"] = step == config.steps - 1
+        write_record(record, path)
     return record, path
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
+import os
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,16 +26,33 @@ TARGETS = {
 }
 
 
-def git_info(repo: Path) -> dict:
-    def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+# The commit a run command names where the tree has no .git or the machine no git (the GPU machine
+# gets a copy of the working tree without .git): OSVL_COMMIT=<sha> bash bench/device_check.sh.
+COMMIT_ENV = "OSVL_COMMIT"
+COMMIT_PATTERN = r"[0-9a-f]{7,40}"
 
-    head = git("rev-parse", "HEAD")
-    if head.returncode != 0:
-        return {"commit": None, "short": "nogit", "dirty": None}
-    commit = head.stdout.strip()
-    dirty = git("diff", "--quiet", "HEAD").returncode != 0  # tracked changes; untracked files ignored
-    return {"commit": commit, "short": commit[:8], "dirty": dirty}
+
+def git_info(repo: Path) -> dict:
+    """The commit measured: git's HEAD, else $OSVL_COMMIT, else none ('nogit'). Never raises: a
+    machine without git must not lose a stage's measurement to the lookup of its name."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode == 0:
+            commit = head.stdout.strip()
+            dirty = git("diff", "--quiet", "HEAD").returncode != 0  # tracked changes; untracked files ignored
+            return {"commit": commit, "short": commit[:8], "dirty": dirty, "source": "git"}
+    except (OSError, subprocess.SubprocessError):  # no git binary, or git hung
+        pass
+    named = os.environ.get(COMMIT_ENV, "")
+    if re.fullmatch(COMMIT_PATTERN, named):
+        return {"commit": named, "short": named[:8], "dirty": None, "source": COMMIT_ENV}
+    if named:
+        print(f"{COMMIT_ENV}={named!r} ignored: not 7-40 lowercase hex digits", file=sys.stderr)
+    return {"commit": None, "short": "nogit", "dirty": None, "source": None}
 
 
 def device_name(device: torch.device) -> str:
@@ -144,6 +163,9 @@ def result_path(out_dir: Path, name: str, tag: str, short_commit: str) -> Path:
 
 
 def write_record(record: dict, path: Path) -> None:
+    """Whole or not at all: a run killed mid-write leaves the previous version (and a .tmp), never half a JSON."""
     check_finite(record)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)

@@ -1,10 +1,13 @@
-"""Result record helpers: ratios, target judgement, file naming, finiteness."""
+"""Result record helpers: ratios, target judgement, file naming, finiteness, the commit, whole writes."""
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from bench.kernels import report
 from bench.kernels.report import (
     add_ratios,
     check_finite,
@@ -73,11 +76,45 @@ def test_result_path_and_write(tmp_path):
     assert not (tmp_path / "bad.json").exists()
 
 
-def test_environment_fields(tmp_path):
+def test_environment_fields(tmp_path, monkeypatch):
+    monkeypatch.delenv("OSVL_COMMIT", raising=False)
     assert device_tag(torch.device("cpu")) == "cpu"
     assert device_name(torch.device("cpu"))
-    assert git_info(tmp_path) == {"commit": None, "short": "nogit", "dirty": None}
+    assert git_info(tmp_path) == {"commit": None, "short": "nogit", "dirty": None, "source": None}
     repo = git_info(Path(__file__).resolve().parents[2])
-    assert len(repo["commit"]) == 40 and repo["short"] == repo["commit"][:8]
+    assert len(repo["commit"]) == 40 and repo["short"] == repo["commit"][:8] and repo["source"] == "git"
     assert versions()["torch"] == torch.__version__
     assert package_version("no-such-package-osvl") is None
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_commit_comes_from_the_run_command_without_git_or_dot_git(tmp_path, monkeypatch, capsys):
+    """The GPU machine's copy of the tree has no .git and perhaps no git binary: the commit comes from
+    $OSVL_COMMIT, and a missing git never raises (it used to kill the stages before they measured)."""
+    monkeypatch.setenv("OSVL_COMMIT", COMMIT)
+    named = {"commit": COMMIT, "short": COMMIT[:8], "dirty": None, "source": "OSVL_COMMIT"}
+    assert git_info(tmp_path) == named  # git present, no .git
+    monkeypatch.setenv("PATH", str(tmp_path / "no-binaries-here"))
+    assert git_info(Path(__file__).resolve().parents[2]) == named  # no git binary at all
+    monkeypatch.setenv("OSVL_COMMIT", "../../etc")
+    assert git_info(tmp_path) == {"commit": None, "short": "nogit", "dirty": None, "source": None}
+    assert "OSVL_COMMIT='../../etc' ignored" in capsys.readouterr().err
+
+
+def test_write_record_replaces_the_file_whole(tmp_path, monkeypatch):
+    """A write that dies part-way (here: before its rename) leaves the previous record readable."""
+    path = tmp_path / "r.json"
+    write_record({"step": 1}, path)
+
+    def killed(src, dst):
+        raise RuntimeError("killed before the rename")
+
+    monkeypatch.setattr(report, "os", SimpleNamespace(replace=killed))
+    with pytest.raises(RuntimeError, match="killed"):
+        write_record({"step": 2, "more": list(range(1000))}, path)
+    assert json.loads(path.read_text()) == {"step": 1}
+    monkeypatch.undo()
+    write_record({"step": 3}, path)
+    assert json.loads(path.read_text()) == {"step": 3} and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
