@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# The one script a session with a lent GPU runs: every GPU number in one run of <= 9 minutes.
+# The one script a session with a lent GPU runs: every GPU number in one run of <= 285 s, so that a
+# rerun fits in the same 15 minutes of device time (bench/README.md has the command line).
 #
-#   bash bench/device_check.sh              # on the GPU machine (carry=[".whl"], see bench/README.md)
-#   bash bench/device_check.sh --dry-run    # print the stage plan and time budget, run nothing
-#   bash bench/device_check.sh --smoke      # tiny shapes, any machine (tests/bench runs this on CPU)
+#   OSVL_COMMIT=<sha> bash bench/device_check.sh   # on the GPU machine (carry=[".whl"], see bench/README.md)
+#   bash bench/device_check.sh --dry-run           # print the stage plan and time budget, run nothing
+#   bash bench/device_check.sh --smoke             # tiny shapes, any machine (tests/bench runs this on CPU)
 #
 # Stages run in priority order, each under its own limit, and never past the total budget
-# (DEVICE_CHECK_BUDGET_S, default 520 s: a stage that cannot get its minimum is skipped, so the
-# run ends inside 9 minutes even when stages hang). DEVICE_CHECK_LIMIT_PCT scales every stage's
-# limit (default 100), for rehearsing the run on a slow or loaded CPU host. Each stage writes its result as it finishes:
-# a JSON in $OUT (or bench/results/), a log and a line of $OUT/device_check/stages.jsonl, so a
-# run cut off from outside still returns what it measured. The last step writes
-# device_check/summary.json and summary.md (bench/device_summary.py): the one-page table.
+# (DEVICE_CHECK_BUDGET_S, default 270 s: a stage that cannot get its minimum is skipped, so the
+# run ends in time even when stages hang). DEVICE_CHECK_LIMIT_PCT scales every stage's limit
+# (default 100), for rehearsing the run on a slow or loaded CPU host. A stage killed by its limit
+# gets SIGABRT first, so Python prints where it was (faulthandler) before it dies.
+#
+# What comes back from the GPU machine is at most 8 files of $OUT, so the run writes 7 and no more:
+# the three result JSONs (each written whole, as it measures), and in device_check/ the one log of
+# every stage (run.log, each stage's share capped), stages.jsonl (a line as each stage ends) and
+# the summary (summary.json, summary.md: bench/device_summary.py, which checks those limits).
+# The machine's copy of the tree has no .git: OSVL_COMMIT names the commit the results carry.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,19 +31,27 @@ if [ $# -gt 1 ]; then echo "usage: bash bench/device_check.sh [--smoke | --dry-r
 
 PY=${PYTHON:-python3}
 OUT_DIR=${OUT:-bench/results}
-BUDGET=${DEVICE_CHECK_BUDGET_S:-520}
+SUMMARY_ARGS=()
+if [ -n "${OUT:-}" ]; then SUMMARY_ARGS=(--returned); fi  # $OUT is what the GPU machine hands back
+BUDGET=${DEVICE_CHECK_BUDGET_S:-270}
+# The GPU machine's call: its timeout_s covers budget + summary, and two cold starts (~2 min each)
+# with two such runs fit in the 15 minutes of device time a task gets, so a failed run can be rerun.
+RUN_TIMEOUT_S=300
 LIMIT_PCT=${DEVICE_CHECK_LIMIT_PCT:-100}  # stage limits in percent of the plan's (a slow CPU host rehearsing the run)
 SUMMARY_RESERVE=15  # seconds kept for the summary at the end
-KILL_GRACE=5        # SIGKILL this long after a stage's SIGTERM
+KILL_GRACE=5        # SIGKILL this long after a stage's SIGABRT
+STAGE_LOG_BYTES=$((2 * 1024 * 1024))  # each stage's share of run.log: 6 x 2 MiB stays under the 16 MiB a file may have
 LOGS="$OUT_DIR/device_check"
+LOG="$LOGS/run.log"
 WHEELS=${DEVICE_CHECK_WHEELS:-.whl}
-# The carried wheels install into a private directory of this run (never $OUT, which travels back).
-DEPS=$(mktemp -d -t osvl_device_deps.XXXXXX)
-trap 'rm -rf "$DEPS"' EXIT
-# The tree is not pip-installed on the device: both packages (osvl, osvl_kernels) and the carried
-# wheels' private target go on the path.
-export PYTHONPATH="$PWD:$PWD/kernels:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
-export OUT="$OUT_DIR"
+
+if [ -n "${OSVL_COMMIT:-}" ] && ! [[ "$OSVL_COMMIT" =~ ^[0-9a-f]{7,40}$ ]]; then
+  echo "device_check: OSVL_COMMIT must be 7-40 lowercase hex digits (git rev-parse HEAD), got '$OSVL_COMMIT'" >&2
+  exit 2
+fi
+if [ -z "${OSVL_COMMIT:-}" ] && ! git rev-parse HEAD > /dev/null 2>&1; then
+  echo "device_check: no .git or no git here and no OSVL_COMMIT: the results will be named '-nogit'" >&2
+fi
 
 # name | limit (s) | minimum worth starting (s) | what it measures
 PLAN=(
@@ -61,13 +74,32 @@ if [ "$MODE" = dry ]; then
   printf '%-12s %7s\n' summary "$SUMMARY_RESERVE"
   echo "sum of stage limits (with ${KILL_GRACE}s kill grace each): ${total}s; budget ${BUDGET}s (stages are cut to fit it);" \
        "summary reserve ${SUMMARY_RESERVE}s; wall <= $((BUDGET + SUMMARY_RESERVE))s"
+  commit=$(git rev-parse HEAD 2> /dev/null || echo "<commit>")
+  echo "on the GPU machine, after bash bench/device_wheels.sh here:"
+  echo "run(command=\"OSVL_COMMIT=$commit bash bench/device_check.sh\", carry=[\".whl\"], timeout_s=$RUN_TIMEOUT_S)"
+  if ! git diff --quiet HEAD 2> /dev/null; then
+    echo "(the tree has uncommitted changes: they travel, but the results will name $commit)"
+  fi
   echo "not a stage: one tiny GRPO rollout+update step on the GPU (the trainer places the policy on the CPU" \
        "and the tool stack needs OpenCV, which the GPU image lacks; see bench/README.md)"
   exit 0
 fi
 
+# The carried wheels install into a private directory of this run, and whatever a stage writes on
+# its own (its $OUT) stays in another: only this script writes into the $OUT that travels back.
+SCRATCH=$(mktemp -d -t osvl_device_check.XXXXXX)
+DEPS="$SCRATCH/deps"
+trap 'rm -rf "$SCRATCH"' EXIT
+mkdir -p "$DEPS" "$SCRATCH/out"
+# The tree is not pip-installed on the device: both packages (osvl, osvl_kernels) and the carried
+# wheels' private target go on the path. Unbuffered: a stage killed by its limit keeps its output.
+export PYTHONPATH="$PWD:$PWD/kernels:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
+export OUT="$SCRATCH/out" PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+ulimit -c 0  # no core files from the SIGABRT of a stage past its limit
+
 mkdir -p "$LOGS"
 : > "$LOGS/stages.jsonl"
+: > "$LOG"
 START=$SECONDS
 
 limit_of() {  # the plan's limit and minimum for a stage
@@ -85,15 +117,27 @@ record() {  # record NAME RC SECONDS LIMIT TIMED_OUT [SKIPPED_REASON]
     printf '{"stage": "%s", "rc": null, "seconds": 0, "limit": %d, "timed_out": false, "skipped": "%s"}\n' \
       "$1" "$4" "$skipped" >> "$LOGS/stages.jsonl"
   else
-    printf '{"stage": "%s", "rc": %d, "seconds": %d, "limit": %d, "timed_out": %s, "log": "%s"}\n' \
-      "$1" "$2" "$3" "$4" "$5" "$LOGS/$1.log" >> "$LOGS/stages.jsonl"
+    printf '{"stage": "%s", "rc": %d, "seconds": %d, "limit": %d, "timed_out": %s}\n' \
+      "$1" "$2" "$3" "$4" "$5" >> "$LOGS/stages.jsonl"
   fi
 }
 
 skip() {
   read -r limit _ <<< "$(limit_of "$1")"
   record "$1" 0 0 "$limit" false "$2"
-  echo "== $1: skipped ($2)"
+  echo "== $1: skipped ($2)" | tee -a "$LOG"
+}
+
+# cap_stage_log OFFSET: a stage's output past STAGE_LOG_BYTES keeps its first and last halves.
+cap_stage_log() {
+  local offset=$1 size
+  size=$(($(stat -c %s "$LOG") - offset))
+  if [ "$size" -le "$STAGE_LOG_BYTES" ]; then return; fi
+  local half=$((STAGE_LOG_BYTES / 2))
+  tail -c +$((offset + 1)) "$LOG" | head -c "$half" > "$SCRATCH/head"
+  tail -c "$half" "$LOG" > "$SCRATCH/tail"
+  truncate -s "$offset" "$LOG"
+  { cat "$SCRATCH/head"; printf '\n[... %d bytes of output left out ...]\n' $((size - 2 * half)); cat "$SCRATCH/tail"; } >> "$LOG"
 }
 
 # stage NAME COMMAND...: runs under min(its limit, what is left of the budget), logs, records.
@@ -108,15 +152,18 @@ stage() {
   fi
   if [ "$left" -lt "$limit" ]; then limit=$left; fi
   local begin=$SECONDS
-  echo "== $name (limit ${limit}s, $((SECONDS - START))s into the run)"
-  timeout --kill-after=$KILL_GRACE "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  echo "== $name (limit ${limit}s, $((SECONDS - START))s into the run)" | tee -a "$LOG"
+  local offset
+  offset=$(stat -c %s "$LOG")
+  timeout --signal=ABRT --kill-after=$KILL_GRACE "$limit" "$@" >> "$LOG" 2>&1
   local rc=$?
   local took=$((SECONDS - begin))
   local timed_out=false
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then timed_out=true; fi
+  cap_stage_log "$offset"
   record "$name" "$rc" "$took" "$limit" "$timed_out"
-  tail -n 12 "$LOGS/$name.log"
-  echo "== $name: rc=$rc in ${took}s"
+  tail -c +$((offset + 1)) "$LOG" | tail -n 12
+  echo "== $name: rc=$rc in ${took}s" | tee -a "$LOG"
 }
 
 # --- 1. environment -------------------------------------------------------------------------
@@ -128,6 +175,7 @@ if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(\"device\", torch.cuda.get_device_name(), p.total_memory // 2**30, \"GiB\", p.multi_processor_count, \"SMs\")
 import triton; print(\"triton\", triton.__version__)
+from pathlib import Path; from bench.kernels.report import git_info; print(\"commit\", git_info(Path.cwd()))
 " || exit; if command -v nvidia-smi > /dev/null; then nvidia-smi; fi' "$PY"
 
 # --- 2. carried wheels -----------------------------------------------------------------------
@@ -150,12 +198,13 @@ fi
 if ! "$PY" -c "import pytest" 2> /dev/null; then
   skip gpu_tests "pytest not importable (carry its wheels: bash bench/device_wheels.sh)"
 elif [ "$MODE" = smoke ]; then
-  stage gpu_tests env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/bench/test_measure.py
+  stage gpu_tests env TRITON_INTERPRET=0 "$PY" -m pytest -v -p no:cacheprovider -m gpu tests/bench/test_measure.py
 else
   # Only the files that hold gpu-marked tests: collecting the whole suite would import every
-  # integration (TRL, verl, OpenCV tools) the GPU image does not have, and cost a minute.
+  # integration (TRL, verl, OpenCV tools) the GPU image does not have, and cost a minute. -v names
+  # each test as it starts, so a hung one is named in the log.
   GPU_FILES=$(grep -rl --include='test_*.py' "pytest.mark.gpu" tests | sort)
-  stage gpu_tests env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider -m gpu $GPU_FILES
+  stage gpu_tests env TRITON_INTERPRET=0 "$PY" -m pytest -v -p no:cacheprovider -m gpu $GPU_FILES
 fi
 
 # --- 4. grpo_loss at the target shape against Liger's Triton GRPO loss and the bytes floor ------
@@ -185,7 +234,8 @@ else
 fi
 
 # --- summary ---------------------------------------------------------------------------------
-timeout --kill-after=$KILL_GRACE $((SUMMARY_RESERVE - KILL_GRACE)) "$PY" -m bench.device_summary "$OUT_DIR"
+timeout --kill-after=$KILL_GRACE $((SUMMARY_RESERVE - KILL_GRACE)) "$PY" -m bench.device_summary "$OUT_DIR" \
+  ${SUMMARY_ARGS[@]+"${SUMMARY_ARGS[@]}"}
 rc=$?
 echo "device check: $((SECONDS - START))s wall"
 exit $rc

@@ -1,24 +1,70 @@
 """The one-page summary of a device check: every stage's outcome and every headline number against
 the targets, from what the stages wrote so far (a cut-off run still summarises what it measured).
 
-    python bench/device_summary.py OUT_DIR     # reads OUT_DIR/device_check/stages.jsonl and OUT_DIR/*.json
+    python bench/device_summary.py OUT_DIR             # reads OUT_DIR/device_check/stages.jsonl and OUT_DIR/*.json
+    python bench/device_summary.py OUT_DIR --returned  # OUT_DIR is what the GPU machine hands back: check its limits
 
-Writes OUT_DIR/device_check/summary.json and summary.md; exits 1 when a stage failed.
+Writes OUT_DIR/device_check/summary.json and summary.md; exits 1 when a stage failed, a result could not
+be read, or (--returned) OUT_DIR holds what the GPU machine would not hand back.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.kernels.report import TARGETS, ratio
 
 
-def latest(out: Path, prefix: str) -> dict | None:
-    """The newest result JSON whose name starts with `prefix-` (the stage's --name)."""
-    paths = sorted(out.glob(f"{prefix}-*.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(paths[-1].read_text()) if paths else None
+@dataclass(frozen=True)
+class ReturnLimits:
+    """What the GPU machine hands back from $OUT (its device page); anything past them silently stays there."""
+
+    files: int = 8
+    levels: int = 2  # folders between $OUT and a file: $OUT/a/b/file comes back, $OUT/a/b/c/file does not
+    file_bytes: int = 16 * 2**20
+    total_bytes: int = 64 * 2**20
+    name_pattern: str = r"[A-Za-z0-9._-]+"
+
+
+def return_problems(out: Path, planned: list[Path], limits: ReturnLimits = ReturnLimits()) -> list[str]:
+    """Every way `out` (with the `planned` files about to be written) breaks the return limits."""
+    files = sorted({p for p in out.rglob("*") if not p.is_dir()} | set(planned))
+    problems = []
+    if len(files) > limits.files:
+        problems.append(
+            f"{len(files)} files, only {limits.files} come back: {[str(p.relative_to(out)) for p in files]}"
+        )
+    total = 0
+    for path in files:
+        parts = path.relative_to(out).parts
+        if len(parts) - 1 > limits.levels:
+            problems.append(f"{path.relative_to(out)}: {len(parts) - 1} folders down, at most {limits.levels}")
+        if any(not re.fullmatch(limits.name_pattern, part) for part in parts):
+            problems.append(f"{path.relative_to(out)}: names may hold only letters, digits, '.', '_' and '-'")
+        if path.is_symlink():
+            problems.append(f"{path.relative_to(out)}: a link, and links do not come back")
+        size = path.stat().st_size if path.is_file() else 0
+        total += size
+        if size > limits.file_bytes:
+            problems.append(f"{path.relative_to(out)}: {size} bytes, at most {limits.file_bytes}")
+    if total > limits.total_bytes:
+        problems.append(f"{total} bytes in all, at most {limits.total_bytes}")
+    return problems
+
+
+def latest(out: Path, prefix: str, unreadable: list[str]) -> dict | None:
+    """The newest readable result JSON whose name starts with `prefix-` (the stage's --name); the names
+    of those that do not parse go to `unreadable` (a summary must not die on one broken file)."""
+    for path in sorted(out.glob(f"{prefix}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            return json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            unreadable.append(f"{path.name}: {error}")
+    return None
 
 
 def case(record: dict | None, name: str) -> dict:
@@ -48,9 +94,8 @@ def shape_label(record: dict | None) -> str:
     return f"T={s['num_tokens']} V={s['vocab']} H={s['hidden']} {s['dtype']}" if s else "not run"
 
 
-def rows(out: Path) -> list[tuple[str, str, str, str]]:
+def rows(logits: dict | None, linear: dict | None, train: dict | None) -> list[tuple[str, str, str, str]]:
     """(number, value, target, verdict) for every headline the stages produce."""
-    logits, linear, train = latest(out, "device_logits"), latest(out, "device_linear"), latest(out, "device_train_step")
     ours, liger = case(logits, "osvl_grpo_loss"), case(logits, "liger_grpo_loss_same_rows")
     lin, lin_liger = case(linear, "osvl_linear_grpo_loss"), case(linear, "liger_fused_linear_grpo")
     on_gpu = any((r or {}).get("device", {}).get("type") == "cuda" for r in (logits, linear))
@@ -111,8 +156,10 @@ def rows(out: Path) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def write_summary(out: Path) -> dict:
+def write_summary(out: Path, returned: bool = False) -> dict:
+    """`returned`: `out` is the folder the GPU machine hands back, so its limits are checked too."""
     logs = out / "device_check"
+    logs.mkdir(parents=True, exist_ok=True)
     stages_file = logs / "stages.jsonl"
     stages = (
         [json.loads(line) for line in stages_file.read_text().splitlines() if line.strip()]
@@ -120,11 +167,18 @@ def write_summary(out: Path) -> dict:
         else []
     )
     failed = [s["stage"] for s in stages if s.get("rc") not in (None, 0)]
-    table = rows(out)
-    env = next((r for r in (latest(out, "device_logits"), latest(out, "device_train_step")) if r), {})
+    unreadable: list[str] = []
+    logits, linear, train = (
+        latest(out, name, unreadable) for name in ("device_logits", "device_linear", "device_train_step")
+    )
+    table = rows(logits, linear, train)
+    env = next((r for r in (logits, train, linear) if r), {})
+    written = [logs / "summary.json", logs / "summary.md"]
     summary = {
         "stages": stages,
         "failed": failed,
+        "unreadable_results": unreadable,
+        "return_problems": return_problems(out, written) if returned else None,
         "git": env.get("git"),
         "device": env.get("device"),
         "versions": env.get("versions"),
@@ -147,18 +201,21 @@ def write_summary(out: Path) -> dict:
     ]
     lines += ["", "| number | value | target | verdict |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in table]
+    lines += [f"\nunreadable result: {u}" for u in unreadable]
+    lines += [f"\nwould not come back from the GPU machine: {p}" for p in summary["return_problems"] or []]
     (logs / "summary.md").write_text("\n".join(lines) + "\n")
     return summary
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python bench/device_summary.py OUT_DIR", file=sys.stderr)
-        return 2
-    summary = write_summary(Path(argv[0]))
-    print((Path(argv[0]) / "device_check" / "summary.md").read_text())
-    return 1 if summary["failed"] else 0
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--returned", action="store_true", help="OUT_DIR is what the GPU machine hands back")
+    args = parser.parse_args(argv)
+    summary = write_summary(args.out_dir, returned=args.returned)
+    print((args.out_dir / "device_check" / "summary.md").read_text())
+    return 1 if summary["failed"] or summary["unreadable_results"] or summary["return_problems"] else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())
