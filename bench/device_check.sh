@@ -81,7 +81,7 @@ if [ "$MODE" = dry ]; then
     echo "(the tree has uncommitted changes: they travel, but the results will name $commit)"
   fi
   echo "not a stage: one tiny GRPO rollout+update step on the GPU (the trainer places the policy on the CPU" \
-       "and the tool stack needs OpenCV, which the GPU image lacks; see bench/README.md)"
+       "and the tool stack needs OpenCV's contrib modules, which the GPU image lacks; see bench/README.md)"
   exit 0
 fi
 
