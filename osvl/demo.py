@@ -1,12 +1,14 @@
 """``make demo`` helpers: the demo tokenizer, the greedy evaluation and the before/after summary.
 
 ``python -m osvl.demo tokenizer --data DIR``   byte-level BPE over the curated set
-``python -m osvl.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE``
+``python -m osvl.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE [--samples K]``
     greedy Pass@1 on a prompt file (the recipe's data.train_path), rendered and tool-served exactly as in
-    GRPO, no faults; `grounded`: answers stated word for word by one of the rollout's observations
+    GRPO, no faults; `grounded`: answers stated word for word by one of the rollout's observations;
+    each prompt's result is kept for paired comparisons; ``--samples K``: K rollouts a prompt at the
+    GRPO temperature instead, for pass@k
 ``python -m osvl.demo prior --recipe tiny_grpo --sft FILE --out FILE``
     the no-tool floor: the SFT data's most frequent answer to each prompt's asked attribute
-``python -m osvl.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE``
+``python -m osvl.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE [--sampled sft=FILE ...]``
 
 The fatal-mode ablation (paper Table 3b) that starts from the demo's checkpoint is
 ``osvl.trainer.ablation`` (``make ablation``).
@@ -31,7 +33,16 @@ if TYPE_CHECKING:  # imports stay light: the tool workers `evaluate` spawns re-i
     from osvl.config.recipe import Recipe
     from osvl.rl.trajectory import Prompt, Trajectory
 
-SUMMARY_KEYS = ("reward", "accuracy", "fatal_rate", "clamped_frac")
+# GRPO's per-step metrics the summary compares first vs last: the rollouts' reward and accuracy, the
+# share of groups that carry a gradient (any reward spread / right and wrong answers), the fatal rule
+SUMMARY_KEYS = (
+    "reward",
+    "accuracy",
+    "signal_groups",
+    "accuracy_signal_groups",
+    "fatal_rate",
+    "clamped_frac",
+)
 
 
 def demo_tokenizer(
@@ -41,10 +52,13 @@ def demo_tokenizer(
     text_docs: int = 0,
     out: str | Path | None = None,
     max_digits: int = 1,
+    split: str = "qwen",
+    entity_worlds: Sequence[str | Path] = (),
 ) -> Path:
     """Trains a tokenizer (default ``data_dir/tokenizer.json``) on the SFT trajectories and RL
     questions it will encode, plus the first ``text_docs`` (0 = all) documents of a plain-text file;
-    ``max_digits``: see :func:`osvl.data.tokenizer.train_bpe_tokenizer`."""
+    ``max_digits``, ``split``: see :func:`osvl.data.tokenizer.train_bpe_tokenizer`; the entity titles of
+    ``entity_worlds`` become one id each."""
     from osvl.data.formats import iter_text
     from osvl.data.tokenizer import train_bpe_tokenizer
     from osvl.jsonl import iter_jsonl
@@ -68,15 +82,22 @@ def demo_tokenizer(
     corpus += [p.question for p in read_prompts(rl)]
     target = Path(out) if out is not None else data / "tokenizer.json"
     target.parent.mkdir(parents=True, exist_ok=True)
-    train_bpe_tokenizer(corpus, vocab_size=vocab_size, max_digits=max_digits).save(target)
+    from osvl.world.build import load_world
+
+    titles = [page.title for world in entity_worlds for page in load_world(world).graph.entities()]
+    tokenizer = train_bpe_tokenizer(
+        corpus, vocab_size=vocab_size, max_digits=max_digits, split=split, whole_words=titles
+    )
+    tokenizer.save(target)
     return target
 
 
 def evaluation_rollouts(
-    recipe: Recipe, checkpoint: str, limit: int = 0, engine_wrapper: Callable | None = None
+    recipe: Recipe, checkpoint: str, limit: int = 0, engine_wrapper: Callable | None = None, samples: int = 0
 ) -> list[Trajectory]:
     """Greedy rollouts of a policy on ``data.train_path``'s prompts under the GRPO stage's prompt,
-    tools and turn budget (faults and outages off), scored as in training.
+    tools and turn budget (faults and outages off), scored as in training; with ``samples`` > 0,
+    that many rollouts a prompt at the GRPO stage's temperature and top-p instead (for pass@k).
 
     ``checkpoint`` is an HF directory, or ``init`` for the recipe's seeded initialization (what
     the SFT stage starts from).
@@ -108,31 +129,49 @@ def evaluation_rollouts(
         engine_model.load_state_dict(build_policy(recipe, arch, world_size=1).state_dict())
     engine = LocalEngine(engine_model, tokenizer, renderer.image_config, max_batch=recipe.rollout.max_in_flight)
     engine = engine_wrapper(engine) if engine_wrapper else engine  # tests script the policy
-    agent, workers = rollout_configs(recipe, greedy=True, group_size=1, max_retries=0)
+    if samples < 0:
+        raise ValueError(f"samples must be >= 0, got {samples}")
+    agent, workers = rollout_configs(recipe, greedy=not samples, group_size=max(samples, 1), max_retries=0)
     with stage_environment(recipe, 0) as env:
         trajectories = asyncio.run(collect_rollouts(prompts, engine, env, renderer, agent, workers))
     order = {p.id: i for i, p in enumerate(prompts)}
-    return sorted(score_batch(trajectories, *reward_scoring(recipe)), key=lambda t: order[t.prompt.id])
+    scored = score_batch(trajectories, *reward_scoring(recipe))
+    return sorted(scored, key=lambda t: (order[t.prompt.id], t.sample_index))
 
 
 def evaluate_policy(
-    recipe: Recipe, checkpoint: str, limit: int = 0, engine_wrapper: Callable | None = None
-) -> dict[str, float | int | str]:
-    """Greedy Pass@1 summary of :func:`evaluation_rollouts`, so before/after numbers differ only by the weights."""
+    recipe: Recipe, checkpoint: str, limit: int = 0, engine_wrapper: Callable | None = None, samples: int = 0
+) -> dict:
+    """Greedy Pass@1 summary of :func:`evaluation_rollouts`, so before/after numbers differ only by the
+    weights, with each prompt's accuracy (``per_prompt``, for paired comparisons); with ``samples`` = n,
+    the means are over all n x prompts rollouts, ``per_prompt`` holds each prompt's n accuracies and
+    ``pass_at_k`` the unbiased pass@k for every k <= n."""
+    from osvl.eval.interval import pass_at_k
     from osvl.trainer.validation import summary_means, summary_sums
 
     started = time.perf_counter()
-    scored = evaluation_rollouts(recipe, checkpoint, limit, engine_wrapper)
+    scored = evaluation_rollouts(recipe, checkpoint, limit, engine_wrapper, samples)
     statuses = Counter(s.tool_result.status.value for t in scored for s in t.steps if s.tool_result is not None)
     sums = summary_sums(scored)
-    return {
+    per_prompt: dict[str, list[float | None]] = {}
+    for t in scored:
+        per_prompt.setdefault(t.prompt.id, []).append(t.reward.acc if t.reward is not None else None)
+    result = {
         "checkpoint": checkpoint,
-        "prompts": len(scored),
+        "prompts": len(per_prompt),
+        "samples": samples,
         "scored": int(sums["scored"]),
         **summary_means(sums),
         "tool_statuses": dict(statuses),
         "wall_s": time.perf_counter() - started,
     }
+    if samples:
+        result["temperature"], result["top_p"] = recipe.grpo.temperature, recipe.grpo.top_p
+        result["pass_at_k"] = {str(k): pass_at_k(per_prompt.values(), k) for k in range(1, samples + 1)}
+        result["per_prompt"] = per_prompt
+    else:
+        result["per_prompt"] = {prompt: accs[0] for prompt, accs in per_prompt.items()}
+    return result
 
 
 _ASKED = re.compile(r"(?:What is|In what year is) the (.+?) of ")
@@ -166,10 +205,6 @@ def answer_prior(sft_path: str | Path, prompts: Sequence[Prompt]) -> dict[str, f
     return {"accuracy": hits / max(len(prompts), 1), "prompts": len(prompts)}
 
 
-def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    return a[0] <= b[1] and b[0] <= a[1]
-
-
 def _window_mean(records: list[dict], key: str, first: bool, width: int) -> float:
     chosen = records[:width] if first else records[-width:]
     values = [r[key] for r in chosen if key in r]
@@ -195,6 +230,34 @@ def _eval_row(label: str, result: dict) -> str:
     )
 
 
+def _paired_row(before: tuple[str, dict], after: tuple[str, dict]) -> str:
+    """``after - before`` on the same prompts with its paired bootstrap interval, or why there is none."""
+    from osvl.eval.interval import paired_difference
+
+    (first, a), (last, b) = before, after
+    if "per_prompt" not in a or "per_prompt" not in b:
+        return f"  {last} - {first}: no per-prompt results to pair (evaluations written before they were kept)"
+    try:
+        diff = paired_difference(b["per_prompt"], a["per_prompt"])
+    except ValueError as error:
+        return f"  {last} - {first}: not compared ({error})"
+    verdict = "higher" if diff.low > 0 else "lower" if diff.high < 0 else "not distinguishable"
+    return (
+        f"  {last} - {first}: {diff.value:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]  (95% paired bootstrap over "
+        f"{len(b['per_prompt'])} prompts): {last} is {verdict}"
+        + (" from" if verdict == "not distinguishable" else " than")
+        + f" {first}"
+    )
+
+
+def _sampled_row(label: str, result: dict) -> str:
+    passes = "  ".join(f"pass@{k} {v:.3f}" for k, v in result["pass_at_k"].items())
+    return (
+        f"  {label:<5} {passes}  (n={result['prompts']} prompts x {result['samples']} samples at temperature "
+        f"{result['temperature']:g}, top-p {result['top_p']:g})"
+    )
+
+
 def summary_lines(
     sft_dir: str | Path,
     grpo_dir: str | Path,
@@ -202,13 +265,15 @@ def summary_lines(
     evals: Sequence[tuple[str, str | Path]] = (),
     other_evals: Sequence[tuple[str, str | Path]] = (),
     prior: str | Path | None = None,
+    sampled: Sequence[tuple[str, str | Path]] = (),
 ) -> list[str]:
-    """Held-out greedy evaluations (``evals``: label, JSON from ``evaluate``) at each stage, first
-    vs last compared, and against the no-tool answer ``prior`` (JSON from ``prior``) when given;
-    each accuracy with its 95% Wilson interval (a 64-prompt set tells 0.05 from 0.08 apart only
-    when the intervals do);
-    ``other_evals`` (other prompt sets) reported beside them; then GRPO's rollout metrics: first
-    ``width`` steps vs last ``width``."""
+    """Held-out greedy evaluations (``evals``: label, JSON from ``evaluate``) at each stage, each with
+    its 95% Wilson interval, each stage against the one before it by the paired bootstrap (paired by
+    prompt: the stages answered the same questions), and the last against the no-tool answer ``prior``
+    (JSON from ``prior``) when given; pass@k of sampled evaluations (``sampled``, from ``evaluate
+    --samples k``: does GRPO sharpen what the policy could already do, or widen it?); ``other_evals``
+    (other prompt sets) reported beside them; then GRPO's rollout metrics: first ``width`` steps vs
+    last ``width``."""
     from osvl.trainer.metrics import read_metrics
 
     sft, grpo = read_metrics(sft_dir), read_metrics(grpo_dir)
@@ -217,15 +282,9 @@ def summary_lines(
         lines.append("greedy Pass@1 on the evaluation prompts (GRPO's prompt, tools and turn budget; no faults):")
         results = [(label, json.loads(Path(path).read_text())) for label, path in evals]
         lines += [_eval_row(label, result) for label, result in results]
-        first, last = results[0], results[-1]
-        verdict = "higher" if last[1]["accuracy"] > first[1]["accuracy"] else "NOT higher"
-        overlap = _overlap(accuracy_interval(first[1]), accuracy_interval(last[1]))
-        lines.append(
-            f"  accuracy after ({last[0]}) is {verdict} than before ({first[0]}): "
-            f"{first[1]['accuracy']:.3f} -> {last[1]['accuracy']:.3f}"
-            + ("  (95% intervals overlap)" if overlap else "  (95% intervals apart)")
-        )
+        lines += [_paired_row(before, after) for before, after in itertools.pairwise(results)]
         if prior is not None:
+            last = results[-1]
             floor = json.loads(Path(prior).read_text())["accuracy"]
             verdict = "above" if last[1]["accuracy"] > floor else "NOT above"
             low, high = accuracy_interval(last[1])
@@ -235,14 +294,18 @@ def summary_lines(
                 f"accuracy {floor:.3f}; {last[0]} is {verdict} it (the prior is {where} {last[0]}'s 95% "
                 f"interval)"
             )
+    if sampled:
+        lines.append("pass@k: the share of prompts that k samples answer at least once (unbiased estimate):")
+        lines += [_sampled_row(label, json.loads(Path(path).read_text())) for label, path in sampled]
     if other_evals:
         lines.append("the same greedy evaluation on other prompt sets (reported, not compared):")
         lines += [_eval_row(label, json.loads(Path(path).read_text())) for label, path in other_evals]
     lines.append(f"SFT : {len(sft)} steps, loss {sft[0]['loss']:.3f} -> {sft[-1]['loss']:.3f}  ({sft_dir})")
     lines.append(f"GRPO: {len(grpo)} steps  ({grpo_dir})")
     for key in SUMMARY_KEYS:
-        before, after = _window_mean(grpo, key, True, width), _window_mean(grpo, key, False, width)
-        lines.append(f"  {key:<13} before {before:.3f}  after {after:.3f}")
+        if any(key in r for r in grpo):
+            before, after = _window_mean(grpo, key, True, width), _window_mean(grpo, key, False, width)
+            lines.append(f"  {key:<22} before {before:.3f}  after {after:.3f}")
     acc_before, acc_after = _window_mean(grpo, "accuracy", True, width), _window_mean(grpo, "accuracy", False, width)
     verdict = "improved" if acc_after > acc_before else "did NOT improve"
     lines.append(f"  rollout accuracy {verdict} over GRPO ({acc_before:.3f} -> {acc_after:.3f})")
@@ -272,11 +335,20 @@ def main(argv: list[str] | None = None) -> int:
     tok.add_argument(
         "--max-digits", type=int, default=1, choices=(1, 2, 3), help="digits per number piece (1: Qwen's single digits)"
     )
+    tok.add_argument(
+        "--split", default="qwen", choices=("qwen", "bare-words"), help="pre-tokenizer (bare-words: no space in a word)"
+    )
+    tok.add_argument(
+        "--entity-world", action="append", default=[], help="a world whose entity titles become one id each"
+    )
     ev = sub.add_parser("evaluate")
     ev.add_argument("--recipe", required=True)
     ev.add_argument("--checkpoint", required=True, help="HF directory, or 'init' for the seeded initialization")
     ev.add_argument("--out", required=True)
     ev.add_argument("--limit", type=int, default=0)
+    ev.add_argument(
+        "--samples", type=int, default=0, help="k rollouts a prompt at the GRPO temperature (pass@k) instead of greedy"
+    )
     ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     summ = sub.add_parser("summary")
     summ.add_argument("--sft", required=True)
@@ -291,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         help="evaluations on other prompt sets, listed after the verdict",
     )
     summ.add_argument("--prior", help="JSON from the prior command: the no-tool accuracy floor")
+    summ.add_argument(
+        "--sampled", nargs="*", default=[], metavar="LABEL=FILE", help="evaluations with --samples k: their pass@k"
+    )
     pri = sub.add_parser("prior", help="accuracy of the SFT data's most frequent answer per asked attribute, no tools")
     pri.add_argument("--recipe", required=True)
     pri.add_argument("--sft", required=True, help="the SFT trajectories JSONL")
@@ -300,17 +375,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "tokenizer":
-            print(demo_tokenizer(args.data, args.vocab_size, args.text, args.text_docs, args.out, args.max_digits))
+            print(
+                demo_tokenizer(
+                    args.data,
+                    args.vocab_size,
+                    args.text,
+                    args.text_docs,
+                    args.out,
+                    args.max_digits,
+                    args.split,
+                    args.entity_world,
+                )
+            )
         elif args.command == "evaluate":
             from osvl.config.loader import load_recipe
 
-            result = evaluate_policy(load_recipe(args.recipe, args.set), args.checkpoint, args.limit)
+            recipe = load_recipe(args.recipe, args.set)
+            result = evaluate_policy(recipe, args.checkpoint, args.limit, samples=args.samples)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps(result))
         elif args.command == "summary":
             evals, others = _labelled(args.evals, "--evals"), _labelled(args.other_evals, "--other-evals")
-            print("\n".join(summary_lines(args.sft, args.grpo, args.window, evals, others, args.prior)))
+            sampled = _labelled(args.sampled, "--sampled")
+            print("\n".join(summary_lines(args.sft, args.grpo, args.window, evals, others, args.prior, sampled)))
         elif args.command == "prior":
             from osvl.config.loader import load_recipe
             from osvl.trainer.grpo_data import load_prompts

@@ -1,8 +1,8 @@
 """``python -m osvl.report RUN_DIR``: PNG plots of a run's ``metrics.jsonl`` (headless, Agg).
 
-One figure per panel (loss, reward parts, accuracy, fatal/clamped, policy-drift terms, throughput,
-step-time breakdown, memory); a panel is drawn when the run logged any of its metrics, so the
-same command serves SFT and GRPO runs.
+One figure per panel (loss, reward parts, accuracy, groups that carry a gradient, fatal/clamped,
+policy-drift terms, throughput, step-time breakdown, memory); a panel is drawn when the run logged
+any of its metrics, so the same command serves SFT and GRPO runs.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     "loss": ("loss", "grad_norm"),
     "reward": ("reward", "reward_fmt", "reward_acc", "reward_query"),
     "accuracy": ("accuracy",),
+    "signal": ("signal_groups", "accuracy_signal_groups"),
     "fatal": ("fatal_rate", "clamped_frac"),
     "policy": ("clip_frac", "kl", "entropy", "logprob_abs_diff"),
     "throughput": ("tokens_per_s",),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +76,39 @@ def test_accuracy_counts_right_answers_and_faults_are_off(setup):
     assert result["tool_statuses"] == {"ok": 4}  # tools.fault_rate=0.5 in the recipe is switched off
 
 
+def test_sampled_evaluation_keeps_every_sample_and_reports_pass_at_k(setup):
+    recipe, prompts = setup
+    finals: dict[str, int] = {}
+
+    def alternating(local):
+        """q0 always right, q1 right on its first final answer only, q2 and q3 never."""
+        inner = answering({"0", "1"})(local)
+
+        def script(request):
+            ids = inner.script(request)
+            text = local.tokenizer.decode(request.input_ids, skip_special_tokens=False)
+            number = text.split("number ")[1].split("?")[0]
+            if "</tool_call>" in text and number == "1":
+                finals[number] = finals.get(number, 0) + 1
+                if finals[number] > 1:
+                    return local.tokenizer.encode("<response>nowhere</response>") + [local.tokenizer.special.im_end]
+            return ids
+
+        return ReplayEngine(local, script)
+
+    result = evaluate_policy(recipe, "init", engine_wrapper=alternating, samples=3)
+    assert result["samples"] == 3 and result["prompts"] == len(prompts) and result["scored"] == 3 * len(prompts)
+    per_prompt = {prompt: sorted(accs) for prompt, accs in result["per_prompt"].items()}  # samples finish in any order
+    assert per_prompt == {"q0": [1.0] * 3, "q1": [0.0, 0.0, 1.0], "q2": [0.0] * 3, "q3": [0.0] * 3}
+    assert result["pass_at_k"]["1"] == pytest.approx((1 + 1 / 3) / 4)
+    assert result["pass_at_k"]["3"] == pytest.approx(0.5)  # q0 and q1 answered at least once in 3
+    assert result["temperature"] == recipe.grpo.temperature
+    greedy = evaluate_policy(recipe, "init", engine_wrapper=answering({"1"}))
+    assert greedy["per_prompt"] == {"q0": 0.0, "q1": 1.0, "q2": 0.0, "q3": 0.0} and "pass_at_k" not in greedy
+    with pytest.raises(ValueError, match="samples must be >= 0"):
+        evaluate_policy(recipe, "init", samples=-1)
+
+
 def test_a_grounded_answer_is_stated_word_for_word_by_an_observation():
     def rollout(answer, *observations):
         steps = [Step([], [], observation_text=o) for o in observations]
@@ -112,42 +146,85 @@ def test_random_init_policy_is_measured_not_assumed(setup, tmp_path):
     assert result["checkpoint"] == "init" and result["scored"] == 2 and result["accuracy"] == 0.0
 
 
-def test_summary_puts_the_stage_evaluations_first(tmp_path):
+def _write_eval(path, accuracy: float, scored: int = 20, per_prompt: dict | None = None, **extra) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "accuracy": accuracy,
+                "reward": accuracy,
+                "reward_fmt": 1.0,
+                "answered": 1.0,
+                "grounded": 0.5,
+                "fatal_rate": 0.0,
+                "turns_mean": 3.0,
+                "scored": scored,
+                **({"per_prompt": per_prompt} if per_prompt is not None else {}),
+                **extra,
+            }
+        )
+    )
+    return path
+
+
+def test_summary_compares_each_stage_with_the_one_before_by_prompt(tmp_path):
     sft = fake_run(tmp_path / "sft", "fatal_clamp", [0.0, 0.0])
     grpo = fake_run(tmp_path / "grpo", "fatal_clamp", [0.1, 0.3])
-    evals = []
-    for label, acc in (("init", 0.0), ("sft", 0.05), ("grpo", 0.1)):
-        path = tmp_path / f"{label}.json"
-        path.write_text(
-            json.dumps(
-                {
-                    "accuracy": acc,
-                    "reward": acc,
-                    "reward_fmt": 1.0,
-                    "answered": 1.0,
-                    "grounded": 0.5,
-                    "fatal_rate": 0.0,
-                    "turns_mean": 3.0,
-                    "scored": 20,
-                }
-            )
-        )
-        evals.append((label, path))
+    prompts = [f"q{i}" for i in range(20)]
+    right = {"init": set(), "sft": {"q0"}, "grpo": {"q0", "q1"}}
+    evals = [
+        (label, _write_eval(tmp_path / f"{label}.json", len(r) / 20, per_prompt={p: float(p in r) for p in prompts}))
+        for label, r in right.items()
+    ]
     lines = summary_lines(sft, grpo, 1, evals)
     assert lines[1].startswith("  init  accuracy 0.000 [0.000, 0.161]")  # Wilson 95%, 0 of 20
     assert lines[3].startswith("  grpo  accuracy 0.100 [0.028, 0.301]")  # 2 of 20
-    assert "after (grpo) is higher than before (init): 0.000 -> 0.100  (95% intervals overlap)" in lines[4]
-    curated = tmp_path / "curated.json"
-    curated.write_text(json.dumps({**json.loads((tmp_path / "init.json").read_text()), "scored": 32}))
+    assert lines[4].startswith("  sft - init: +0.050 [+0.000, +0.150]")  # one prompt turned right: not apart
+    assert lines[5].startswith("  grpo - sft: +0.050") and "not distinguishable from sft" in lines[5]
+    # 12 of 20 prompts turn right after GRPO and none turn wrong: the paired interval clears zero
+    gain = {p: float(p in right["sft"] or i < 13) for i, p in enumerate(prompts)}
+    evals[2] = ("grpo", _write_eval(tmp_path / "grpo.json", sum(gain.values()) / 20, per_prompt=gain))
+    line = summary_lines(sft, grpo, 1, evals)[5]
+    assert line.startswith("  grpo - sft: +0.600 [+0.400, +0.800]") and line.endswith("grpo is higher than sft")
+    # other prompts, or evaluations without per-prompt results, are reported as not comparable
+    _write_eval(tmp_path / "other.json", 0.1, per_prompt={"x": 1.0})
+    assert (
+        "not compared (paired evaluations need the same prompts"
+        in summary_lines(sft, grpo, 1, [evals[1], ("grpo", tmp_path / "other.json")])[3]
+    )
+    _write_eval(tmp_path / "old.json", 0.1)
+    assert (
+        "no per-prompt results to pair" in summary_lines(sft, grpo, 1, [evals[1], ("grpo", tmp_path / "old.json")])[3]
+    )
+    curated = _write_eval(tmp_path / "curated.json", 0.0, scored=32)
     lines = summary_lines(sft, grpo, 1, evals, [("grpo", curated)])
-    assert "after (grpo) is higher" in lines[4] and "not compared" in lines[5]
-    assert lines[6].startswith("  grpo  accuracy 0.000") and lines[6].endswith("(n=32)")
-    (tmp_path / "grpo.json").write_text(json.dumps({**json.loads((tmp_path / "init.json").read_text())}))
-    assert "is NOT higher" in summary_lines(sft, grpo, 1, evals)[4]
+    assert "not compared" in lines[6] and lines[7].startswith("  grpo  accuracy 0.000") and lines[7].endswith("(n=32)")
     common = ["summary", "--sft", str(sft), "--grpo", str(grpo), "--evals", f"init={curated}"]
     with pytest.raises(SystemExit):
         main(common + ["--other-evals", str(curated)])  # no LABEL=
     assert main(common + [f"grpo={curated}", "--other-evals", f"curated={curated}"]) == 0
+
+
+def test_summary_reports_pass_at_k_of_sampled_evaluations(tmp_path, capsys):
+    sft = fake_run(tmp_path / "sft", "fatal_clamp", [0.0, 0.0])
+    grpo = fake_run(tmp_path / "grpo", "fatal_clamp", [0.1, 0.3])
+    sampled = []
+    for label, passes in (("sft", {"1": 0.25, "2": 0.4}), ("grpo", {"1": 0.5, "2": 0.55})):
+        path = _write_eval(
+            tmp_path / f"{label}_k.json",
+            passes["1"],
+            samples=2,
+            prompts=8,
+            pass_at_k=passes,
+            temperature=0.7,
+            top_p=1.0,
+        )
+        sampled.append((label, path))
+    lines = summary_lines(sft, grpo, 1, sampled=sampled)
+    assert lines[0].startswith("pass@k:")
+    assert lines[1] == "  sft   pass@1 0.250  pass@2 0.400  (n=8 prompts x 2 samples at temperature 0.7, top-p 1)"
+    assert lines[2].startswith("  grpo  pass@1 0.500  pass@2 0.550")
+    assert main(["summary", "--sft", str(sft), "--grpo", str(grpo), "--sampled", f"sft={sampled[0][1]}"]) == 0
+    assert "pass@2 0.400" in capsys.readouterr().out
 
 
 def test_tokenizer_learns_the_data_and_the_first_text_documents(tmp_path):

@@ -12,8 +12,10 @@ difference of two settings.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
@@ -114,3 +116,36 @@ def bootstrap_interval(
     tail = 100 * (1 - confidence) / 2
     low, high = np.percentile(samples, [tail, 100 - tail])
     return Estimate(value, float(low), float(high))
+
+
+def pass_at_k(samples: Iterable[Sequence[float | None]], k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021) averaged over prompts: for a prompt with c right answers
+    among its n scored samples, 1 - C(n - c, k) / C(n, k), the chance that k of them drawn without
+    replacement hold a right one. A sample is right when its accuracy is >= 0.5 (exact-match and
+    LLM judges give 0 or 1); unscored samples (None) are left out, and so are prompts with fewer than
+    k scored samples; NaN when no prompt is left."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    values = []
+    for accuracies in samples:
+        scored = [a for a in accuracies if a is not None]
+        n, right = len(scored), sum(a >= 0.5 for a in scored)
+        if n >= k:
+            values.append(1.0 - math.comb(n - right, k) / math.comb(n, k))
+    return float(np.mean(values)) if values else math.nan
+
+
+def paired_difference(
+    after: Mapping[str, float | None], before: Mapping[str, float | None], **bootstrap: Any
+) -> Estimate:
+    """Mean accuracy of ``after`` minus ``before`` on the same prompts (prompt id -> accuracy), with the
+    paired percentile bootstrap over prompts (:func:`bootstrap_interval` with one seed each). Prompts
+    either side left unscored (None) are left out of both."""
+    if set(after) != set(before):
+        missing = sorted(set(after) ^ set(before))
+        raise ValueError(f"paired evaluations need the same prompts; {len(missing)} differ, e.g. {missing[:3]}")
+    prompts = sorted(p for p in after if after[p] is not None and before[p] is not None)
+    if not prompts:
+        raise ValueError("no prompt is scored in both evaluations")
+    table = lambda accs: (np.array([[float(accs[p]) for p in prompts]]), None)  # noqa: E731 - [1 seed, prompts]
+    return bootstrap_interval(table(after), table(before), **bootstrap)

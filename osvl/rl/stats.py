@@ -91,3 +91,34 @@ def batch_stats(batch: AdvantageBatch, trajectories: Sequence[Trajectory] = ()) 
         infra_kept=sum(bool(kept) and has_infra_error(t) for t, kept in zip(trajectories, scored.tolist())),
         unscored_reasons=dict(reasons),
     )
+
+
+@dataclass(frozen=True)
+class GroupSignal:
+    """How many of a step's groups can move the policy: GRPO's advantage is zero in a group whose
+    rewards are all equal, so only the others carry a gradient; ``accuracy`` counts the groups that
+    hold both a right and a wrong answer, the ones that teach accuracy rather than format or queries."""
+
+    groups: int  # groups with at least two scored trajectories
+    reward: float | None  # share of them whose rewards are not all equal
+    accuracy: float | None  # share of them with both right and wrong answers
+
+    def as_metrics(self) -> dict[str, float]:
+        metrics = {"signal_groups": self.reward, "accuracy_signal_groups": self.accuracy}
+        return {key: value for key, value in metrics.items() if value is not None}
+
+
+def group_signal(trajectories: Sequence[Trajectory], tolerance: float = 1e-9) -> GroupSignal:
+    """:class:`GroupSignal` of scored trajectories grouped by ``group_id`` (unscored ones left out, as
+    the advantages leave them out)."""
+    rewards: dict[int, list[tuple[float, float]]] = {}
+    for t in trajectories:
+        if t.reward is not None and t.reward.scored:
+            rewards.setdefault(t.group_id, []).append((t.reward.total, t.reward.acc))
+    groups = [members for members in rewards.values() if len(members) >= 2]
+    spread = lambda values: max(values) - min(values) > tolerance  # noqa: E731
+    return GroupSignal(
+        groups=len(groups),
+        reward=_ratio(sum(spread([r for r, _ in g]) for g in groups), len(groups)),
+        accuracy=_ratio(sum(spread([a for _, a in g]) for g in groups), len(groups)),
+    )

@@ -19,7 +19,7 @@ from typing import Any
 from osvl.jsonl import write_jsonl
 from osvl.rl.trajectory import append_jsonl
 from osvl.synth.backends import open_backends
-from osvl.synth.drills import held_out_prompts, lookup_drills
+from osvl.synth.drills import held_out_prompts, lookup_drills, split_anchors
 from osvl.synth.pipeline import CurationConfig, curate, is_rl
 from osvl.synth.reading import ReadingConfig, ReadingSource, reading_corpus
 from osvl.synth.records import read_items, write_prompts
@@ -135,14 +135,24 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    data = Path(args.data)
-    if not (data / "items.jsonl").is_file():
-        parser.error(f"--data {data} has no items.jsonl: run `python -m osvl.synth run` first")
-    config = CurationConfig(seed=args.seed)
-    rl_items = [item for item in read_items(data / "items.jsonl") if is_rl(item.id, config)]
-    rl_nodes = {node for item in rl_items for node in item.path}
-    anchors = {item.path[0] for item in rl_items}
+    rl_nodes: set[str] = set()
+    anchors: set[str] = set()
+    if args.data is not None:
+        data = Path(args.data)
+        if not (data / "items.jsonl").is_file():
+            parser.error(f"--data {data} has no items.jsonl: run `python -m osvl.synth run` first")
+        config = CurationConfig(seed=args.curation_seed)  # the RL split of the curated set, not the drills' draw
+        rl_items = [item for item in read_items(data / "items.jsonl") if is_rl(item.id, config)]
+        rl_nodes = {node for item in rl_items for node in item.path}
+        anchors = {item.path[0] for item in rl_items}
+    elif args.held_out_prompts:
+        parser.error("--held-out-prompts needs --data: its questions start at the curated RL items' entities")
+    if args.anchors != "all" and not args.held_out_prompts:
+        parser.error("--anchors train|eval splits the anchors of --held-out-prompts")
     try:
+        if args.anchors != "all":
+            train, held = split_anchors(anchors, args.eval_anchor_fraction)
+            anchors = set(held if args.anchors == "eval" else train)
         world = load_world(args.world)
         if args.held_out_prompts:
             prompts = held_out_prompts(
@@ -158,7 +168,9 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     Path(args.out).unlink(missing_ok=True)  # only now: a failed run leaves the previous file as it was
     if args.held_out_prompts:
         write_prompts(args.out, prompts)
-        print(json.dumps({"prompts": len(prompts), "rl_anchors": len(anchors), "out": args.out}))
+        print(
+            json.dumps({"prompts": len(prompts), "rl_anchors": len(anchors), "anchors": args.anchors, "out": args.out})
+        )
         return 0
     append_jsonl(args.out, drills)
     print(json.dumps({"drills": len(drills), "excluded_rl_entities": len(rl_nodes), "out": args.out}))
@@ -188,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     stats.add_argument("--seed", type=int, default=0)
     drills = sub.add_parser("drills", help="text-only lookup chains for a policy trained from scratch (the demo)")
     drills.add_argument("--world", required=True)
-    drills.add_argument("--data", required=True, help="a curated set: the entities of its RL items are left out")
+    drills.add_argument(
+        "--data",
+        help="a curated set of this world: the entities of its RL items are left out (omit for a world other "
+        "than the agent's, whose every entity may be drilled)",
+    )
     drills.add_argument("--count", type=int, required=True)
     drills.add_argument(
         "--out", required=True, help="JSONL of SFT trajectory records (RL prompts with --held-out-prompts)"
@@ -198,7 +214,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="write short visual RL prompts that start at the RL items' image entities instead",
     )
-    drills.add_argument("--seed", type=int, default=0)
+    drills.add_argument(
+        "--anchors",
+        choices=("all", "train", "eval"),
+        default="all",
+        help="with --held-out-prompts: start at every RL anchor, or only at the training or the evaluation side "
+        "of their fixed split (questions on the two sides share no starting entity)",
+    )
+    drills.add_argument(
+        "--eval-anchor-fraction", type=float, default=0.5, help="share of the RL anchors on the evaluation side"
+    )
+    drills.add_argument("--seed", type=int, default=0, help="seed of the drills' draw")
+    drills.add_argument(
+        "--curation-seed", type=int, default=0, help="the seed `osvl.synth run` curated --data with (its RL split)"
+    )
     drills.add_argument("--search-top-k", type=int, default=1)
     drills.add_argument(
         "--max-guess-rate",

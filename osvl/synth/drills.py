@@ -183,6 +183,20 @@ def lookup_drills(
     return list(drills.values())
 
 
+def split_anchors(anchors: Iterable[str], eval_fraction: float, seed: int = 0) -> tuple[list[str], list[str]]:
+    """(train, eval): a seeded shuffle of the sorted ``anchors`` cut at ``eval_fraction``, so held-out
+    questions can start at entities that no training question starts at (the split is fixed by the
+    seed and the anchor set alone, before any result is seen)."""
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must lie in (0, 1), got {eval_fraction}")
+    ordered = sorted(set(anchors))
+    random.Random(seed).shuffle(ordered)
+    cut = round(eval_fraction * len(ordered))
+    if not 0 < cut < len(ordered):
+        raise ValueError(f"cannot split {len(ordered)} anchors at {eval_fraction}: one side would be empty")
+    return sorted(ordered[cut:]), sorted(ordered[:cut])
+
+
 def held_out_prompts(
     world: World,
     anchors: Iterable[str],

@@ -39,12 +39,11 @@ from osvl.synth.question import Attr, obfuscate
 from osvl.synth.records import QAItem
 from osvl.tools.image_search import Match, render_matches
 from osvl.tools.image_tools import perspective_correct, sharpen
-from osvl.tools.text_search import Passage, render_passages
+from osvl.tools.text_search import Passage, extractive_summary, query_terms, render_passages
 from osvl.world.build import World
 from osvl.world.graph import Graph
 
 ToolExecutor = Callable[[ToolCall, list[np.ndarray]], ToolResult]
-_SENTENCE = re.compile(r"[^.]*\.")
 _WORD = re.compile(r"\w+")
 _THUMB = 32
 _PASSAGE = re.compile(r"^\[Passage \d+\] (.*)\nURL: (.*)\nSummary: (.*)$", re.MULTILINE)
@@ -80,18 +79,10 @@ class WorldTools:
 
     def __init__(self, world: World) -> None:
         self.world = world
-        self.docs = []  # (id, title, title words, text words, [(sentence, sentence words)])
-        for doc in world.corpus():
-            sentences = [(s.strip(), set(normalize_answer(s).split())) for s in _SENTENCE.findall(doc["text"])]
-            self.docs.append(
-                (
-                    doc["id"],
-                    doc["title"],
-                    set(normalize_answer(doc["title"]).split()),
-                    set().union(*(w for _, w in sentences)) if sentences else set(),
-                    sentences,
-                )
-            )
+        self.pages = [(doc["id"], doc["title"], doc["text"]) for doc in world.corpus()]
+        self.words = [  # (title words, text words) of each page, for ranking
+            (set(normalize_answer(title).split()), set(normalize_answer(text).split())) for _, title, text in self.pages
+        ]
         self.searches: dict[tuple[str, int], str] = {}  # the world never changes; drills repeat queries
         self.records = list(world.images())
         self.thumbs = (
@@ -125,8 +116,9 @@ class WorldTools:
         return ToolResult(ToolStatus.TOOL_ERROR, call.name, error=f"unknown tool {call.name!r}")
 
     def text_search(self, query: str, top_k: int = 3) -> str:
-        """Rank pages by query words in title (x3) and text, a full-title match first; show the
-        sentences that carry the query's non-title words."""
+        """Rank pages by query words in title (x3) and text, a full-title match first; summarise each
+        as the offline tool does (:func:`osvl.tools.text_search.extractive_summary`), so what the expert
+        reads is what the policy will read."""
         if (query, top_k) not in self.searches:
             self.searches[query, top_k] = self._rank(query, top_k)
         return self.searches[query, top_k]
@@ -134,16 +126,15 @@ class WorldTools:
     def _rank(self, query: str, top_k: int) -> str:
         words = set(normalize_answer(query).split())
         scored = []
-        for index, (_, _, title, text, _) in enumerate(self.docs):
+        for index, (title, text) in enumerate(self.words):
             score = 3 * len(words & title) + len(words & text) + (5 if title and title <= words else 0)
             if score:
                 scored.append((-score, index))
         passages = []
+        terms = query_terms(query)
         for _, index in sorted(scored)[:top_k]:
-            page_id, title, title_words, _, sentences = self.docs[index]
-            extra = words - title_words
-            shown = [s for s, w in sentences if extra & w] or [s for s, _ in sentences[:2]]
-            passages.append(Passage(title, WORLD_URL + page_id, " ".join(shown[:6])))
+            page_id, title, text = self.pages[index]
+            passages.append(Passage(title, WORLD_URL + page_id, extractive_summary(text, terms, title=title)))
         return render_passages(passages) if passages else "no results"
 
     def image_search(self, image: np.ndarray, top_k: int = 3) -> str:

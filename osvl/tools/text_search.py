@@ -1,7 +1,8 @@
 """TextSearch: passages of (title, url, short query-focused summary), offline or online.
 
 Offline: BM25 over a local JSONL corpus (``id``, ``title``, ``text``, optional ``url``) in an
-SQLite FTS5 index; the summary is the few sentences of the page that share the most query terms.
+SQLite FTS5 index; the summary is the few sentences of the page that carry what the query asks of it
+(its words that are not the page's title), then the most query words.
 Online (the paper's pipeline): Serper search -> Jina Reader page text -> an OpenAI-compatible
 chat model writes a 2-4 sentence query-focused summary of each page.
 """
@@ -106,15 +107,25 @@ def split_sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
 
 
-def extractive_summary(text: str, terms: list[str], max_sentences: int = 3, max_chars: int = 600) -> str:
-    """The sentences richest in query terms, in page order."""
+def extractive_summary(
+    text: str, terms: list[str], max_sentences: int = 6, max_chars: int = 1000, title: str = "", fallback: int = 3
+) -> str:
+    """What the query asks of the page: the sentences carrying its words that are not in the page's
+    ``title`` ("Jorlo Talcor occupation" asks for the occupation; every sentence of his page names
+    him), up to ``max_sentences``, those with the most such words first; when none carries one, the
+    ``fallback`` sentences richest in all the query's words. In page order, cut at ``max_chars``."""
     sentences = split_sentences(text)
     if not sentences:
         return ""
     wanted = set(terms)
-    scores = [len(wanted & {w.lower() for w in _WORD.findall(s)}) for s in sentences]
-    keep = sorted(np.argsort([-s for s in scores], kind="stable")[:max_sentences])
-    return " ".join(sentences[i] for i in keep)[:max_chars]
+    topic = wanted - set(query_terms(title))
+    words = [{w.lower() for w in _WORD.findall(s)} for s in sentences]
+    on_topic = [i for i in range(len(sentences)) if topic & words[i]]
+    if on_topic:
+        keep = sorted(on_topic, key=lambda i: (-len(topic & words[i]), -len(wanted & words[i]), i))[:max_sentences]
+    else:
+        keep = sorted(range(len(sentences)), key=lambda i: (-len(wanted & words[i]), i))[:fallback]
+    return " ".join(sentences[i] for i in sorted(keep))[:max_chars]
 
 
 def offline_search(query: str, top_k: int, config: TextSearchConfig) -> list[Passage]:
@@ -133,7 +144,7 @@ def offline_search(query: str, top_k: int, config: TextSearchConfig) -> list[Pas
         rows = db.execute(
             "SELECT title, url, text FROM docs WHERE docs MATCH ? ORDER BY bm25(docs, 4.0, 1.0) LIMIT ?", (match, top_k)
         ).fetchall()
-    return [Passage(title, url, extractive_summary(text, terms)) for title, url, text in rows]
+    return [Passage(title, url, extractive_summary(text, terms, title=title)) for title, url, text in rows]
 
 
 # -- online: Serper -> Jina Reader -> summarizer ----------------------------------------------

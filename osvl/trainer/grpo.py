@@ -35,7 +35,7 @@ from osvl.data.packing import PackedBatch
 from osvl.rl.advantages import AdvantageConfig, trajectory_advantages
 from osvl.rl.fatal import has_infra_error
 from osvl.rl.scoring import GroupScorer, JudgeStats
-from osvl.rl.stats import batch_stats
+from osvl.rl.stats import batch_stats, group_signal
 from osvl.rl.trajectory import Trajectory
 from osvl.rollout import RolloutRecorder
 from osvl.rollout.event_loop import EventLoopThread
@@ -339,6 +339,7 @@ def step_record(
         "reward_acc": _mean(p.acc for p in parts),
         "reward_query": _mean(p.query for p in parts),
         "accuracy": _mean(p.acc for p in parts),
+        **group_signal(rolled.scored).as_metrics(),
         "fatal_rate": stats.fatal_fraction or 0.0,
         "clamped_frac": stats.clamped_fraction or 0.0,
         "fatal": stats.fatal,

@@ -4,6 +4,7 @@ prompt renderer (system prompt, tool schema, image patching) it is trained and s
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,29 @@ from osvl.trainer.rng import seed_generators
 from osvl.trainer.sft_data import read_system_prompt
 from osvl.trainer.tool_env import recipe_profile
 
-# CPU presets: (hidden, heads, kv heads, head_dim, intermediate); two layers each.
-# tiny: unit and end-to-end tests (GQA, MoE). small: make demo, whose policy starts from random
-# weights and must copy the names and numbers it reads into its next query and its answer, which
-# needs the wider model (docs/demo.md).
-CPU_SIZES = {"tiny": (64, 4, 2, 16, 128), "tiny_moe": (64, 4, 2, 16, 128), "small": (128, 4, 4, 32, 256)}
+
+@dataclass(frozen=True)
+class CPUSize:
+    """A CPU preset's shape. ``tied``: the lm_head shares the token embeddings (as Qwen3-VL 2B/4B do)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    layers: int = 2
+    tied: bool = False
+
+
+# tiny: unit and end-to-end tests (GQA, MoE). small: make demo, whose policy starts from random weights
+# and must copy the names and numbers it reads into its next query and its answer. Copying in context
+# needs an induction circuit, which small models of this width form within a few hundred steps with
+# tied embeddings and do not form at all untied (scripts/induction_probe.py; docs/demo.md).
+CPU_SIZES = {
+    "tiny": CPUSize(64, 4, 2, 16, 128),
+    "tiny_moe": CPUSize(64, 4, 2, 16, 128),
+    "small": CPUSize(128, 4, 4, 32, 256, tied=True),
+}
 
 
 def tiny_arch(vocab_size: int, special: SpecialTokens, size: str = "tiny") -> Qwen3VLConfig:
@@ -43,17 +62,17 @@ def tiny_arch(vocab_size: int, special: SpecialTokens, size: str = "tiny") -> Qw
     RoPE base 1e4, not Qwen3-VL's 5e6: with 16-dim heads only 8 frequencies exist, and at 5e6 all
     but the first two barely turn over a few thousand tokens, leaving little to tell positions apart.
     """
-    hidden, heads, kv_heads, head_dim, intermediate = CPU_SIZES[size]
+    shape = CPU_SIZES[size]
     moe = size == "tiny_moe"
-    quarter = head_dim // 8  # mrope (t, h, w) sections of the head_dim / 2 rotary pairs, 2:1:1
+    quarter = shape.head_dim // 8  # mrope (t, h, w) sections of the head_dim / 2 rotary pairs, 2:1:1
     text = TextConfig(
         vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
         mrope_section=(2 * quarter, quarter, quarter),
         rope_theta=10_000.0,
         num_experts=4 if moe else 0,
@@ -66,13 +85,14 @@ def tiny_arch(vocab_size: int, special: SpecialTokens, size: str = "tiny") -> Qw
         intermediate_size=64,
         num_heads=2,
         patch_size=8,
-        out_hidden_size=hidden,
+        out_hidden_size=shape.hidden,
         num_position_embeddings=64,
         deepstack_visual_indexes=(0,),
     )
     return Qwen3VLConfig(
         text=text,
         vision=vision,
+        tie_word_embeddings=shape.tied,
         image_token_id=special.image_pad,
         video_token_id=special.video_pad,
         vision_start_token_id=special.vision_start,

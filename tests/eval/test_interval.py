@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 
-from osvl.eval.interval import bootstrap_interval, wilson_interval
+from osvl.eval.interval import bootstrap_interval, paired_difference, pass_at_k, wilson_interval
 
 
 @pytest.mark.parametrize(
@@ -110,3 +111,48 @@ def test_matched_seeds_are_paired_in_a_difference():
     assert paired.value == pytest.approx(0.05) and paired.high - paired.low < 1e-9  # the seed noise cancels
     unpaired = bootstrap_interval((shifted, None), (base[:2], None))  # 3 seeds vs 2: drawn independently
     assert unpaired.high - unpaired.low > 0.1
+
+
+def test_pass_at_k_matches_the_combinatorial_formula_and_brute_force():
+    # 2 right of 4: pass@1 = 0.5, pass@2 = 1 - C(2,2)/C(4,2) = 5/6, pass@3 = pass@4 = 1
+    assert pass_at_k([[1, 0, 1, 0]], 1) == pytest.approx(0.5)
+    assert pass_at_k([[1, 0, 1, 0]], 2) == pytest.approx(5 / 6)
+    assert pass_at_k([[1, 0, 1, 0]], 3) == pytest.approx(1.0)
+    # brute force over every k-subset of 5 samples with 1 right
+    samples = [0, 0, 1, 0, 0]
+    subsets = list(itertools.combinations(samples, 2))
+    assert pass_at_k([samples], 2) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+    # averaged over prompts; all wrong gives 0, all right 1
+    assert pass_at_k([[0, 0, 0, 0], [1, 1, 1, 1]], 4) == pytest.approx(0.5)
+
+
+def test_pass_at_k_leaves_out_unscored_samples_and_short_prompts():
+    assert pass_at_k([[1, None, 0, None]], 2) == pytest.approx(1.0)  # 1 right of 2 scored
+    assert pass_at_k([[1, None, None, None], [0, 0, 0, 0]], 2) == pytest.approx(0.0)  # the first has 1 < k
+    assert math.isnan(pass_at_k([[None, None]], 1))
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        pass_at_k([[1]], 0)
+
+
+def test_paired_difference_pairs_by_prompt_id_and_sees_a_consistent_gain():
+    rng = np.random.default_rng(3)
+    before = {f"q{i}": float(rng.random() < 0.3) for i in range(128)}
+    # after: 16 wrong answers turn right, nothing else changes; keys in another order
+    flipped = [p for p, acc in before.items() if acc == 0.0][:16]
+    after = {p: 1.0 if p in flipped else before[p] for p in reversed(list(before))}
+    estimate = paired_difference(after, before)
+    assert estimate.value == pytest.approx(16 / 128)
+    assert estimate.excludes_zero() and estimate.low > 0.05
+    # the same marginals, unpaired noise: 16 up and 16 down cancel, the interval holds zero
+    down = [p for p, acc in before.items() if acc == 1.0][:16]
+    mixed = {p: 0.0 if p in down else after[p] for p in after}
+    assert not paired_difference(mixed, before).excludes_zero()
+
+
+def test_paired_difference_refuses_other_prompts_and_skips_unscored():
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_difference({"a": 1.0}, {"b": 1.0})
+    with pytest.raises(ValueError, match="no prompt is scored"):
+        paired_difference({"a": None}, {"a": 1.0})
+    estimate = paired_difference({"a": 1.0, "b": None, "c": 1.0}, {"a": 0.0, "b": 1.0, "c": 1.0})
+    assert estimate.value == pytest.approx(0.5)  # b left out of both

@@ -224,3 +224,30 @@ def test_stats_of_a_batch_without_fatal_rollouts() -> None:
     assert stats.fatal == 0 and stats.fatal_fraction == 0.0
     assert stats.clamped_fraction is None and stats.mean_pre_clamp_zeroed is None
     assert "rl/clamped_fraction" not in stats.as_metrics()
+
+
+def test_group_signal_counts_groups_that_carry_a_gradient() -> None:
+    from osvl.rl.stats import group_signal
+
+    def scored(group_id: int, totals_accs: list[tuple[float | None, float | None]]) -> list:
+        out = []
+        for i, (total, acc) in enumerate(totals_accs):
+            t = trajectory(["ok"], group_id=group_id, sample_index=i)
+            t.reward = RewardParts(fmt=1.0, acc=acc, query=0.5, total=total)
+            out.append(t)
+        return out
+
+    batch = [
+        *scored(0, [(0.9, 1.0), (0.1, 0.0), (0.1, 0.0)]),  # mixed answers: reward and accuracy signal
+        *scored(1, [(0.2, 0.0), (0.1, 0.0), (0.2, 0.0)]),  # all wrong, queries differ: reward signal only
+        *scored(2, [(0.1, 0.0), (0.1, 0.0), (0.1, 0.0)]),  # all equal: no gradient
+        *scored(3, [(0.9, 1.0), (None, None)]),  # one scored: not a group
+    ]
+    signal = group_signal(batch)
+    assert (signal.groups, signal.reward, signal.accuracy) == (3, pytest.approx(2 / 3), pytest.approx(1 / 3))
+    assert signal.as_metrics() == {
+        "signal_groups": pytest.approx(2 / 3),
+        "accuracy_signal_groups": pytest.approx(1 / 3),
+    }
+    empty = group_signal(scored(0, [(0.5, 1.0)]))
+    assert (empty.groups, empty.reward, empty.as_metrics()) == (0, None, {})

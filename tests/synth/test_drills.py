@@ -11,7 +11,7 @@ import pytest
 
 from osvl.rl.trajectory import read_jsonl
 from osvl.synth.__main__ import main
-from osvl.synth.drills import guess_rates, held_out_prompts, lookup_drills
+from osvl.synth.drills import guess_rates, held_out_prompts, lookup_drills, split_anchors
 from osvl.synth.pipeline import CurationConfig, is_rl
 from osvl.synth.records import read_items, read_prompts
 
@@ -144,7 +144,7 @@ def test_cli_writes_held_out_prompts_anchored_on_the_rl_items(world, curated, tm
     assert main(argv + ["--held-out-prompts"]) == 0
     report = json.loads(capsys.readouterr().out)
     rl_anchors = {item.path[0] for item in read_items(out / "items.jsonl") if is_rl(item.id, CurationConfig())}
-    assert report == {"prompts": 12, "rl_anchors": len(rl_anchors), "out": str(target)}
+    assert report == {"prompts": 12, "rl_anchors": len(rl_anchors), "anchors": "all", "out": str(target)}
     prompts = list(read_prompts(target))  # images are stored beside the file, by content hash
     assert len(prompts) == 12 and all(p.id.split("-")[2] in rl_anchors and p.images for p in prompts)
     assert main(argv + ["--held-out-prompts", "--max-guess-rate", "0.15"]) == 0  # a rerun replaces the file
@@ -155,3 +155,53 @@ def test_cli_writes_held_out_prompts_anchored_on_the_rl_items(world, curated, tm
     with pytest.raises(SystemExit):  # a request the generator refuses: the previous file stays
         main(argv + ["--held-out-prompts", "--search-top-k", "-1"])
     assert target.read_bytes() == before
+
+
+def test_split_anchors_is_fixed_disjoint_and_complete():
+    anchors = [f"a{i}" for i in range(10)]
+    train, held = split_anchors(reversed(anchors), 0.3)
+    assert (len(train), len(held)) == (7, 3) and sorted(train + held) == anchors
+    assert split_anchors(anchors, 0.3) == (train, held)  # order of the input does not matter
+    assert split_anchors(anchors, 0.3, seed=1) != (train, held)
+    for bad in (0.0, 1.0):
+        with pytest.raises(ValueError, match="eval_fraction"):
+            split_anchors(anchors, bad)
+    with pytest.raises(ValueError, match="one side would be empty"):
+        split_anchors(["a", "b"], 0.1)
+
+
+def test_cli_writes_training_and_evaluation_questions_on_disjoint_anchors(world, curated, tmp_path, capsys):
+    out, _ = curated
+    argv = ["drills", "--world", str(world.root), "--data", str(out), "--count", "10", "--held-out-prompts"]
+    starts = {}
+    for side, seed in (("train", "1"), ("eval", "2")):
+        target = tmp_path / side / "prompts.jsonl"
+        assert main([*argv, "--anchors", side, "--seed", seed, "--out", str(target)]) == 0
+        assert json.loads(capsys.readouterr().out)["anchors"] == side
+        starts[side] = {p.id.split("-")[2] for p in read_prompts(target)}
+    assert starts["train"] and starts["eval"] and not starts["train"] & starts["eval"]
+    with pytest.raises(SystemExit):  # the split is of held-out question anchors only
+        main(
+            [
+                "drills",
+                "--world",
+                str(world.root),
+                "--data",
+                str(out),
+                "--count",
+                "1",
+                "--anchors",
+                "eval",
+                "--out",
+                str(tmp_path / "x.jsonl"),
+            ]
+        )
+
+
+def test_cli_drills_a_world_other_than_the_agents_without_a_curated_set(world, tmp_path, capsys):
+    target = tmp_path / "other.jsonl"
+    assert main(["drills", "--world", str(world.root), "--count", "8", "--out", str(target)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"drills": 8, "excluded_rl_entities": 0, "out": str(target)}
+    assert len(list(read_jsonl(target))) == 8
+    with pytest.raises(SystemExit):  # held-out questions start at a curated set's RL entities
+        main(["drills", "--world", str(world.root), "--count", "1", "--held-out-prompts", "--out", str(target)])

@@ -39,6 +39,21 @@ def test_text_search_finds_the_page_and_the_relevant_sentences(world, tools):
     assert tools.text_search("zzzz qqqq") == "no results"
 
 
+def test_text_search_reads_as_the_offline_tool_does(world, tools, tmp_path):
+    """The expert's observations are the policy's: the same query shows the same passage through the
+    offline tool the rollouts call (SFT trained on one summary and evaluated on another before)."""
+    from osvl.tools.config import TextSearchConfig
+    from osvl.tools.text_search import offline_search, render_passages
+
+    config = TextSearchConfig(corpus_path=str(world.root / "corpus.jsonl"), index_path=str(tmp_path / "i.sqlite"))
+    pages = [p for p in world.graph.entities() if p.infobox or p.links][:40]
+    queries = [f"{p.title} {next(iter(p.infobox), 'country')}" for p in pages] + [
+        f"{p.title} {p.links[0].relation}" for p in pages if p.links
+    ]
+    for query in queries:
+        assert tools.text_search(query, 1) == render_passages(offline_search(query, 1, config)), query
+
+
 def test_text_search_ranks_a_query_once(world, monkeypatch):
     tools = WorldTools(world)
     calls = []

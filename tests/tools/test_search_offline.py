@@ -97,7 +97,28 @@ def test_extractive_summary_keeps_page_order():
     assert (
         extractive_summary(text, ["bridge", "opened"], max_sentences=2) == "Beta bridge two. Delta bridge opened four."
     )
+    assert extractive_summary(text, ["bridge", "opened"], max_sentences=1) == "Delta bridge opened four."
     assert extractive_summary("", ["x"]) == ""
+
+
+def test_extractive_summary_shows_what_the_query_asks_of_the_page():
+    """Every sentence of a person's page names them: the sentence with the asked attribute must win
+    over sentences that only repeat the title's words (the demo's lookups failed on exactly this)."""
+    text = (
+        "Jorlo Talcor is a person. The birthplace of Jorlo Talcor is Dandramar. Its occupation is engineer. "
+        "The citizenship of Jorlo Talcor is Dracorland. The spouse of Jorlo Talcor is Osar Bel."
+    )
+    terms = ["jorlo", "talcor", "occupation"]
+    assert extractive_summary(text, terms, title="Jorlo Talcor") == "Its occupation is engineer."
+    # without the page title every query word counts alike, and the title's sentences crowd it out
+    assert "occupation" not in extractive_summary(text, terms, max_sentences=3)
+    # a query of the title alone asks nothing in particular: the sentences richest in its words, first first
+    assert extractive_summary(text, ["jorlo", "talcor", "birthplace"], title="Jorlo Talcor birthplace") == (
+        "Jorlo Talcor is a person. The birthplace of Jorlo Talcor is Dandramar. The citizenship of Jorlo Talcor is "
+        "Dracorland."
+    )
+    many = " ".join(f"Town{i} is a landmark of Quenel." for i in range(9))
+    assert extractive_summary(many, ["quenel", "landmark"], title="Quenel").count("landmark") == 6  # max_sentences
 
 
 @pytest.fixture(scope="module")

@@ -19,15 +19,16 @@ def test_cpu_sizes_build_a_model_of_their_shape(size):
     recipe = load_recipe("tiny_sft", [f"model.preset={size}"])
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
     text = arch.text
-    hidden, heads, kv_heads, head_dim, intermediate = CPU_SIZES[size]
+    shape = CPU_SIZES[size]
     assert (text.hidden_size, text.num_attention_heads, text.num_key_value_heads, text.head_dim) == (
-        hidden,
-        heads,
-        kv_heads,
-        head_dim,
+        shape.hidden,
+        shape.heads,
+        shape.kv_heads,
+        shape.head_dim,
     )
-    assert text.intermediate_size == intermediate and text.num_hidden_layers == 2
-    assert sum(text.mrope_section) == head_dim // 2 and arch.vision.out_hidden_size == hidden
+    assert text.intermediate_size == shape.intermediate and text.num_hidden_layers == shape.layers
+    assert arch.tie_word_embeddings == shape.tied
+    assert sum(text.mrope_section) == shape.head_dim // 2 and arch.vision.out_hidden_size == shape.hidden
     assert text.vocab_size == tokenizer.vocab_size and arch.image_token_id == tokenizer.special.image_pad
     assert (text.num_experts > 0) == (size == "tiny_moe")
     model = build_policy(recipe, arch, world_size=1)
@@ -35,10 +36,12 @@ def test_cpu_sizes_build_a_model_of_their_shape(size):
     with torch.no_grad():
         logits = model(ids, cu_seqlens=torch.tensor([0, len(ids)], dtype=torch.int32))
     assert logits.shape == (len(ids), tokenizer.vocab_size) and torch.isfinite(logits).all()
+    if shape.tied:  # one matrix embeds and unembeds, initialised at the linear layers' scale
+        assert model.lm_head.weight is model.tok_embeddings.weight and model.lm_head.weight.std() < 0.05
 
 
 def test_small_is_the_demo_size_and_wider_than_tiny():
-    assert CPU_SIZES["small"][0] == 2 * CPU_SIZES["tiny"][0]
+    assert CPU_SIZES["small"].hidden == 2 * CPU_SIZES["tiny"].hidden and CPU_SIZES["small"].tied
     assert set(TINY_PRESETS) == set(CPU_SIZES)  # the recipe's list of CPU presets and the sizes agree
     with pytest.raises(ValueError, match="preset must be one of"):
         load_recipe("tiny_sft", ["model.preset=medium"])

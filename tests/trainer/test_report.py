@@ -57,6 +57,7 @@ def test_report_cli_and_errors(tmp_path, capsys):
 def test_summary_reports_before_and_after_honestly(tmp_path):
     sft = fake_run(tmp_path / "sft", "fatal_clamp", [0.0, 0.0])
     up = summary_lines(sft, fake_run(tmp_path / "up", "fatal_clamp", [0.1, 0.3]))
-    assert "accuracy      before 0.100  after 0.300" in "\n".join(up) and "accuracy improved" in up[-2]
+    assert f"{'accuracy':<22} before 0.100  after 0.300" in "\n".join(up) and "accuracy improved" in up[-2]
+    assert not any("signal_groups" in line for line in up)  # a run that did not log them
     down = summary_lines(sft, fake_run(tmp_path / "down", "fatal_clamp", [0.5, 0.25]))
     assert "did NOT improve" in down[-2]
