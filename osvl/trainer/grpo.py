@@ -246,6 +246,7 @@ def run_grpo(
             for line in preflight(recipe, stage.model, serving, env, scorer, renderer, prompts[0], loop):
                 if rank == 0:
                     print(f"pre-flight: {line}", flush=True)
+            stage.restore_rng()
             generator.start()
             while stage.step < end:
                 t0 = time.perf_counter()
