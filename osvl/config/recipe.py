@@ -370,6 +370,7 @@ class JudgesConfig:
     alpha: float = 0.8  # weight of accuracy against query quality in the composite reward
     timeout_s: float = 60.0  # one judge request
     max_attempts: int = 5  # per verdict; past them the sample is unscored, never 0
+    overload_wait_s: float = 120.0  # per verdict: 429/503 answers asked again this long without using attempts
     max_concurrency: int = 32  # judge calls in flight per rank
     cache_size: int = 100_000  # verdicts kept, keyed by judge prompt version, question and answer
 
@@ -377,7 +378,7 @@ class JudgesConfig:
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
         _positive(self, "timeout_s", "max_attempts", "max_concurrency")
-        _non_negative(self, "cache_size")
+        _non_negative(self, "cache_size", "overload_wait_s")
         if "llm" in (self.accuracy, self.query) and not (self.url and self.model):
             raise ValueError("llm judges need url and model")
 

@@ -127,6 +127,7 @@ def services_run(tmp_path_factory):
             f"judges.url={judge_url}",
             "judges.model=loopback-judge",
             "judges.max_attempts=2",
+            "judges.overload_wait_s=1",  # the outage answers 503: overload, waited out this long
             "judges.timeout_s=30",
         ]
         run_ranks(services_body, 2, overrides, (url_a, url_b))
