@@ -1,7 +1,7 @@
 """Back-pressure: healthy calls from many concurrent callers into a saturated tool server.
 
     python bench/tools/bench_overload.py                  # 56 callers x 4 calls, 4 workers, queue 16
-    python bench/tools/bench_overload.py --callers 56 --calls 4 --workers 4 --queue 16 --call-s 0.05
+    python bench/tools/bench_overload.py --callers 56 --calls 4 --workers 4 --queue 16 --call-s 0.2
 
 A tool server process (this file run with ``--serve``: ``--workers`` workers, ``--queue`` calls waiting,
 one tool that sleeps ``--call-s`` and echoes its tag) takes ``--callers`` concurrent callers, each
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=4, help="calls per caller, one after the other")
     parser.add_argument("--workers", type=int, default=4, help="the server's tool workers")
     parser.add_argument("--queue", type=int, default=16, help="the server's queue of waiting calls")
-    parser.add_argument("--call-s", type=float, default=0.05, help="how long each healthy call runs")
+    parser.add_argument("--call-s", type=float, default=0.2, help="how long each healthy call runs")
     parser.add_argument("--deadline-s", type=float, default=20.0, help="each call's own deadline")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--out-dir", type=Path, default=REPO / "bench" / "tools" / "results")
