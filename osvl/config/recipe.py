@@ -246,6 +246,7 @@ class RolloutConfig:
     weight_sync_master_addr: str = "127.0.0.1"  # distributed: where the servers reach trainer rank 0
     weight_sync_port: int = 0  # distributed: the update group's store port; 0 = any free port
     request_timeout_s: float = 600.0  # one engine HTTP request
+    server_reconnect_s: float = 600.0  # an SGLang server that went away (a restart) is waited for this long
     max_logprob_diff: float = 0.05  # pre-flight: mean |engine - trainer| logprob allowed on a probe
     server_tp: int = 1  # each SGLang server's tensor-parallel size (osvl.serve, the serving memory plan)
     server_mem_fraction: float = 0.85  # SGLang --mem-fraction-static: share of a server GPU for weights + KV cache
@@ -275,6 +276,7 @@ class RolloutConfig:
             "trajectory_deadline_s",
             "weight_sync_bucket_mb",
             "request_timeout_s",
+            "server_reconnect_s",
             "max_logprob_diff",
             "server_tp",
             "server_gpu_gib",
