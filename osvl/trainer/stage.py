@@ -160,6 +160,16 @@ def start_stage(
     )
 
 
+def all_reduce_max(values: Mapping[str, float]) -> dict[str, float]:
+    """The largest value of each key over all ranks, in one collective (what every rank saw alike, e.g. a
+    service's restart, counts once)."""
+    keys = list(values)
+    stacked = torch.tensor([float(v) for v in values.values()], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
+    return dict(zip(keys, stacked.tolist()))
+
+
 def all_reduce_sums(values: Mapping[str, torch.Tensor | float], device: torch.device | str = "cpu") -> dict[str, float]:
     """Sums every value over all ranks in one collective and one host read (float64)."""
     keys = list(values)
