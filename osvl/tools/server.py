@@ -620,6 +620,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sandbox-fusion-url", default="", help="SandboxFusion base URL for sandbox_fusion")
     parser.add_argument("--workers", type=int, default=4, help="tool worker processes")
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=PoolConfig().max_queue,
+        help="calls waiting for a worker; more are answered 503 overloaded (clients ask again)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100, help="0 = any free port (printed, and in --ready-file)")
     parser.add_argument("--ready-file", default="", help="write the server URL here once it serves")
@@ -635,7 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, SandboxUnavailable) as error:
         parser.error(str(error))
     profile = tool_profile("paper", config.limits, python_interpreter=args.python_interpreter, sandbox=sandbox)
-    with ToolPool(config, PoolConfig(num_workers=args.workers, preload=profile.registry.targets())) as pool:
+    pool_config = PoolConfig(num_workers=args.workers, max_queue=args.max_queue, preload=profile.registry.targets())
+    with ToolPool(config, pool_config) as pool:
         server = ToolServer(profile.registry, pool, args.host, args.port).start()
         print(f"osvl tool server on {server.url}: {', '.join(profile.registry.names)}", flush=True)
         if args.ready_file:
