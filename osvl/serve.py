@@ -333,7 +333,12 @@ def main(argv: list[str] | None = None) -> int:
         default=defaults.max_restarts,
         help="with --launch: restarts of one service within --restart-window-s before every service stops",
     )
-    parser.add_argument("--restart-window-s", type=float, default=defaults.window_s)
+    parser.add_argument(
+        "--restart-window-s",
+        type=float,
+        default=defaults.window_s,
+        help="with --launch: the window in which --max-restarts deaths of one service mean it keeps dying",
+    )
     args = parser.parse_args(argv)
     try:
         recipe = load_recipe(args.recipe, args.overrides)

@@ -300,11 +300,11 @@ class SGLangEngine:
         self._reached: set[str] = set()  # servers that answered once: one that goes away later is restarting
         self._recovering: dict[str, _Recovery] = {}
         self._disk_weights: tuple[str, int] | None = None  # the last synced weights on disk, and their version
-        self.returns = 0  # servers that went away and came back (restarts), since take_returns
+        self.restarts = 0  # servers that went away and came back (a restart each), since take_restarts
 
-    async def take_returns(self) -> int:
+    async def take_restarts(self) -> int:
         """Servers seen going away and coming back since the last call (a restart each); on the engine's loop."""
-        taken, self.returns = self.returns, 0
+        taken, self.restarts = self.restarts, 0
         return taken
 
     @property
@@ -430,7 +430,7 @@ class SGLangEngine:
                     f"{self.config.reconnect_s:g}s (rollout.server_reconnect_s): restart it, then relaunch the trainer"
                 )
             await asyncio.sleep(RECONNECT_POLL_S)
-        self.returns += 1
+        self.restarts += 1
         log.warning("SGLang server %s is back after %.1fs", url, time.monotonic() - gone)
 
     async def lost_servers(self) -> dict[str, str]:
@@ -496,7 +496,7 @@ class SGLangEngine:
                 continue
             self._reached.add(url)
             if gone is not None:
-                self.returns += 1
+                self.restarts += 1
                 log.warning("SGLang server %s is back after %.1fs", url, time.monotonic() - gone)
             return response
 

@@ -322,7 +322,7 @@ def service_restarts(serving: Serving, fleet: ToolServerFleet | None, loop: Even
     return all_reduce_max(
         {
             "tool_server_restarts": fleet.take_restarts() if fleet is not None else 0,
-            "engine_restarts": loop.run(engine.take_returns()) if isinstance(engine, SGLangEngine) else 0,
+            "engine_restarts": loop.run(engine.take_restarts()) if isinstance(engine, SGLangEngine) else 0,
         }
     )
 
