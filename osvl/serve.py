@@ -17,7 +17,8 @@ Layout: on every node the first ``--train-gpus`` GPUs run trainer ranks and the 
 SGLang servers of ``rollout.server_tp`` GPUs each. ``--engine loopback --launch`` starts the CPU
 form on this machine instead (osvl's SGLang-protocol loopback server over the checkpoint, a
 loopback judge when the recipe's judges are LLMs, and a tool server over the offline world) and
-keeps them up until interrupted.
+keeps them up until interrupted: a service that dies is started again on its port, the others
+untouched (:mod:`osvl.supervisor`; ``--max-restarts`` within ``--restart-window-s``, then all stop).
 """
 
 from __future__ import annotations
@@ -26,16 +27,16 @@ import argparse
 import json
 import shlex
 import signal
-import subprocess
 import sys
 import tempfile
-import time
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from osvl.config import Recipe, load_recipe
 from osvl.data.image import ImageConfig
+from osvl.supervisor import RestartPolicy, ServiceSpec, Supervisor
 
 TRAIN_PORT = 29400  # torchrun's c10d rendezvous
 SGLANG_PORT = 30000
@@ -260,29 +261,16 @@ def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str, engine: str =
     return commands
 
 
-def _wait_ready(path: Path, process: subprocess.Popen, what: str, timeout_s: float = 300.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.is_file():
-            return path.read_text().strip()
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {process.returncode} before serving")
-        time.sleep(0.2)
-    raise RuntimeError(f"{what} did not come up within {timeout_s:.0f}s")
-
-
-def _port(url: str, what: str) -> str:
+def _port(url: str, what: str) -> int:
     port = urlsplit(url).port
     if port is None:
         raise ValueError(f"{what} {url!r} names no port for the loopback service to listen on")
-    return str(port)
+    return port
 
 
-def launch_loopback(
-    recipe: Recipe, directory: Path, any_ports: bool = False
-) -> tuple[list[subprocess.Popen], list[str]]:
-    """The CPU form on this machine, listening where the recipe's URLs point (``any_ports``: free
-    ports instead); returns the processes and the trainer's ``--set`` overrides for their URLs."""
+def loopback_services(recipe: Recipe, any_ports: bool = False) -> list[ServiceSpec]:
+    """The CPU form's services, listening where the recipe's URLs point (``any_ports``: free ports):
+    the SGLang-protocol server, the tool server and, for LLM judges, the loopback judge."""
     r, t = recipe.rollout, recipe.tools
     if not recipe.model.pretrained:
         raise ValueError("model.pretrained must name the HF checkpoint the loopback server serves")
@@ -290,60 +278,31 @@ def launch_loopback(
         raise ValueError("tools.world_dir must name the offline world the loopback tool server serves")
     llm = "llm" in (recipe.judges.accuracy, recipe.judges.query)
     ports = (
-        ["0"] * 3
+        [0] * 3
         if any_ports
         else [
-            _port(r.sglang_urls[0], "rollout.sglang_urls[0]") if r.sglang_urls else "30000",
-            _port(t.servers[0], "tools.servers[0]") if t.servers else str(TOOL_PORT),
-            _port(recipe.judges.url, "judges.url") if llm and recipe.judges.url else str(JUDGE_PORT),
+            _port(r.sglang_urls[0], "rollout.sglang_urls[0]") if r.sglang_urls else SGLANG_PORT,
+            _port(t.servers[0], "tools.servers[0]") if t.servers else TOOL_PORT,
+            _port(recipe.judges.url, "judges.url") if llm and recipe.judges.url else JUDGE_PORT,
         ]
     )
+    engine = (sys.executable, "-m", "osvl.rollout.loopback", "--model-path", recipe.model.pretrained)
+    tools = (sys.executable, "-m", "osvl.tools.server", "--world", t.world_dir, "--workers", str(t.workers))
     specs = [
-        (
-            "SGLang loopback",
-            [
-                sys.executable,
-                "-m",
-                "osvl.rollout.loopback",
-                "--model-path",
-                recipe.model.pretrained,
-                "--port",
-                ports[0],
-                "--max-batch",
-                str(r.max_in_flight),
-            ],
-        ),
-        (
-            "tool server",
-            [
-                sys.executable,
-                "-m",
-                "osvl.tools.server",
-                "--world",
-                t.world_dir,
-                "--port",
-                ports[1],
-                "--workers",
-                str(t.workers),
-            ],
-        ),
+        ServiceSpec("SGLang loopback", (*engine, "--max-batch", str(r.max_in_flight)), ports[0]),
+        ServiceSpec("tool server", tools, ports[1]),
     ]
     if llm:
-        specs.append(("loopback judge", [sys.executable, "-m", "osvl.rl.loopback_judge", "--port", ports[2]]))
-    processes, urls = [], []
-    try:
-        for i, (what, argv) in enumerate(specs):
-            ready = directory / f"ready{i}"
-            processes.append(subprocess.Popen([*argv, "--ready-file", str(ready)]))
-            urls.append(_wait_ready(ready, processes[-1], what))
-    except BaseException:
-        for process in processes:
-            process.terminate()
-        raise
+        specs.append(ServiceSpec("loopback judge", (sys.executable, "-m", "osvl.rl.loopback_judge"), ports[2]))
+    return specs
+
+
+def loopback_overrides(recipe: Recipe, urls: list[str]) -> list[str]:
+    """The trainer's ``--set`` overrides for the URLs the loopback services came up on."""
     overrides = [f"rollout.sglang_urls={json.dumps([urls[0]])}", f"tools.servers={json.dumps([urls[1]])}"]
-    if llm:
+    if "llm" in (recipe.judges.accuracy, recipe.judges.query):
         overrides.append(f"judges.url={urls[2]}")
-    return processes, overrides
+    return overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,6 +326,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --launch: free ports instead of the recipe's (the printed --set overrides point there)",
     )
+    defaults = RestartPolicy()
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=defaults.max_restarts,
+        help="with --launch: restarts of one service within --restart-window-s before every service stops",
+    )
+    parser.add_argument(
+        "--restart-window-s",
+        type=float,
+        default=defaults.window_s,
+        help="with --launch: the window in which --max-restarts deaths of one service mean it keeps dying",
+    )
     args = parser.parse_args(argv)
     try:
         recipe = load_recipe(args.recipe, args.overrides)
@@ -380,27 +352,21 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--engine loopback starts the CPU form on this machine: add --launch")
         with tempfile.TemporaryDirectory(prefix="osvl-serve-") as directory:
             try:
-                processes, overrides = launch_loopback(recipe, Path(directory), args.any_ports)
+                policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window_s)
+                supervisor = Supervisor(loopback_services(recipe, args.any_ports), Path(directory), policy)
+                urls = supervisor.start()
             except (ValueError, RuntimeError) as error:
                 parser.error(str(error))
-            sets = " ".join(f"--set {shlex.quote(o)}" for o in [*args.overrides, *overrides])
+            stop = threading.Event()
+            for number in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(number, lambda *_: stop.set())
+            sets = " ".join(f"--set {shlex.quote(o)}" for o in [*args.overrides, *loopback_overrides(recipe, urls)])
             print(
                 f"services up; train with:\n  torchrun --standalone --nproc_per_node 2 -m osvl.train "
                 f"--recipe {args.recipe} {sets}",
                 flush=True,
             )
-            stop = [False]
-            signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
-            try:
-                while not stop[0] and all(p.poll() is None for p in processes):
-                    time.sleep(0.5)
-            except KeyboardInterrupt:
-                pass
-            for process in processes:
-                process.terminate()
-            for process in processes:
-                process.wait(30)
-        return 0
+            return supervisor.run(stop)
     if args.launch:
         parser.error("--launch starts the loopback (CPU) form only; run the printed commands on the cluster")
     hosts = tuple(h for h in args.hosts.split(",") if h) or tuple(f"node{i}" for i in range(args.nodes))

@@ -1,5 +1,6 @@
 """``python -m osvl.serve``: the printed layout carries every value the trainer must agree with, and
-``--engine loopback --launch`` starts the CPU form whose URLs the trainer's overrides name."""
+``--engine loopback --launch`` starts the CPU form whose URLs the trainer's overrides name and keeps
+it up: a killed service comes back where it was, the others untouched."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from osvl.config import load_recipe
 from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.model import save_pretrained
 from osvl.serve import Layout, main, plan_commands
+from osvl.tools.server import INSTANCE_HEADER
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +97,7 @@ def test_loopback_launch_serves_what_the_overrides_name(tmp_path):
     )
     (world / "images.jsonl").write_text("")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'kernels'}"}
+    log = tmp_path / "serve.log"
     process = subprocess.Popen(
         [
             sys.executable,
@@ -114,6 +117,7 @@ def test_loopback_launch_serves_what_the_overrides_name(tmp_path):
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
+        stderr=log.open("w"),
         text=True,
         start_new_session=True,
     )
@@ -131,6 +135,39 @@ def test_loopback_launch_serves_what_the_overrides_name(tmp_path):
         assert {"text_search", "image_search"} <= {t["function"]["name"] for t in tools}
         models = httpx.get(recipe.judges.url + "/models", timeout=30)
         assert models.status_code == 200
+
+        engine_pid = _service_pid(process.pid, "osvl.rollout.loopback")
+        tool_pid = _service_pid(process.pid, "osvl.tools.server")
+        instance = httpx.get(f"{recipe.tools.servers[0]}/v1/tools", timeout=30).headers[INSTANCE_HEADER]
+        os.kill(tool_pid, signal.SIGKILL)  # an OOM or a crash in a native library looks the same
+        deadline = time.monotonic() + 300
+        while _instance(recipe.tools.servers[0]) in (None, instance):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert _service_pid(process.pid, "osvl.rollout.loopback") == engine_pid  # the others stay up
+        assert httpx.get(f"{recipe.rollout.sglang_urls[0]}/get_model_info", timeout=30).status_code == 200
+        assert f"tool server (pid {tool_pid}) ended with signal SIGKILL while serving; restart 1" in log.read_text()
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(60)
+    assert process.returncode == 0
+
+
+def _service_pid(serve_pid: int, module: str) -> int:
+    """The pid of the child of ``serve_pid`` running ``python -m module``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != serve_pid:
+                continue
+            if module in (stat.parent / "cmdline").read_bytes().decode(errors="replace").split("\0"):
+                return int(stat.parent.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    raise AssertionError(f"no {module} under pid {serve_pid}")
+
+
+def _instance(url: str) -> str | None:
+    try:
+        return httpx.get(f"{url}/v1/tools", timeout=5).headers.get(INSTANCE_HEADER)
+    except httpx.HTTPError:
+        return None

@@ -246,6 +246,7 @@ class RolloutConfig:
     weight_sync_master_addr: str = "127.0.0.1"  # distributed: where the servers reach trainer rank 0
     weight_sync_port: int = 0  # distributed: the update group's store port; 0 = any free port
     request_timeout_s: float = 600.0  # one engine HTTP request
+    server_reconnect_s: float = 600.0  # an SGLang server that went away (a restart) is waited for this long
     max_logprob_diff: float = 0.05  # pre-flight: mean |engine - trainer| logprob allowed on a probe
     server_tp: int = 1  # each SGLang server's tensor-parallel size (osvl.serve, the serving memory plan)
     server_mem_fraction: float = 0.85  # SGLang --mem-fraction-static: share of a server GPU for weights + KV cache
@@ -275,6 +276,7 @@ class RolloutConfig:
             "trajectory_deadline_s",
             "weight_sync_bucket_mb",
             "request_timeout_s",
+            "server_reconnect_s",
             "max_logprob_diff",
             "server_tp",
             "server_gpu_gib",
@@ -370,6 +372,7 @@ class JudgesConfig:
     alpha: float = 0.8  # weight of accuracy against query quality in the composite reward
     timeout_s: float = 60.0  # one judge request
     max_attempts: int = 5  # per verdict; past them the sample is unscored, never 0
+    overload_wait_s: float = 120.0  # per verdict: 429/503 answers asked again this long without using attempts
     max_concurrency: int = 32  # judge calls in flight per rank
     cache_size: int = 100_000  # verdicts kept, keyed by judge prompt version, question and answer
 
@@ -377,7 +380,7 @@ class JudgesConfig:
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
         _positive(self, "timeout_s", "max_attempts", "max_concurrency")
-        _non_negative(self, "cache_size")
+        _non_negative(self, "cache_size", "overload_wait_s")
         if "llm" in (self.accuracy, self.query) and not (self.url and self.model):
             raise ValueError("llm judges need url and model")
 

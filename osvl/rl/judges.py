@@ -7,6 +7,9 @@ match; a search-process heuristic) for tests and the demo.
 A judge never raises and never guesses: when it cannot produce a verdict (timeouts, 5xx or 429
 past the retry budget, auth failures, malformed bodies, unparsable model output) it returns a
 :class:`Verdict` with ``score=None`` and a reason, and the sample is excluded from its group.
+With ``ChatJudgeConfig.overload_wait_s`` an endpoint's overload answers (429, 503) are back-pressure:
+asked again (after its Retry-After) without using up attempts for that long, and only then unscored,
+with the reason ``overloaded_http_<status>``; every verdict says how many it met (``overloads``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class Verdict:
     reason: str = ""
     attempts: int = 0  # HTTP requests made (0 for offline judges)
     judge: str = ""  # which judge and prompt version produced it
+    overloads: int = 0  # overload answers (429, 503) among the requests, waited out as back-pressure
 
     @property
     def scored(self) -> bool:
@@ -77,6 +81,7 @@ class ChatJudgeConfig:
     backoff_multiplier: float = 2.0
     backoff_max_s: float = 30.0
     max_retry_after_s: float = 120.0  # cap on a server's Retry-After request
+    overload_wait_s: float = 0.0  # 429/503 answers asked again this long without using attempts (0: they use them)
     temperature: float = 0.0
     max_tokens: int = 1024
 
@@ -87,6 +92,8 @@ class ChatJudgeConfig:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if not (math.isfinite(self.overload_wait_s) and self.overload_wait_s >= 0):
+            raise ValueError(f"overload_wait_s must be >= 0, got {self.overload_wait_s}")
 
     def backoff_s(self, retry_number: int) -> float:
         """Delay before retry ``retry_number`` (1-based): exponential, capped."""
@@ -99,7 +106,8 @@ class ChatOutcome:
 
     text: str | None
     error: str | None
-    attempts: int
+    attempts: int  # HTTP requests made
+    overloads: int = 0  # of them answered 429/503 and asked again as back-pressure
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
@@ -159,7 +167,8 @@ class ChatCompletionsClient:
 
         Retried: timeouts, connection errors, 408, 429 and 5xx (after the server's Retry-After
         when it sends one, else exponential backoff) and malformed bodies. Not retried: other 4xx
-        (bad key, unknown model), which no wait will fix.
+        (bad key, unknown model), which no wait will fix. Within ``overload_wait_s`` of the first
+        request, 429 and 503 answers do not use up attempts.
         """
         cfg = self.config
         payload = {
@@ -169,8 +178,13 @@ class ChatCompletionsClient:
             "max_tokens": cfg.max_tokens,
         }
         error = "no_attempt"
-        for attempt in range(1, cfg.max_attempts + 1):
+        started = time.monotonic()
+        requests = overloads = attempt = 0
+        slept = 0.0  # so the overload window also holds when ``sleep`` does not take real time
+        while attempt < cfg.max_attempts:
+            requests += 1
             wait: float | None = None
+            overloaded = False
             try:
                 reply = self._http.post(self._url, json=payload)
             except httpx.TimeoutException:
@@ -187,18 +201,28 @@ class ChatCompletionsClient:
                     except ValueError:
                         text = None
                     if text is not None:
-                        return ChatOutcome(text=text, error=None, attempts=attempt)
+                        return ChatOutcome(text=text, error=None, attempts=requests, overloads=overloads)
                     error = "malformed_response"
                 elif status in (408, 429) or status >= 500:
                     error = f"http_{status}"
+                    overloaded = status in (429, 503) and cfg.overload_wait_s > 0
                     retry_after = parse_retry_after(reply.headers.get("retry-after"))
                     if retry_after is not None:
                         wait = min(retry_after, cfg.max_retry_after_s)
                 else:
-                    return ChatOutcome(text=None, error=f"http_{status}", attempts=attempt)
+                    return ChatOutcome(text=None, error=f"http_{status}", attempts=requests, overloads=overloads)
+            if overloaded:
+                overloads += 1
+                pause = wait if wait is not None else cfg.backoff_s(overloads)
+                if max(time.monotonic() - started, slept) + pause > cfg.overload_wait_s:
+                    return ChatOutcome(None, f"overloaded_{error}", attempts=requests, overloads=overloads)
+                self._sleep(pause)
+                slept += pause
+                continue
+            attempt += 1
             if attempt < cfg.max_attempts:
                 self._sleep(wait if wait is not None else cfg.backoff_s(attempt))
-        return ChatOutcome(text=None, error=error, attempts=cfg.max_attempts)
+        return ChatOutcome(text=None, error=error, attempts=requests, overloads=overloads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,11 +272,11 @@ class LLMAccuracyJudge:
         )
         outcome = self.client.complete([{"role": "user", "content": message}])
         if outcome.text is None:
-            return Verdict(None, outcome.error or "", outcome.attempts, self.name)
+            return Verdict(None, outcome.error or "", outcome.attempts, self.name, outcome.overloads)
         score = parse_accuracy_verdict(outcome.text)
         if score is None:
-            return Verdict(None, "unparsable_verdict", outcome.attempts, self.name)
-        return Verdict(score, outcome.text[-200:], outcome.attempts, self.name)
+            return Verdict(None, "unparsable_verdict", outcome.attempts, self.name, outcome.overloads)
+        return Verdict(score, outcome.text[-200:], outcome.attempts, self.name, outcome.overloads)
 
 
 def describe_calls(steps: Sequence[Step], excerpt_chars: int = 400) -> str:
@@ -293,11 +317,11 @@ class LLMQueryJudge:
         message = self.template.substitute(question=prompt.question, calls=describe_calls(steps, self.excerpt_chars))
         outcome = self.client.complete([{"role": "user", "content": message}])
         if outcome.text is None:
-            return Verdict(None, outcome.error or "", outcome.attempts, self.name)
+            return Verdict(None, outcome.error or "", outcome.attempts, self.name, outcome.overloads)
         score = parse_query_scores(outcome.text)
         if score is None:
-            return Verdict(None, "unparsable_verdict", outcome.attempts, self.name)
-        return Verdict(score, outcome.text[-200:], outcome.attempts, self.name)
+            return Verdict(None, "unparsable_verdict", outcome.attempts, self.name, outcome.overloads)
+        return Verdict(score, outcome.text[-200:], outcome.attempts, self.name, outcome.overloads)
 
 
 # ---------------------------------------------------------------------------------------------

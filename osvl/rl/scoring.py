@@ -27,17 +27,19 @@ from osvl.rl.trajectory import Prompt, Step, Trajectory
 @dataclass
 class JudgeStats:
     """What the judges cost: calls answered by the judges (cache misses), cache hits, HTTP
-    requests (retries included; 0 for offline judges) and each call's latency."""
+    requests (retries included; 0 for offline judges), each call's latency, and the requests the
+    endpoint answered with overload (429/503) that were asked again as back-pressure."""
 
     calls: int = 0
     cache_hits: int = 0
     requests: int = 0
     latencies_s: list[float] = field(default_factory=list)
+    overloads: int = 0
 
     def take(self) -> JudgeStats:
         """The counts so far; this object starts again from zero."""
-        taken = JudgeStats(self.calls, self.cache_hits, self.requests, self.latencies_s)
-        self.calls = self.cache_hits = self.requests = 0
+        taken = JudgeStats(self.calls, self.cache_hits, self.requests, self.latencies_s, self.overloads)
+        self.calls = self.cache_hits = self.requests = self.overloads = 0
         self.latencies_s = []
         return taken
 
@@ -48,6 +50,7 @@ class JudgeStats:
             sum(p.cache_hits for p in parts),
             sum(p.requests for p in parts),
             [x for p in parts for x in p.latencies_s],
+            sum(p.overloads for p in parts),
         )
 
     def metrics(self, scored: Sequence[Trajectory]) -> dict[str, float]:
@@ -58,6 +61,7 @@ class JudgeStats:
             "judge_calls": float(self.calls),
             "judge_requests": float(self.requests),
             "judge_cache_hits": float(self.cache_hits),
+            "judge_overloads": float(self.overloads),
             "judge_p50_s": float(np.percentile(latencies, 50)),
             "judge_p99_s": float(np.percentile(latencies, 99)),
             "unscored_frac": sum(not r.scored for r in rewards) / max(len(rewards), 1),
@@ -107,6 +111,7 @@ class _Counted:
         with self.lock:
             self.stats.calls += 1
             self.stats.requests += verdict.attempts
+            self.stats.overloads += verdict.overloads
             self.stats.latencies_s.append(time.perf_counter() - start)
         self.cache.put(key, verdict)
         return verdict

@@ -105,6 +105,8 @@ class ToolResult:
     queue_s: float = 0.0  # waiting for a worker (0 when the call never reached a pool)
     run_s: float = 0.0  # from the worker receiving the call to its answer
     worker: str = ""  # which worker ran it ("pid 123", "http://host:port pid 123"); "" when none did
+    overloads: int = 0  # overload answers (tool server HTTP 503 "overloaded") the call waited out first
+    overloaded: bool = False  # an infra_error because the tool servers stayed overloaded past the call's deadline
 
     def __post_init__(self) -> None:
         self.status = ToolStatus.parse(self.status)
@@ -293,6 +295,8 @@ def _tool_result_out(result: ToolResult, store: ImageStore) -> dict[str, Any]:
         "queue_s": result.queue_s,
         "run_s": result.run_s,
         "worker": result.worker,
+        "overloads": result.overloads,
+        "overloaded": result.overloaded,
     }
 
 
@@ -307,6 +311,8 @@ def _tool_result_in(data: Mapping[str, Any], store: ImageStore | None) -> ToolRe
         queue_s=data.get("queue_s", 0.0),  # absent in records written before these were kept
         run_s=data.get("run_s", 0.0),
         worker=data.get("worker", ""),
+        overloads=data.get("overloads", 0),
+        overloaded=data.get("overloaded", False),
     )
 
 

@@ -74,6 +74,15 @@ Facts the contract relies on:
   ``names``, ``dtypes``, ``shapes``, ``group_name``, ``flush_cache``, ``weight_version`` and
   blocks until the broadcasts arrive, so it is sent first and the tensors broadcast after, in
   the same order [io hs].
+- A server that restarts (a crash, an OOM, a supervisor bringing it back) loses the trainer's
+  weights: it serves its launch checkpoint and reports its launch ``weight_version``. A server this
+  client has reached before and that now refuses or drops requests is waited for (up to
+  ``SGLangConfig.reconnect_s``); generation to it waits meanwhile, and once it answers, every weight
+  server that reports another version than the trainer's loads the last weights the trainer synced
+  from disk (``/update_weights_from_disk`` with their path and version) before any request goes on;
+  the request that was dropped is sent again. With distributed weight sync there is no such copy:
+  the request fails naming the server and what to do (relaunch the trainer, which resumes from its
+  newest checkpoint and pushes its weights first).
 - Deterministic inference (results independent of batch composition) is a server launch flag,
   ``--enable-deterministic-inference`` (batch-invariant kernels; FlashInfer, FA3 or Triton
   attention), not a request field; with temperature > 0 it also needs each request's
@@ -88,6 +97,8 @@ import asyncio
 import base64
 import dataclasses
 import itertools
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -105,6 +116,9 @@ from osvl.rollout.engine import (
 )
 
 Routing = Literal["round_robin", "least_loaded"]
+log = logging.getLogger(__name__)
+GONE = (httpx.NetworkError, httpx.RemoteProtocolError)  # refused, reset, or dropped mid-request: the server died
+RECONNECT_POLL_S = 1.0  # how often a server that went away is asked whether it is back
 
 
 def check_server_fleet(config: Any) -> None:
@@ -134,10 +148,13 @@ class SGLangConfig:
     timeout_s: float = 600.0
     deterministic: bool = False  # recipe rollout.deterministic: servers must run DETERMINISTIC_FLAG
     partial_rollouts: PartialRollouts = "keep"  # an aborted request: continue it (keep its tokens), or restart
+    reconnect_s: float = 600.0  # how long a server reached before may be gone (restarting) before requests fail
 
     def __post_init__(self) -> None:
         if self.partial_rollouts not in ("keep", "restart"):
             raise ValueError(f"unknown partial_rollouts {self.partial_rollouts!r}; expected keep or restart")
+        if not self.reconnect_s > 0:
+            raise ValueError(f"reconnect_s must be positive, got {self.reconnect_s}")
         check_server_fleet(self)
 
     @property
@@ -252,11 +269,20 @@ def server_determinism(url: str, info: Any) -> ServerDeterminism:
     return ServerDeterminism(url, None if enabled is None else bool(enabled), info.get("attention_backend"))
 
 
+@dataclass
+class _Recovery:
+    """A server's return under way: generation to it waits for ``done``; ``failure`` says why it did not."""
+
+    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    failure: str | None = None
+
+
 class SGLangEngine:
     """The ``Engine`` protocol over SGLang servers, and the servers' weight-update and info routes.
 
     Every failure names the server it came from; a weight update counts only when every server
-    reports the new version afterwards (never assumed from a 200)."""
+    reports the new version afterwards (never assumed from a 200). A server that went away and came
+    back is given the trainer's weights before it generates again (see the module's notes)."""
 
     def __init__(
         self,
@@ -271,6 +297,15 @@ class SGLangEngine:
         self._version = policy_version
         self._next = itertools.cycle(range(len(config.urls)))
         self.in_flight = [0] * len(config.urls)
+        self._reached: set[str] = set()  # servers that answered once: one that goes away later is restarting
+        self._recovering: dict[str, _Recovery] = {}
+        self._disk_weights: tuple[str, int] | None = None  # the last synced weights on disk, and their version
+        self.restarts = 0  # servers that went away and came back (a restart each), since take_restarts
+
+    async def take_restarts(self) -> int:
+        """Servers seen going away and coming back since the last call (a restart each); on the engine's loop."""
+        taken, self.restarts = self.restarts, 0
+        return taken
 
     @property
     def policy_version(self) -> int:
@@ -287,12 +322,9 @@ class SGLangEngine:
 
     async def _generate_once(self, request: GenerationRequest) -> GenerationResult:
         server = self._pick()
-        version = self._version
         self.in_flight[server] += 1
         try:
-            response = await self.client.post(f"{self.config.urls[server]}/generate", json=generate_payload(request))
-        except httpx.HTTPError as error:
-            raise EngineError(f"SGLang server {self.config.urls[server]} unreachable: {error!r}") from None
+            response, version = await self._post_generate(self.config.urls[server], generate_payload(request))
         finally:
             self.in_flight[server] -= 1
         if response.status_code != 200:
@@ -340,6 +372,134 @@ class SGLangEngine:
         mixed = len(set(versions)) > 1
         return GenerationResult(ids, logprobs, finish, first, prompt_tokens, list(versions) if mixed else None)
 
+    async def _post_generate(self, url: str, payload: dict[str, Any]) -> tuple[httpx.Response, int]:
+        """``/generate`` on ``url`` and the policy version it was sent under; a server reached before that
+        refuses or drops it is waited for and given the trainer's weights, and the request sent again."""
+        while True:
+            recovery = self._recovering.get(url)
+            if recovery is not None:
+                await self._await_recovery(recovery)
+            version = self._version
+            try:
+                response = await self.client.post(f"{url}/generate", json=payload)
+            except GONE as error:
+                if url not in self._reached:
+                    raise EngineError(f"SGLang server {url} unreachable: {error!r}") from None
+                await self._recover(url, error)
+                continue
+            except httpx.HTTPError as error:
+                raise EngineError(f"SGLang server {url} unreachable: {error!r}") from None
+            self._reached.add(url)
+            return response, version
+
+    async def _await_recovery(self, recovery: _Recovery) -> None:
+        await recovery.done.wait()
+        if recovery.failure is not None:
+            raise EngineError(recovery.failure)
+
+    async def _recover(self, url: str, error: Exception) -> None:
+        """Wait until ``url`` answers again, then make every weight server serve the trainer's weights;
+        one recovery per server at a time (other requests wait for it)."""
+        recovery = self._recovering.get(url)
+        if recovery is not None:
+            await self._await_recovery(recovery)
+            return
+        recovery = self._recovering[url] = _Recovery()
+        try:
+            await self._wait_back(url, error)
+            await self.restore_weights()
+        except EngineError as failure:
+            recovery.failure = str(failure)
+            raise
+        finally:
+            del self._recovering[url]
+            recovery.done.set()
+
+    async def _wait_back(self, url: str, error: Exception) -> None:
+        log.warning("SGLang server %s went away (%r); waiting up to %gs for it", url, error, self.config.reconnect_s)
+        gone = time.monotonic()
+        while True:
+            try:
+                if (await self.client.get(f"{url}/get_model_info", timeout=30)).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - gone > self.config.reconnect_s:
+                raise EngineError(
+                    f"SGLang server {url} went away ({error!r}) and has not answered for "
+                    f"{self.config.reconnect_s:g}s (rollout.server_reconnect_s): restart it, then relaunch the trainer"
+                )
+            await asyncio.sleep(RECONNECT_POLL_S)
+        self.restarts += 1
+        log.warning("SGLang server %s is back after %.1fs", url, time.monotonic() - gone)
+
+    async def lost_servers(self) -> dict[str, str]:
+        """The weight servers that report another weight version than the trainer's (restarted ones), with
+        the version each reports."""
+        urls = self.config.weight_urls
+        infos = await asyncio.gather(*(self.get_json(url, "/get_model_info") for url in urls))
+        expected = str(self._version)
+        return {
+            url: str(info.get("weight_version"))
+            for url, info in zip(urls, infos)
+            if str(info.get("weight_version")) != expected
+        }
+
+    async def restore_weights(self) -> None:
+        """Every weight server that lost the trainer's weights (a restart) loads the last ones synced from disk;
+        ``EngineError`` naming them and what to do when there are none on disk (distributed sync)."""
+        lost = await self.lost_servers()
+        if not lost:
+            return
+        reports = "; ".join(f"{url} reports {version!r}" for url, version in lost.items())
+        if self._disk_weights is None or self._disk_weights[1] != self._version:
+            raise EngineError(
+                f"restarted SGLang server(s) lost the trainer's weights (version {self._version}): {reports}. "
+                f"Only weights synced from disk (rollout.weight_sync = 'disk') can be given back outside a step: "
+                f"relaunch the trainer, which resumes from its newest checkpoint and pushes its weights first"
+            )
+        path, version = self._disk_weights
+        body = {"model_path": path, "weight_version": str(version)}
+        await self._post_all(
+            "/update_weights_from_disk",
+            [body] * len(lost),
+            f"restoring weight version {version} from {path} after a restart",
+            urls=list(lost),
+        )
+        still = await self.lost_servers()
+        if still:
+            raise EngineError(
+                f"restarted SGLang server(s) still lack the trainer's weights (version {version}) after loading "
+                f"{path}: " + "; ".join(f"{url} reports {v!r}" for url, v in still.items())
+            )
+        log.warning("restored weight version %s on %s from %s", version, ", ".join(lost), path)
+
+    async def _send(
+        self, method: str, url: str, path: str, body: dict[str, Any] | None = None, timeout_s: float | None = None
+    ) -> httpx.Response:
+        """One request; a server reached before that refuses or drops it is asked again every
+        ``RECONNECT_POLL_S`` until it answers or ``reconnect_s`` passed (a restart)."""
+        gone = None
+        while True:
+            try:
+                response = await self.client.request(
+                    method, f"{url}{path}", json=body, timeout=timeout_s or self.config.timeout_s
+                )
+            except GONE:
+                if url not in self._reached:
+                    raise
+                now = time.monotonic()
+                gone = gone or now
+                if now - gone > self.config.reconnect_s:
+                    raise
+                await asyncio.sleep(RECONNECT_POLL_S)
+                continue
+            self._reached.add(url)
+            if gone is not None:
+                self.restarts += 1
+                log.warning("SGLang server %s is back after %.1fs", url, time.monotonic() - gone)
+            return response
+
     async def pause_generation(self) -> None:
         """Every weight server aborts its requests in flight and holds new ones (``/pause_generation``,
         mode ``abort``) until ``continue_generation``: no request runs while the weights change."""
@@ -353,7 +513,7 @@ class SGLangEngine:
     async def get_json(self, url: str, path: str, timeout_s: float | None = None) -> Any:
         """A GET route's JSON body; ``EngineError`` naming the server otherwise."""
         try:
-            response = await self.client.get(f"{url}{path}", timeout=timeout_s or self.config.timeout_s)
+            response = await self._send("GET", url, path, timeout_s=timeout_s)
             response.raise_for_status()
             return response.json()
         except (httpx.HTTPError, ValueError) as error:
@@ -367,7 +527,7 @@ class SGLangEngine:
 
         async def post(url: str, body: dict[str, Any]) -> str | None:
             try:
-                response = await self.client.post(f"{url}{path}", json=body)
+                response = await self._send("POST", url, path, body)
             except httpx.HTTPError as error:
                 return f"{url}: {error!r}"
             try:  # weight routes answer success, pause/continue answer status "ok"
@@ -417,6 +577,7 @@ class SGLangEngine:
             f"weight update to version {version} from {model_path}",
         )
         await self.confirm_version(version)
+        self._disk_weights = (model_path, version)
 
     async def server_ranks(self) -> list[int]:
         """Each weight server's tensor-parallel size: its ranks in a weights-update group."""
@@ -459,6 +620,7 @@ class SGLangEngine:
         }
         if version is not None:
             body["weight_version"] = str(version)
+            self._disk_weights = None  # the servers' weights from now on exist nowhere on disk
         await self._post_all(
             "/update_weights_from_distributed",
             [body] * len(self.config.weight_urls),

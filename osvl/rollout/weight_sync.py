@@ -245,6 +245,20 @@ class DistributedSync:
                 self._connect()
             except Exception as failure:  # noqa: BLE001
                 error = f"weights update group: {_message(failure)}"
+        elif lead:
+            try:
+                lost = self.run(self.engine.lost_servers())
+            except Exception as failure:  # noqa: BLE001
+                error = _message(failure)
+            else:
+                if lost:
+                    error = (
+                        "SGLang server(s) restarted since the last weight sync and left the weights update group: "
+                        + "; ".join(f"{url} reports weight version {v!r}" for url, v in lost.items())
+                        + ". With rollout.weight_sync = 'distributed' the trainer has no copy to give them outside a "
+                        "step: relaunch the trainer, which resumes from its newest checkpoint and pushes its weights "
+                        "first (or use rollout.weight_sync = 'disk', from which a restarted server gets them back)"
+                    )
         paused = False
         if lead and error is None and self.pause:
             try:

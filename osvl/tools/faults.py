@@ -127,7 +127,13 @@ class FaultInjectingRunner:
         if not result.ok or fault_draw(self.seed, call) >= self.rate:
             return result
         self.injected += 1
-        return ToolResult(status=ToolStatus.TOOL_ERROR, tool=result.tool, error=INJECTED, elapsed_s=result.elapsed_s)
+        return ToolResult(
+            status=ToolStatus.TOOL_ERROR,
+            tool=result.tool,
+            error=INJECTED,
+            elapsed_s=result.elapsed_s,
+            overloads=result.overloads,
+        )
 
     def _outage(self, job: Job, call: CallIdentity) -> ToolResult | None:
         if not self.outages.hits(self.seed, call, job.tool):

@@ -12,7 +12,10 @@ seconds and the worker process that ran it. The caller-facing API is ``submit`` 
 ``concurrent.futures.Future``), ``call`` (sync) and ``acall`` (asyncio).
 
 Starting the pool, and replacing a dead worker, sweeps the scratch directories that killed workers'
-unsandboxed interpreter runs could not remove (:func:`osvl.tools.sandbox.sweep_stale_scratch`).
+unsandboxed interpreter runs could not remove (:func:`osvl.tools.sandbox.sweep_stale_scratch`). Each
+worker leads a session of its own, where its sandbox runs live; whenever the pool lets a worker go (a
+deadline, the memory watchdog, its death by any signal, the pool's close) it kills that session before it
+reaps the worker, so no process of a run outlives its worker (:func:`osvl.tools.sandbox.kill_session`).
 
 Workers import ``PoolConfig.preload`` (the registry's targets) before they report ready, so module
 imports count against ``startup_timeout_s``, never against a call's deadline. A target that fails
@@ -33,6 +36,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_ready
 from typing import Any
 
 import numpy as np
@@ -40,7 +44,7 @@ import numpy as np
 from osvl.rl.trajectory import ToolResult, ToolStatus
 from osvl.tools.config import ToolBackendsConfig
 from osvl.tools.registry import check_target
-from osvl.tools.sandbox import sweep_stale_scratch
+from osvl.tools.sandbox import kill_session, sweep_stale_scratch
 from osvl.tools.worker import worker_main
 
 log = logging.getLogger(__name__)
@@ -154,7 +158,8 @@ class _Worker:
             raise RuntimeError(f"tool worker died while starting (exit code {process.exitcode})") from None
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.is_alive()
+        """Whether the process runs; never reaps it (``kill`` must find its pid, its session id, still held)."""
+        return self.process is not None and not wait_ready([self.process.sentinel], 0)
 
     def rss_bytes(self) -> int | None:
         try:
@@ -163,22 +168,32 @@ class _Worker:
         except (OSError, ValueError, IndexError):
             return None
 
-    def kill(self) -> None:
+    def kill(self, grace_s: float = 0.0) -> int | None:
+        """Give the process ``grace_s`` to exit, SIGKILL it, kill every process left in its session (its
+        sandbox runs), then reap it; returns its exit code (None when there was no process)."""
+        code = None
         if self.process is not None:
+            if grace_s:
+                wait_ready([self.process.sentinel], grace_s)
             self.process.kill()
+            wait_ready([self.process.sentinel], 10)  # exited, not reaped: its pid still names its session
+            kill_session(self.process.pid)
             self.process.join(timeout=10)
+            code = self.process.exitcode
         if self.conn is not None:
             self.conn.close()
         self.process = self.conn = None
+        return code
 
     def stop(self) -> None:
+        grace_s = 0.0
         if self.alive():
             try:
                 self.conn.send(None)
-                self.process.join(timeout=2)
+                grace_s = 2.0
             except (BrokenPipeError, OSError):
                 pass
-        self.kill()
+        self.kill(grace_s)
 
 
 class ToolPool:
@@ -367,13 +382,13 @@ class ToolPool:
                 try:
                     reply = worker.conn.recv()
                 except (EOFError, OSError):
-                    worker.process.join(timeout=5)
+                    code = worker.kill(grace_s=5.0)
                     self._count("crashes")
                     return (
                         ToolStatus.INFRA_ERROR,
                         "",
                         [],
-                        f"the {job.tool} worker process died (exit code {worker.process.exitcode})",
+                        f"the {job.tool} worker process died (exit code {code})",
                         True,
                     )
                 reply_id, status, text, images, error, retire = reply

@@ -10,6 +10,15 @@ are HTTP 200 with a typed ``status``; protocol mistakes are 4xx and overload 503
 ``{"error", "kind"}`` body. ``RemoteToolPool`` is the client with the ``ToolPool`` calling interface,
 so a ``ToolEnvironment`` runs unchanged against a remote server.
 
+Overload is back-pressure, not a failure: a full queue (or too many connections) answers 503 with
+kind ``overloaded``, a ``Retry-After`` header (whole seconds, as HTTP has it) and, for a full queue,
+``retry_after_s``, the server's estimate of when a queue slot frees (its recent run time over its
+workers). Nothing ran, so the client asks again after that long (jittered, growing when no estimate
+came) until the call's own deadline (``Job.end_to_end_s``, else ``Job.deadline_s``); only a call whose
+deadline passes that way is an ``infra_error``, marked ``overloaded``. Every result says how many
+overload answers its call met (``ToolResult.overloads``). ``osvl.tools.fleet`` does the same over
+several servers, trying the others first.
+
 The HTTP stack is aiohttp: its C parser (llhttp) rejects malformed framing (a ``Content-Length`` that
 is negative, not a number or repeated, chunked encoding mixed with a length) with 400 before our
 code runs, ``client_max_size`` answers oversized bodies with 413, and its idle timer, armed when a
@@ -26,9 +35,11 @@ import binascii
 import json
 import logging
 import math
+import random
 import socket
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,6 +51,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from osvl.rl.trajectory import ToolResult, ToolStatus
 from osvl.tools.call_json import loads_call_json, reject_unusable
 from osvl.tools.errors import CallParseError, InvalidArguments, ToolError, error_status
+from osvl.tools.http_client import retry_after_seconds
 from osvl.tools.image_io import decode_image, encode_png
 from osvl.tools.pool import Job, PoolBusy, PoolClosed, PoolStats, ToolPool
 from osvl.tools.registry import ToolRegistry
@@ -57,6 +69,10 @@ class _ClientFaults(logging.Filter):
 _HTTP_LOG = logging.getLogger("osvl.tools.server.http")
 _HTTP_LOG.addFilter(_ClientFaults())
 _KINDS = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+INSTANCE_HEADER = "X-Tool-Server-Instance"  # on every answer: a new value after the server restarted
+MIN_RETRY_AFTER_S = 0.01  # the shortest wait a full queue asks for
+FIRST_OVERLOAD_WAIT_S = 0.05  # a client's wait after an overload answer without an estimate; doubles per answer
+MAX_OVERLOAD_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -175,6 +191,8 @@ class ToolServer:
         self._runner: web.AppRunner | None = None
         self._server: asyncio.AbstractServer | None = None
         self._startup_error: BaseException | None = None
+        self._recent_run_s = 0.0  # moving average of the calls' run seconds (the event loop's thread only)
+        self.instance = uuid.uuid4().hex  # tells a client a restarted server from the one it knew
 
     @property
     def url(self) -> str:
@@ -214,6 +232,7 @@ class ToolServer:
         app.router.add_get("/v1/tools", self._tools)
         app.router.add_get("/v1/stats", self._stats)
         app.router.add_post("/v1/call", self._call)
+        app.on_response_prepare.append(self._stamp)
         self._runner = web.AppRunner(
             app,
             handle_signals=False,
@@ -236,8 +255,11 @@ class ToolServer:
         """aiohttp's connection handler, or a 503 when ``max_connections`` are already open."""
         manager = self._runner.server
         if len(manager.connections) >= self.limits.max_connections:
-            return _Overloaded(self.limits.max_connections)
+            return _Overloaded(self.limits.max_connections, self.instance)
         return manager()
+
+    async def _stamp(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[INSTANCE_HEADER] = self.instance
 
     # -- routes ---------------------------------------------------------------------------------
 
@@ -256,9 +278,11 @@ class ToolServer:
                 f"{err.reason}: {request.method} {request.path[:200]}",
             )
 
-    async def _reply(self, request: web.Request, status: int, payload: Any) -> web.StreamResponse:
+    async def _reply(
+        self, request: web.Request, status: int, payload: Any, headers: dict[str, str] | None = None
+    ) -> web.StreamResponse:
         """Write the answer here, under the write timeout: a client that does not read is dropped."""
-        response = web.Response(status=status, body=_dumps(payload), content_type="application/json")
+        response = web.Response(status=status, body=_dumps(payload), content_type="application/json", headers=headers)
 
         async def write() -> None:
             await response.prepare(request)
@@ -291,7 +315,9 @@ class ToolServer:
         try:
             future = self.pool.submit(prepared, block=False)
         except PoolBusy as err:
-            return await self._error(request, 503, "overloaded", str(err))
+            wait = max(MIN_RETRY_AFTER_S, self._recent_run_s / self.pool.config.num_workers)
+            payload = {"error": str(err), "kind": "overloaded", "retry_after_s": round(wait, 4)}
+            return await self._reply(request, 503, payload, {"Retry-After": str(math.ceil(wait))})
         except PoolClosed as err:
             return await self._error(request, 503, "closed", str(err))
         backstop = prepared.end_to_end_s + self.limits.max_queue_wait_s
@@ -300,6 +326,7 @@ class ToolServer:
         except asyncio.TimeoutError:
             future.cancel()
             return await self._error(request, 504, "deadline", f"{prepared.tool} got no answer within {backstop:g}s")
+        self._recent_run_s += 0.2 * (result.run_s - self._recent_run_s)
         payload = await asyncio.to_thread(result_to_json, result)
         return await self._reply(request, 200, payload)
 
@@ -381,11 +408,15 @@ class ToolServer:
 class _Overloaded(asyncio.Protocol):
     """Answers a connection over the limit with 503 and closes it, without reading its request."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, instance: str) -> None:
         body = _dumps({"error": f"the tool server has {limit} open connections; retry later", "kind": "overloaded"})
         self._answer = (
-            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            b"Connection: close\r\nRetry-After: 1\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Retry-After: 1\r\n{INSTANCE_HEADER}: {instance}\r\n".encode()
+            + b"Content-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
         )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -393,8 +424,67 @@ class _Overloaded(asyncio.Protocol):
         transport.close()
 
 
+@dataclass(frozen=True)
+class Overloaded:
+    """A tool server's refusal for load (HTTP 503, kind ``overloaded``): nothing ran; ask again later."""
+
+    url: str
+    retry_after_s: float | None  # the server's estimate (body), else its Retry-After header; None: neither
+    message: str
+
+
+class OverloadWaits:
+    """One call's waits on overloaded servers: when it may ask each again, and when its deadline passes."""
+
+    def __init__(self, job: Job, rng: random.Random) -> None:
+        self.job, self.rng = job, rng
+        self.started = time.monotonic()
+        self.budget_s = job.end_to_end_s if job.end_to_end_s is not None else job.deadline_s
+        self.answers = 0
+        self.last: Overloaded | None = None
+        self._resting: dict[str, float] = {}  # url -> when this call may ask it again
+        self._in_a_row: dict[str, int] = {}
+
+    def refused(self, answer: Overloaded) -> None:
+        """``answer`` came back: leave its server alone for its estimate (or a growing wait), jittered so
+        the callers it refused together do not come back together."""
+        self.answers += 1
+        self.last = answer
+        row = self._in_a_row[answer.url] = self._in_a_row.get(answer.url, 0) + 1
+        wait = answer.retry_after_s
+        if wait is None:
+            wait = min(FIRST_OVERLOAD_WAIT_S * 2 ** (row - 1), MAX_OVERLOAD_WAIT_S)
+        self._resting[answer.url] = time.monotonic() + wait * self.rng.uniform(1.0, 2.0)
+
+    def ready_in(self, url: str) -> float:
+        return max(0.0, self._resting.get(url, 0.0) - time.monotonic())
+
+    def passes_deadline(self, wait_s: float) -> bool:
+        return time.monotonic() + wait_s >= self.started + self.budget_s
+
+    def end_to_end_s(self) -> float | None:
+        """What is left of the job's end-to-end deadline (None when it has none)."""
+        if self.job.end_to_end_s is None:
+            return None
+        return max(self.job.end_to_end_s - (time.monotonic() - self.started), 1e-3)
+
+    def failure(self) -> ToolResult:
+        """The ``infra_error`` of a call whose deadline passed while every server it could ask was overloaded."""
+        last = f"; last: {self.last.url}: {self.last.message}" if self.last else ""
+        return ToolResult(
+            ToolStatus.INFRA_ERROR,
+            self.job.tool,
+            error=f"tool servers overloaded for the call's whole {self.budget_s:g}s deadline "
+            f"({self.answers} overload answers{last})",
+            elapsed_s=time.monotonic() - self.started,
+            overloads=self.answers,
+            overloaded=True,
+        )
+
+
 class RemoteToolPool:
-    """``ToolPool``'s calling interface over HTTP; transport failures become ``infra_error``."""
+    """``ToolPool``'s calling interface over HTTP; transport failures become ``infra_error``, overload
+    answers are waited out within the call's deadline."""
 
     def __init__(
         self,
@@ -407,13 +497,35 @@ class RemoteToolPool:
         self.max_image_pixels, self.max_image_bytes = max_image_pixels, max_image_bytes
         self.grace_s = grace_s  # transport allowance on top of the call's deadline
         self.stats = PoolStats()
+        self.instance: str | None = None  # the server process answering (its X-Tool-Server-Instance)
+        self.restarts = 0  # times the instance changed: the server was restarted
         self._lock = threading.Lock()
+        self._rng = random.Random()
         self._client = httpx.Client(trust_env=False)
 
     def call(self, job: Job) -> ToolResult:
-        started = time.monotonic()
         with self._lock:
             self.stats.submitted += 1
+        waits = OverloadWaits(job, self._rng)
+        while True:
+            outcome = self.attempt(job, waits.end_to_end_s())
+            if isinstance(outcome, ToolResult):
+                break
+            waits.refused(outcome)
+            pause = waits.ready_in(self.url)
+            if waits.passes_deadline(pause):
+                outcome = waits.failure()
+                break
+            time.sleep(pause)
+        outcome.overloads = waits.answers
+        with self._lock:
+            self.stats.completed += 1
+        return outcome
+
+    def attempt(self, job: Job, end_to_end_s: float | None) -> ToolResult | Overloaded:
+        """One request: the call's result (transport failures as ``infra_error``), or the server's overload
+        answer, which leaves the next move to the caller."""
+        started = time.monotonic()
         body = {
             "tool": job.tool,
             "arguments": job.arguments,
@@ -421,9 +533,9 @@ class RemoteToolPool:
             "deadline_s": job.deadline_s,
         }
         budget = job.deadline_s + self.grace_s
-        if job.end_to_end_s is not None:
-            body["end_to_end_s"] = job.end_to_end_s
-            budget = min(budget, job.end_to_end_s + self.grace_s)
+        if end_to_end_s is not None:
+            body["end_to_end_s"] = end_to_end_s
+            budget = min(budget, end_to_end_s + self.grace_s)
         try:
             response = self._client.post(
                 f"{self.url}/v1/call",
@@ -431,6 +543,10 @@ class RemoteToolPool:
                 headers={"content-type": "application/json"},
                 timeout=budget,
             )
+            self._note_instance(response.headers.get(INSTANCE_HEADER))
+            overloaded = _overload_answer(self.url, response)
+            if overloaded is not None:
+                return overloaded
             if response.status_code != 200:
                 raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
             result = result_from_json(response.json(), self.max_image_pixels, self.max_image_bytes)
@@ -442,9 +558,15 @@ class RemoteToolPool:
                 error=f"tool server failed: {err}",
                 elapsed_s=time.monotonic() - started,
             )
-        with self._lock:
-            self.stats.completed += 1
         return result
+
+    def _note_instance(self, instance: str | None) -> None:
+        if not instance:
+            return
+        with self._lock:
+            if self.instance is not None and instance != self.instance:
+                self.restarts += 1
+            self.instance = instance
 
     async def acall(self, job: Job) -> ToolResult:
         return await asyncio.to_thread(self.call, job)
@@ -456,6 +578,24 @@ class RemoteToolPool:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _overload_answer(url: str, response: httpx.Response) -> Overloaded | None:
+    """The server's typed overload answer (503, kind ``overloaded``), or None for any other response."""
+    if response.status_code != 503:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or body.get("kind") != "overloaded":
+        return None
+    estimate = body.get("retry_after_s")
+    if isinstance(estimate, (int, float)) and not isinstance(estimate, bool) and math.isfinite(estimate):
+        wait = max(float(estimate), 0.0)
+    else:
+        wait = retry_after_seconds(response.headers.get("retry-after"))
+    return Overloaded(url, wait, str(body.get("error", ""))[:200])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -480,6 +620,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sandbox-fusion-url", default="", help="SandboxFusion base URL for sandbox_fusion")
     parser.add_argument("--workers", type=int, default=4, help="tool worker processes")
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=PoolConfig().max_queue,
+        help="calls waiting for a worker; more are answered 503 overloaded (clients ask again)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100, help="0 = any free port (printed, and in --ready-file)")
     parser.add_argument("--ready-file", default="", help="write the server URL here once it serves")
@@ -495,7 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, SandboxUnavailable) as error:
         parser.error(str(error))
     profile = tool_profile("paper", config.limits, python_interpreter=args.python_interpreter, sandbox=sandbox)
-    with ToolPool(config, PoolConfig(num_workers=args.workers, preload=profile.registry.targets())) as pool:
+    pool_config = PoolConfig(num_workers=args.workers, max_queue=args.max_queue, preload=profile.registry.targets())
+    with ToolPool(config, pool_config) as pool:
         server = ToolServer(profile.registry, pool, args.host, args.port).start()
         print(f"osvl tool server on {server.url}: {', '.join(profile.registry.names)}", flush=True)
         if args.ready_file:

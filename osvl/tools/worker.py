@@ -21,6 +21,7 @@ from osvl.rl.trajectory import ToolStatus, check_image
 from osvl.tools.config import ToolBackendsConfig
 from osvl.tools.errors import BackendError, CallParseError, ToolError, error_status
 from osvl.tools.registry import ToolOutput
+from osvl.tools.sandbox import own_sandbox_session
 
 OUT_OF_MEMORY = "the tool ran out of memory"
 Reply = tuple[ToolStatus, str, list[np.ndarray], str | None]
@@ -106,6 +107,7 @@ def worker_main(
 ) -> None:
     """Import ``preload``, report ``("ready", (pid, import errors))``, then serve
     ``(job_id, target, arguments, images, options)`` requests until the pipe closes or ``None`` arrives."""
+    own_sandbox_session()  # the pool kills this session when it loses the worker: no sandbox run outlives it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     cv2.setNumThreads(opencv_threads)
     _apply_address_space_limit(address_space_bytes)  # imports run under the same limit as calls

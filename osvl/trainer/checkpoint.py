@@ -3,6 +3,8 @@
 ``run_dir/checkpoints/step_00000012/``: model + optimizer as a distributed checkpoint (each rank
 writes its shards), plus ``trainer_rank{r}.pt`` with the scheduler, the RNG states, the step and
 the data cursor. A ``complete`` marker is written last; only marked checkpoints are resumed from.
+The RNG states are restored by the stage right before its first step, after everything its start-up
+draws (:meth:`osvl.trainer.stage.Stage.restore_rng`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from osvl.data.image import ImageConfig
 from osvl.trainer.export import export_stage
-from osvl.trainer.rng import rng_state, set_rng_state
+from osvl.trainer.rng import rng_state
 
 MARKER = "complete"
 
@@ -83,7 +85,9 @@ def save_checkpoint(
 
 
 def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restores model, optimizer and RNG in place; returns this rank's trainer state (with ``step``)."""
+    """Restores model and optimizer in place; returns this rank's trainer state (with ``step`` and ``rng``,
+    the generators' states, which the stage sets once its start-up has drawn what it draws:
+    :meth:`osvl.trainer.stage.Stage.restore_rng`)."""
     path = Path(path)
     if not (path / MARKER).is_file():
         raise ValueError(f"{path} is not a complete checkpoint (no {MARKER!r} marker)")
@@ -94,9 +98,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    trainer = torch.load(state_file, weights_only=False)
-    set_rng_state(trainer.pop("rng"))
-    return trainer
+    return torch.load(state_file, weights_only=False)
 
 
 def stage_state(scheduler: Stateful, stream: Stateful, **extra: Any) -> dict[str, Any]:
@@ -114,8 +116,9 @@ def resume_state(
     resume: bool = True,
 ) -> dict[str, Any]:
     """Continues from the newest complete checkpoint under ``root`` (when ``resume``): restores the
-    model, optimizer, RNG, scheduler and data stream in place and returns the trainer state, whose
-    ``step``, ``checkpoint`` (its path) and stage-specific keys the caller reads; ``{}`` means a fresh start."""
+    model, optimizer, scheduler and data stream in place and returns the trainer state, whose
+    ``step``, ``checkpoint`` (its path), ``rng`` and stage-specific keys the caller reads; ``{}`` means a
+    fresh start."""
     latest = latest_checkpoint(root) if resume else None
     if latest is None:
         return {}

@@ -36,11 +36,12 @@ from osvl.rl.advantages import AdvantageConfig, trajectory_advantages
 from osvl.rl.fatal import has_infra_error
 from osvl.rl.scoring import GroupScorer, JudgeStats
 from osvl.rl.stats import batch_stats, group_signal
-from osvl.rl.trajectory import Trajectory
-from osvl.rollout import RolloutRecorder
+from osvl.rl.trajectory import ToolResult, Trajectory
+from osvl.rollout import RolloutRecorder, SGLangEngine
 from osvl.rollout.event_loop import EventLoopThread
 from osvl.rollout.generator import GeneratorStats, RolloutGenerator
 from osvl.rollout.replay import ScoredGroup, staleness_metrics
+from osvl.tools.fleet import ToolServerFleet
 from osvl.trainer.correction import mismatch_metrics, mismatch_sums, old_policy_logprobs, rollout_correction
 from osvl.trainer.flops import generation_flops, mfu, packed_batch_flops, packed_forward_flops, trajectory_turns
 from osvl.trainer.grpo_data import load_prompts, rank_minibatch, stage_scorer, training_sequences
@@ -49,9 +50,9 @@ from osvl.trainer.policy import lm_head_weight
 from osvl.trainer.preflight import preflight
 from osvl.trainer.rollouts import GroupRoller, stage_generator
 from osvl.trainer.router_losses import RouterLosses
-from osvl.trainer.serving import EngineWrapper, build_serving
-from osvl.trainer.stage import Stage, StageResult, all_reduce_sums, stage_inputs, start_stage
-from osvl.trainer.tool_env import EnvironmentFactory, stage_environment
+from osvl.trainer.serving import EngineWrapper, Serving, build_serving
+from osvl.trainer.stage import Stage, StageResult, all_reduce_max, all_reduce_sums, stage_inputs, start_stage
+from osvl.trainer.tool_env import EnvironmentFactory, stage_environment, tool_fleet
 from osvl.trainer.validation import Validator
 from osvl_kernels import RolloutCorrection, linear_grpo_loss
 
@@ -241,11 +242,13 @@ def run_grpo(
         generator = stage_generator(
             recipe, roller, loop, stage.stream, stage.dp_size, stage.dp_rank, version, stage.state.get("replay")
         )
+        fleet = tool_fleet(env)
         try:
             sync = serving.sync.sync(stage.model, version)  # the engines serve the resumed (or initial) weights
             for line in preflight(recipe, stage.model, serving, env, scorer, renderer, prompts[0], loop):
                 if rank == 0:
                     print(f"pre-flight: {line}", flush=True)
+            stage.restore_rng()
             generator.start()
             while stage.step < end:
                 t0 = time.perf_counter()
@@ -295,6 +298,7 @@ def run_grpo(
                         stale_recorder.write(stage.step, dropped)
                 record = step_record(stage, summed, rolled, stats, list(padding), version, sync, (t0, t1, t2, t3, t4))
                 record.update(router_losses.metrics())
+                record.update(service_restarts(serving, fleet, loop))
                 final_loss = record["loss"]
                 validating = validator is not None and validator.due(stage.step, stage.total)
                 if validating:
@@ -308,6 +312,19 @@ def run_grpo(
             scorer.close()
             serving.close(loop.run)
     return stage.finish(tokenizer, renderer, final_loss)
+
+
+def service_restarts(serving: Serving, fleet: ToolServerFleet | None, loop: EventLoopThread) -> dict[str, float]:
+    """The step's restarts of services as the trainer saw them (the largest count over ranks: every rank
+    may see the same restart): tool servers that came back as a new process, engine servers that went
+    away and came back (given the trainer's weights again when they had lost them)."""
+    engine = serving.engine
+    return all_reduce_max(
+        {
+            "tool_server_restarts": fleet.take_restarts() if fleet is not None else 0,
+            "engine_restarts": loop.run(engine.take_restarts()) if isinstance(engine, SGLangEngine) else 0,
+        }
+    )
 
 
 def step_record(
@@ -351,6 +368,8 @@ def step_record(
         "infra_kept": stats.infra_kept,
         "infra_hit": sum(map(has_infra_error, rolled.scored)),
         "tool_calls_mean": _mean(sum(s.tool_result is not None for s in t.steps) for t in rolled.scored),
+        "tool_calls_overloaded": sum(r.overloads > 0 for r in _tool_results(rolled.scored)),
+        "tool_overload_failures": sum(r.overloaded for r in _tool_results(rolled.scored)),
         "clip_frac": summed.get("clip", 0.0) / valid,
         "entropy": summed.get("entropy", 0.0) / valid,
         "kl": summed.get("kl_old", 0.0) / valid,
@@ -391,6 +410,10 @@ def step_record(
     if utilisation is not None:
         record["mfu"] = utilisation
     return record
+
+
+def _tool_results(trajectories: Sequence[Trajectory]) -> list[ToolResult]:
+    return [s.tool_result for t in trajectories for s in t.steps if s.tool_result is not None]
 
 
 def _rollout_flops(trajectories: list[Trajectory], renderer: ChatRenderer, arch) -> float:

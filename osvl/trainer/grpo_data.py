@@ -123,7 +123,12 @@ def reward_scoring(recipe: Recipe) -> tuple[AccuracyJudge, QueryJudge, RewardCon
         key = os.environ.get(j.api_key_env) if j.api_key_env else None
         client = ChatCompletionsClient(
             ChatJudgeConfig(
-                base_url=j.url, model=j.model, api_key=key or None, timeout_s=j.timeout_s, max_attempts=j.max_attempts
+                base_url=j.url,
+                model=j.model,
+                api_key=key or None,
+                timeout_s=j.timeout_s,
+                max_attempts=j.max_attempts,
+                overload_wait_s=j.overload_wait_s,
             )
         )
     accuracy = LLMAccuracyJudge(client) if j.accuracy == "llm" else ExactMatchAccuracyJudge()

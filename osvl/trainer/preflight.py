@@ -52,6 +52,7 @@ from osvl.tools.fleet import ToolServerFleet
 from osvl.trainer.grpo_data import with_grpo_filler
 from osvl.trainer.policy import lm_head_weight
 from osvl.trainer.serving import Serving, remote_engine
+from osvl.trainer.tool_env import tool_fleet
 from osvl_kernels import linear_grpo_loss
 
 PROBE_TOKENS = 16
@@ -286,8 +287,8 @@ def _check_judges(recipe: Recipe, scorer: GroupScorer) -> list[str]:
 
 
 def _check_tools(recipe: Recipe, env: ToolEnvironment) -> list[str]:
-    fleet = getattr(env.pool, "runner", env.pool)  # under injected faults the fleet is wrapped
-    if not isinstance(fleet, ToolServerFleet):
+    fleet = tool_fleet(env)
+    if fleet is None:
         return []
     return _check_fleet(recipe, fleet, set(env.registry.names))
 

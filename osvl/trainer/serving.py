@@ -69,6 +69,7 @@ def remote_engine(
             timeout_s=r.request_timeout_s,
             deterministic=r.deterministic,
             partial_rollouts=r.partial_rollouts,
+            reconnect_s=r.server_reconnect_s,
         ),
         decode=decode,
     )

@@ -54,6 +54,7 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
     train_vision = not recipe.model.freeze_vision
     loss_value = stage.resumption.final_loss  # recorded at the resumed step; nan when fresh
     end = stage.total if stop_after is None else min(stage.total, stage.step + stop_after)
+    stage.restore_rng()
     while stage.step < end:
         start = time.perf_counter()
         batches, valid_tokens, padding = rank_microbatches(

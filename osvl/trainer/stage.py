@@ -26,6 +26,7 @@ from osvl.trainer.metrics import MetricsWriter, stage_metrics
 from osvl.trainer.optim import build_optimizer, build_scheduler
 from osvl.trainer.policy import build_policy, policy_arch, policy_renderer
 from osvl.trainer.resume import Resumption, resume_records
+from osvl.trainer.rng import set_rng_state
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,14 @@ class Stage:
     @property
     def dp_rank(self) -> int:
         return self.rank // self.recipe.parallel.tp
+
+    def restore_rng(self) -> None:
+        """The resumed checkpoint's generator states, set by the stage's loop right before its first step.
+        Whatever the start-up draws (a generation copy of the policy built from random init, a probe)
+        a fresh run drew too before its first step, so restoring only after it continues the
+        uninterrupted run's streams exactly; restoring before would shift them by the start-up's draws."""
+        if "rng" in self.state:
+            set_rng_state(self.state["rng"])
 
     def save(self, at: int) -> None:
         """Collective DCP checkpoint of the whole training state at step ``at``."""
@@ -149,6 +158,16 @@ def start_stage(
         resolve_peak_tflops(recipe.metrics.peak_tflops, device_name()),
         resumption,
     )
+
+
+def all_reduce_max(values: Mapping[str, float]) -> dict[str, float]:
+    """The largest value of each key over all ranks, in one collective (what every rank saw alike, e.g. a
+    service's restart, counts once)."""
+    keys = list(values)
+    stacked = torch.tensor([float(v) for v in values.values()], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
+    return dict(zip(keys, stacked.tolist()))
 
 
 def all_reduce_sums(values: Mapping[str, torch.Tensor | float], device: torch.device | str = "cpu") -> dict[str, float]:

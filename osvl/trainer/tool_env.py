@@ -120,6 +120,12 @@ def with_faults(env: ToolEnvironment, recipe: Recipe, rank: int) -> ToolEnvironm
     return ToolEnvironment(env.registry, runner, env.cache)
 
 
+def tool_fleet(env: ToolEnvironment) -> ToolServerFleet | None:
+    """The tool servers behind ``env`` (under the fault injector when it wraps them); None for local workers."""
+    runner = env.pool.runner if isinstance(env.pool, FaultInjectingRunner) else env.pool
+    return runner if isinstance(runner, ToolServerFleet) else None
+
+
 def step_faults(env: ToolEnvironment, seed: int, step: int, rank: int) -> ToolEnvironment:
     """Faults seeded by (job seed, step, rank): with each call's identity (group, sample, turn) that
     fixes every fault decision, so a resumed run injects the same faults without checkpointing the

@@ -337,3 +337,31 @@ def test_offline_and_llm_judges_are_interchangeable(server) -> None:
     with make_client(server, Sleeps()) as client:
         [scored] = score_batch([trajectory(["ok"])], LLMAccuracyJudge(client), HeuristicQueryJudge())
     assert scored.reward.acc == 1.0 and 0.0 < scored.reward.query <= 1.0
+
+
+def test_overload_answers_within_the_window_use_no_attempt(server) -> None:
+    """429 and 503 are back-pressure: asked again after Retry-After (or backoff) while the window lasts,
+    and the one attempt a verdict has goes to the answer that came after them."""
+    sleeps = Sleeps()
+    server.script = [error(503, **{"Retry-After": "2"}), error(429), error(503), chat("verdict: correct")]
+    with make_client(server, sleeps, max_attempts=1, overload_wait_s=60.0) as client:
+        verdict = LLMAccuracyJudge(client).judge_answer(PROMPT, "1982")
+    assert verdict.score == 1.0 and verdict.attempts == 4 and verdict.overloads == 3
+    assert sleeps == [2.0, 0.02, 0.04]  # Retry-After, then the backoff of the 2nd and 3rd overload answers
+
+
+def test_overload_past_the_window_is_unscored_as_overload(server) -> None:
+    sleeps = Sleeps()
+    server.script = [error(429, **{"Retry-After": "1"})] * 10
+    with make_client(server, sleeps, max_attempts=4, overload_wait_s=2.5) as client:
+        verdict = LLMAccuracyJudge(client).judge_answer(PROMPT, "1982")
+    assert verdict.score is None and verdict.reason == "overloaded_http_429"
+    assert verdict.attempts == 3 == verdict.overloads and sleeps == [1.0, 1.0]  # a third wait would pass 2.5 s
+
+
+def test_other_server_errors_still_use_attempts_within_the_overload_window(server) -> None:
+    sleeps = Sleeps()
+    server.script = [error(500)] * 4
+    with make_client(server, sleeps, max_attempts=2, overload_wait_s=60.0) as client:
+        verdict = LLMAccuracyJudge(client).judge_answer(PROMPT, "1982")
+    assert verdict.reason == "http_500" and verdict.attempts == 2 and verdict.overloads == 0

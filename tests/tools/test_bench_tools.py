@@ -72,3 +72,21 @@ def test_sandbox_bench_measures_every_backend_and_writes_ratios(tmp_path):
     assert "namespaces_p50_over_unsafe_no_boundary_p50" in record["ratios"]["pass"]
     with pytest.raises(SystemExit):
         bench_sandbox.main(["--workloads", "teleport"])
+
+
+def test_overload_bench_runs_both_client_modes_and_counts_every_call(tmp_path):
+    from bench.tools import bench_overload
+
+    argv = ["--callers", "3", "--calls", "2", "--workers", "1", "--queue", "1", "--call-s", "0.05"]
+    assert bench_overload.main([*argv, "--out-dir", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("overload-cpu-*.json")
+    record = json.loads(path.read_text())
+    assert record["schema"] == bench_overload.SCHEMA and record["config"]["queue"] == 1
+    assert [r["mode"] for r in record["results"]] == list(bench_overload.MODES)
+    for r in record["results"]:
+        assert r["calls"] == 6 == r["ok"] + r["infra_error"] + r["other"] and r["server_ran"] == r["ok"]
+        assert r["p99_s"] >= r["p50_s"] > 0
+    waited = record["results"][1]
+    assert waited["ok"] == 6 and waited["overloaded"] == 0  # healthy calls within a 20 s deadline
+    with pytest.raises(SystemExit):
+        bench_overload.main(["--modes", "teleport"])

@@ -26,7 +26,9 @@ def _server(tmp_path: Path, name: str, port: int = 0) -> tuple[subprocess.Popen,
     ready.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'kernels'}"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.trainer.services", "tools", str(ready), str(port)], cwd=ROOT, env=env
+        [sys.executable, "-m", "tests.trainer.services", "tools", "--port", str(port), "--ready-file", str(ready)],
+        cwd=ROOT,
+        env=env,
     )
     deadline = time.monotonic() + 180
     while not ready.is_file():

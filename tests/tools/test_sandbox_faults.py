@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import tempfile
 import time
@@ -47,6 +48,60 @@ def test_kill_9_of_a_worker_mid_sandbox_leaves_no_process_and_no_scratch(backend
         assert after.status is ToolStatus.OK and after.text.strip() == "42", after.error
         assert after.worker and after.worker != f"pid {worker}"
     assert scratch_dirs() <= before
+
+
+def _children(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return handle.read().split()
+    except OSError:
+        return []
+
+
+def _live_processes_naming(marker: str) -> list[str]:
+    """Command lines of the live (not zombie) processes whose command line holds ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and marker in (line := cmdline(int(entry))):
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    if handle.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        found.append(f"{entry}: {line[:80]}")
+            except (OSError, IndexError):
+                continue
+    return found
+
+
+WORKER_KILLS = 16
+
+
+@pytest.mark.slow  # ~40 s: a replacement worker starts after every kill
+def test_workers_killed_while_their_sandbox_starts_leave_no_process_of_it():
+    """SIGKILL of a worker a few milliseconds after it forked its run: bubblewrap's monitor, its PID
+    namespace's init and the code may each be anywhere in their start-up, where a sandbox used to
+    outlive its worker (the init blocked for good waiting on the dead monitor, or the whole run living
+    on until its code ended). None of their processes may be left."""
+    marker = str((512 << 20) + os.getpid())  # a memory limit no other run uses: on every sandbox command line
+    limits = SandboxLimits(wall_s=300.0, cpu_s=300, memory_bytes=int(marker))
+    spec = python_interpreter_spec(limits, SandboxConfig())
+    sleeper = job(spec, "import time\ntime.sleep(300)")
+    rng = random.Random(0)
+    killed: set[int] = set()
+    with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=1, preload=(spec.target,))) as pool:
+        for _ in range(WORKER_KILLS):
+            assert wait_for(lambda: pool.worker_pids[0] not in killed | {None}, 60.0), "no replacement worker"
+            worker = pool.worker_pids[0]
+            future = pool.submit(sleeper)
+            forked = time.monotonic() + 30.0
+            while not _children(worker):
+                assert time.monotonic() < forked, "the worker started no sandbox"
+                time.sleep(0.0005)
+            time.sleep(rng.uniform(0.0, 0.02))
+            os.kill(worker, signal.SIGKILL)
+            killed.add(worker)
+            result = future.result(timeout=60)
+            assert result.status is ToolStatus.INFRA_ERROR and "died" in result.error, result
+    assert wait_for(lambda: not _live_processes_naming(marker), 10.0), _live_processes_naming(marker)
 
 
 def test_a_passed_deadline_kills_every_process_of_the_run():

@@ -40,6 +40,8 @@ def test_the_server_process_serves_the_sandboxed_interpreter_and_stops_on_sigter
             "0",
             "--workers",
             "1",
+            "--max-queue",
+            "8",
             "--python-interpreter",
             "--ready-file",
             str(ready),

@@ -1,7 +1,8 @@
-"""The service processes of the GRPO serving-topology tests, each started as its own process:
+"""The service processes of the GRPO serving-topology tests, each started as its own process, with the
+``--port`` / ``--ready-file`` convention of osvl's services (so ``osvl.supervisor`` can restart them):
 
-    python -m tests.trainer.services sglang MODEL_DIR READY_FILE [gated]        # scripted SGLang-protocol server
-    python -m tests.trainer.services tools READY_FILE [PORT [WORKERS [GATE]]]   # tool server, echo/refuse tools
+    python -m tests.trainer.services sglang MODEL_DIR [--gated] --port P --ready-file F   # scripted SGLang server
+    python -m tests.trainer.services tools [--workers N] [--gate FILE] --port P --ready-file F   # echo/refuse tools
 
 The SGLang-protocol server runs the loopback server over the checkpoint with the tests' scripted
 policy (forced decoding: scripted ids, the served model's own logprobs; ``gated``: the slow prompt's
@@ -12,7 +13,7 @@ rollouts call the gate tool first); the tool server serves the fault tools of
 
 from __future__ import annotations
 
-import sys
+import argparse
 import threading
 from pathlib import Path
 
@@ -23,19 +24,19 @@ def _ready(path: str, url: str) -> None:
     tmp.replace(path)
 
 
-def serve_sglang(model_dir: str, ready: str, script: str = "plain") -> None:
+def serve_sglang(model_dir: str, ready: str, port: int, gated: bool) -> None:
     from osvl.rollout.loopback import LoopbackServer, engine_from_checkpoint
     from tests.trainer.grpo_fixtures import gated_script_for, script_for
 
     engine = engine_from_checkpoint(model_dir)
-    policy = {"plain": script_for, "gated": gated_script_for}[script](engine.tokenizer)
-    server = LoopbackServer(engine, model_path=str(Path(model_dir).resolve()), script=policy)
+    policy = (gated_script_for if gated else script_for)(engine.tokenizer)
+    server = LoopbackServer(engine, port=port, model_path=str(Path(model_dir).resolve()), script=policy)
     server.start()
     _ready(ready, server.url)
     threading.Event().wait()
 
 
-def serve_tools(ready: str, port: str = "0", workers: str = "1", gate: str = "") -> None:
+def serve_tools(ready: str, port: int, workers: int, gate: str) -> None:
     import os
 
     from osvl.tools import PoolConfig, ToolBackendsConfig, ToolPool, ToolRegistry
@@ -48,12 +49,26 @@ def serve_tools(ready: str, port: str = "0", workers: str = "1", gate: str = "")
         os.environ[GATE_ENV] = gate  # the pool's workers inherit it
         specs.append(gate_spec())
     registry = ToolRegistry(specs)
-    with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=int(workers), preload=registry.targets())) as pool:
-        server = ToolServer(registry, pool, port=int(port)).start()
+    with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=workers, preload=registry.targets())) as pool:
+        server = ToolServer(registry, pool, port=port).start()
         _ready(ready, server.url)
         threading.Event().wait()
 
 
 if __name__ == "__main__":
-    kind, *args = sys.argv[1:]
-    {"sglang": serve_sglang, "tools": serve_tools}[kind](*args)
+    parser = argparse.ArgumentParser(prog="python -m tests.trainer.services")
+    kinds = parser.add_subparsers(dest="kind", required=True)
+    sglang = kinds.add_parser("sglang")
+    sglang.add_argument("model_dir")
+    sglang.add_argument("--gated", action="store_true", help="the slow prompt's rollouts call the gate tool first")
+    tools = kinds.add_parser("tools")
+    tools.add_argument("--workers", type=int, default=1)
+    tools.add_argument("--gate", default="", help="serve the gate tool too, opened by this file")
+    for kind in (sglang, tools):
+        kind.add_argument("--port", type=int, default=0)
+        kind.add_argument("--ready-file", required=True)
+    args = parser.parse_args()
+    if args.kind == "sglang":
+        serve_sglang(args.model_dir, args.ready_file, args.port, args.gated)
+    else:
+        serve_tools(args.ready_file, args.port, args.workers, args.gate)

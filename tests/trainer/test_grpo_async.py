@@ -69,13 +69,16 @@ def async_run(tmp_path_factory):
     processes = []
     try:
         sglang, sglang_url = _start(
-            ["-m", "tests.trainer.services", "sglang", str(model_dir), str(root / "r0"), "gated"], root / "r0"
+            ["-m", "tests.trainer.services", "sglang", str(model_dir), "--gated", "--ready-file", str(root / "r0")],
+            root / "r0",
         )
         processes.append(sglang)
         tool_urls = []
         for ready in ("r1", "r2"):  # 4 workers each: the held calls take some, the other rollouts go on
             process, url = _start(
-                ["-m", "tests.trainer.services", "tools", str(root / ready), "0", "4", str(gate)], root / ready
+                ["-m", "tests.trainer.services", "tools", "--workers", "4", "--gate", str(gate)]
+                + ["--ready-file", str(root / ready)],
+                root / ready,
             )
             processes.append(process)
             tool_urls.append(url)

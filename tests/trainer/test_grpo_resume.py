@@ -1,5 +1,5 @@
 """A resumed GRPO run is the uninterrupted one: same rollouts (ids, logprobs, injected tool faults),
-same metrics, bitwise-equal final weights.
+same metrics, bitwise-equal final weights, and the same final trainer state with every RNG in it.
 
 Both runs use one process (the 2-rank path is covered by test_grpo), the scripted policy (real
 logprobs) and deterministic echo tools with injected faults. Run A takes 3 steps straight; run B
@@ -10,14 +10,22 @@ the same ops run on the same inputs in the same order on the same machine, so an
 some piece of state (weights, Adam moments, lr schedule, cursor, policy version, fault seed) was not
 restored, or that something in the rollout depends on the order concurrent trajectories finish in.
 No deadline may be reachable by CPU load: a call or trajectory that times out rolls out differently,
-so the deadlines here are generous and a test asserts none was hit."""
+so the deadlines here are generous and a test asserts none was hit. Run C is run B's fault as an
+operator meets it: the run's process killed (-9) during step 3 and launched again."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,6 +42,8 @@ from tests.trainer.resume_fixtures import deterministic_specs
 from tests.trainer.test_grpo import grpo_overrides
 
 pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # Several trajectories in flight: tool calls finish in an order set by thread timing, and the runs
 # must still match, since a fault is decided by the call's identity, not by when it finishes.
@@ -173,3 +183,53 @@ def test_resumed_metrics_continue_the_stream(runs):
         assert m["model_tflops"] > 0 and m["rollout_tflops"] > 0
         assert "mfu" not in m  # CPU: no peak in the table, so no MFU rather than a made-up one
     assert [m["policy_version"] for m in straight] == [2, 4, 6]
+
+
+def _job(overrides: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'kernels'}"}
+    command = [sys.executable, "-m", "tests.trainer.grpo_job", json.dumps(overrides)]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def killed_and_relaunched(runs):
+    """Run C in processes of its own: killed (-9) once its step-2 checkpoint is complete, then relaunched."""
+    a = runs[0]
+    c = a.parent / "c"
+    overrides = grpo_overrides(a.parent, c, *RESUME)
+    first = _job(overrides)
+    marker = c / "checkpoints" / "step_00000002" / "complete"
+    deadline = time.monotonic() + 900
+    while not marker.is_file():
+        assert first.poll() is None, f"the run ended before its step-2 checkpoint:\n{first.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, "no step-2 checkpoint within 900 s"
+        time.sleep(0.02)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(60)
+    second = _job(overrides)
+    out, _ = second.communicate(timeout=1200)
+    assert second.returncode == 0, out[-4000:]
+    assert "steps 3 resumed from 2" in out, out[-4000:]  # the kill landed during step 3
+    return a, c
+
+
+def _final_state(run: Path) -> dict:
+    return torch.load(run / "checkpoints" / "step_00000003" / "trainer_rank0.pt", weights_only=False)
+
+
+def test_a_killed_and_relaunched_run_ends_in_the_uninterrupted_runs_state(killed_and_relaunched):
+    """Weights, optimizer schedule, data cursor, policy version and every random generator: anything
+    the relaunch draws at start-up (its generation copy of the policy, its pre-flight) must come before
+    the checkpoint's generators are restored, or a later draw would diverge."""
+    a, c = killed_and_relaunched
+    straight, relaunched = _final_state(a), _final_state(c)
+    rng_a, rng_c = straight.pop("rng"), relaunched.pop("rng")
+    assert set(rng_a) == set(rng_c) == {"torch", "numpy", "python"}
+    assert torch.equal(rng_a["torch"], rng_c["torch"]), "torch's generator was not where the straight run left it"
+    assert rng_a["python"] == rng_c["python"]
+    assert rng_a["numpy"][0] == rng_c["numpy"][0] and np.array_equal(rng_a["numpy"][1], rng_c["numpy"][1])
+    assert rng_a["numpy"][2:] == rng_c["numpy"][2:]
+    assert relaunched == straight
+    weights_a, weights_c = read_hf_tensors(a / "hf"), read_hf_tensors(c / "hf")
+    assert weights_a.keys() == weights_c.keys()
+    assert all(torch.equal(weights_a[k], weights_c[k]) for k in weights_a)

@@ -1,7 +1,11 @@
-"""The GRPO stage on the serving topology, end to end on CPU over the real protocols: 2 gloo trainer
-ranks, an SGLang-protocol server process (the loopback server over a checkpoint, scripted policy
-with the served model's own logprobs), an OpenAI-compatible judge process with an outage on one
-question, and two tool-server processes, one of which is killed (-9) after the first step."""
+"""The GRPO stage on the serving topology, end to end on CPU over the real protocols: 4 steps of
+``tiny_grpo_services`` on 2 gloo trainer ranks, with an SGLang-protocol server process (the loopback
+server over a checkpoint, scripted policy with the served model's own logprobs), an OpenAI-compatible
+judge process with an outage on one question, and two tool-server processes, all kept up by
+``osvl.supervisor`` as ``osvl.serve --launch`` keeps its services. Each service kind is killed (-9) in
+turn: tool server A after step 1, the judge after step 2, the SGLang server after step 3; the
+supervisor restarts each, and the run ends with its 4 steps, the restarted engine serving the
+trainer's weights again."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from osvl.data.tokenizer import load_tokenizer
 from osvl.model import build_model, save_pretrained
 from osvl.rl.trajectory import ToolStatus
 from osvl.rollout import RolloutRecorder
+from osvl.supervisor import RestartPolicy, ServiceSpec, Supervisor
 from osvl.tools import ToolEnvironment, ToolRegistry
 from osvl.tools.fleet import ToolServerFleet
 from osvl.trainer import read_metrics
@@ -39,6 +44,8 @@ pytestmark = pytest.mark.slow
 
 OUTAGE = "code word is delta"  # the judge answers 503 for this question's samples
 ROOT = Path(__file__).resolve().parents[2]
+STEPS = 4
+KILLED_AFTER = {1: "tools a", 2: "judge", 3: "sglang"}  # step logged -> the service killed then
 
 
 def _start(argv: list[str], ready: Path) -> tuple[subprocess.Popen, str]:
@@ -67,12 +74,12 @@ def services_body(rank: int, world: int, overrides: list[str], tool_urls: tuple[
     from osvl.trainer import run_grpo
 
     result = run_grpo(
-        load_recipe("tiny_grpo", overrides),
+        load_recipe("tiny_grpo_services", overrides),
         rank,
         world,
         environment=functools.partial(fleet_environment, urls=tool_urls),
     )
-    assert result.steps == 3, result
+    assert result.steps == STEPS, result
 
 
 def _served_checkpoint(root: Path, overrides: list[str]) -> Path:
@@ -91,33 +98,40 @@ def _served_checkpoint(root: Path, overrides: list[str]) -> Path:
 @pytest.fixture(scope="module")
 def services_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("services")
-    base = grpo_overrides(root, root / "run", "grpo.max_steps=3")
+    base = grpo_overrides(root, root / "run", f"grpo.max_steps={STEPS}", "model.preset=tiny")
     model_dir = _served_checkpoint(root, base)
-    processes = []
+    python = (sys.executable, "-m")
+    tools = (*python, "tests.trainer.services", "tools")
+    specs = [
+        ServiceSpec("sglang", (*python, "tests.trainer.services", "sglang", str(model_dir))),
+        ServiceSpec("tools a", tools),
+        ServiceSpec("tools b", tools),
+        ServiceSpec("judge", (*python, "osvl.rl.loopback_judge")),
+    ]
+    log: list[str] = []
+    supervisor = Supervisor(specs, root, RestartPolicy(first_delay_s=0.5), log=log.append)
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = f"{ROOT}:{ROOT / 'kernels'}"  # the services import tests.* and osvl_kernels
+    stop = threading.Event()
+    supervising = threading.Thread(target=supervisor.run, args=(stop, 0.1), daemon=True)
     try:
-        sglang, sglang_url = _start(
-            ["-m", "tests.trainer.services", "sglang", str(model_dir), str(root / "r0")], root / "r0"
-        )
-        processes.append(sglang)
-        tools_a, url_a = _start(["-m", "tests.trainer.services", "tools", str(root / "r1")], root / "r1")
-        tools_b, url_b = _start(["-m", "tests.trainer.services", "tools", str(root / "r2")], root / "r2")
-        judge, judge_url = _start(
-            ["-m", "osvl.rl.loopback_judge", "--port", "0", "--ready-file", str(root / "r3")], root / "r3"
-        )
-        processes += [tools_a, tools_b, judge]
+        sglang_url, url_a, url_b, judge_url = supervisor.start()
+        supervising.start()
         httpx.post(judge_url.removesuffix("/v1") + "/admin/outage", json={"status": 503, "match": OUTAGE}, timeout=10)
-        killed = threading.Event()
+        killed: dict[int, int] = {}  # step -> pid killed after it
 
-        def kill_after_first_step() -> None:  # tool server A dies (-9) once step 1 is logged
+        def kill_in_turn() -> None:
             metrics = root / "run" / "metrics.jsonl"
-            while not (metrics.is_file() and metrics.read_text().strip()):
-                if sglang.poll() is not None:
-                    return
-                time.sleep(0.05)
-            os.kill(tools_a.pid, signal.SIGKILL)
-            killed.set()
+            for step, name in KILLED_AFTER.items():
+                while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= step):
+                    if stop.is_set():
+                        return
+                    time.sleep(0.05)
+                service = next(s for s in supervisor.services if s.spec.name == name)
+                killed[step] = service.process.pid
+                os.kill(service.process.pid, signal.SIGKILL)
 
-        threading.Thread(target=kill_after_first_step, daemon=True).start()
+        threading.Thread(target=kill_in_turn, daemon=True).start()
         overrides = base + [
             "rollout.engine=sglang",
             f'rollout.sglang_urls=["{sglang_url}"]',
@@ -127,43 +141,64 @@ def services_run(tmp_path_factory):
             f"judges.url={judge_url}",
             "judges.model=loopback-judge",
             "judges.max_attempts=2",
+            "judges.overload_wait_s=1",  # the outage answers 503: overload, waited out this long
             "judges.timeout_s=30",
         ]
         run_ranks(services_body, 2, overrides, (url_a, url_b))
         info = httpx.get(f"{sglang_url}/get_model_info", timeout=10).json()
-        yield root, info, killed.is_set()
+        yield root, info, killed, log
     finally:
-        for process in processes:
-            process.kill()
-            process.wait(30)
+        stop.set()
+        supervising.join(120)
+        supervisor.stop()
+        if previous is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = previous
+
+
+def test_every_service_killed_in_turn_was_restarted_and_the_run_took_its_steps(services_run):
+    root, _, killed, log = services_run
+    assert sorted(killed) == [1, 2, 3]
+    for step, name in KILLED_AFTER.items():
+        assert any(line.startswith(f"{name} (pid {killed[step]}) ended with signal SIGKILL") for line in log), log
+        assert any(line.startswith(f"{name} is back at ") for line in log), log
+    assert [m["step"] for m in read_metrics(root / "run")] == [1, 2, 3, 4]
 
 
 def test_server_version_follows_the_optimizer_and_parity_holds_after_every_sync(services_run):
-    root, info, _ = services_run
+    """Also after the SGLang server's restart: it came back on its checkpoint and got the trainer's
+    weights (version 6, from the last disk sync) before it generated step 4's tokens."""
+    root, info, _, _ = services_run
     metrics = read_metrics(root / "run")
-    assert [m["step"] for m in metrics] == [1, 2, 3]
-    assert [m["policy_version"] for m in metrics] == [2, 4, 6]  # 2 mini-batches (optimizer steps) a step
-    assert info["weight_version"] == "6"
-    assert info["model_path"].endswith("weights/v000006")  # the stage's last disk sync
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [m["policy_version"] for m in metrics] == [2, 4, 6, 8]  # 2 mini-batches (optimizer steps) a step
+    assert info["weight_version"] == "8"
+    assert info["model_path"].endswith("weights/v000008")  # the stage's last disk sync
     for m in metrics:
         assert m["logprob_abs_diff"] <= 1e-4, m  # engine logprobs = trainer's on the weights that generated them
         assert m["sync_bytes"] > 0 and m["sync_s"] > 0
+    assert sum(m["engine_restarts"] for m in metrics) >= 1 and metrics[-1]["engine_restarts"] >= 1
     recorder = RolloutRecorder(root / "run" / "rollouts")
-    for step in (1, 2, 3):
+    for step in (1, 2, 3, 4):
         versions = {s.policy_version for t in recorder.read(step) for s in t.steps}
         assert versions == {2 * (step - 1)}, (step, versions)  # every token came from the synced weights
 
 
 def test_a_judge_outage_leaves_samples_unscored_never_zero(services_run):
-    root, _, _ = services_run
+    """Steps 1 and 2, before the judge's restart (which ended its outage)."""
+    root, _, _, _ = services_run
     recorder = RolloutRecorder(root / "run" / "rollouts")
-    trajectories = [t for step in (1, 2, 3) for t in recorder.read(step)]
+    trajectories = [t for step in (1, 2, 3, 4) for t in recorder.read(step)]
+    before_restart = [t for step in (1, 2) for t in recorder.read(step)]
     hit = [
-        t for t in trajectories if OUTAGE in t.prompt.question and t.steps and t.reward.unscored_reason != "infra_error"
+        t
+        for t in before_restart
+        if OUTAGE in t.prompt.question and t.steps and t.reward.unscored_reason != "infra_error"
     ]
     spared = [
         t
-        for t in trajectories
+        for t in before_restart
         if OUTAGE not in t.prompt.question and t.steps and t.reward.unscored_reason != "infra_error"
     ]
     assert hit and spared
@@ -180,15 +215,16 @@ def test_a_judge_outage_leaves_samples_unscored_never_zero(services_run):
     assert all(m["judge_requests"] > 0 and m["judge_p99_s"] >= m["judge_p50_s"] >= 0 for m in metrics)
 
 
-def test_a_killed_tool_server_gives_typed_infra_errors_and_the_steps_complete(services_run):
-    root, _, killed = services_run
-    assert killed
+def test_a_killed_tool_server_gives_typed_infra_errors_and_rejoins_once_restarted(services_run):
+    root, _, _, _ = services_run
     recorder = RolloutRecorder(root / "run" / "rollouts")
-    later = [s.tool_result for step in (2, 3) for t in recorder.read(step) for s in t.steps if s.tool_result]
+    later = [s.tool_result for step in (2, 3, 4) for t in recorder.read(step) for s in t.steps if s.tool_result]
     failed = [r for r in later if r.status is ToolStatus.INFRA_ERROR]
     assert failed and all("tool server" in (r.error or "") for r in failed)
     assert any(r.status is ToolStatus.OK for r in later)  # the surviving server kept serving
-    assert len(read_metrics(root / "run")) == 3
+    metrics = read_metrics(root / "run")
+    assert sum(m["tool_server_restarts"] for m in metrics) >= 1  # server a came back as a new process
+    assert all(m["tool_calls_overloaded"] == m["tool_overload_failures"] == 0 for m in metrics)
 
 
 def sync_paths_body(rank: int, world: int, overrides: list[str], disk_url: str, dist_url: str, weights: str) -> None:

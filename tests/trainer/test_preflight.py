@@ -92,8 +92,8 @@ def test_another_architecture_or_other_weights_are_named(tmp_path):
 def test_a_judge_that_cannot_answer_stops_the_stage(tmp_path):
     with _served(tmp_path) as (_, serving, runner), LoopbackJudgeServer() as judge:
         judge.outage = 503
-        recipe = _recipe(accuracy="llm", url=judge.base_url, model="loopback", max_attempts=1)
-        with pytest.raises(PreflightError, match=f"judges.url {judge.base_url}.*http_503"):
+        recipe = _recipe(accuracy="llm", url=judge.base_url, model="loopback", max_attempts=1, overload_wait_s=0.5)
+        with pytest.raises(PreflightError, match=f"judges.url {judge.base_url}.*overloaded_http_503"):
             _run(recipe, serving, runner)
 
 

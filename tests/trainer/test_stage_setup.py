@@ -127,6 +127,10 @@ def test_reward_scoring_follows_the_recipe():
     accuracy, query, config = reward_scoring(recipe)
     assert isinstance(accuracy, ExactMatchAccuracyJudge) and isinstance(query, HeuristicQueryJudge)
     assert (config.alpha, config.fatal.k) == (0.6, 2)
+    llm = ["judges.accuracy=llm", "judges.url=http://127.0.0.1:9/v1", "judges.model=m", "judges.overload_wait_s=7"]
+    accuracy, _, _ = reward_scoring(load_recipe("tiny_grpo", llm))
+    assert (accuracy.client.config.overload_wait_s, accuracy.client.config.max_attempts) == (7.0, 5)
+    accuracy.client.close()
 
 
 def test_greedy_evaluation_rollouts_differ_only_where_asked():

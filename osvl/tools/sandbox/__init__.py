@@ -10,6 +10,7 @@ import logging
 from osvl.tools.sandbox.config import BACKENDS, SandboxConfig, SandboxLimits, SandboxRun, SandboxUnavailable
 from osvl.tools.sandbox.fusion import run_on_fusion
 from osvl.tools.sandbox.namespaces import run_in_namespaces
+from osvl.tools.sandbox.process import kill_session, own_sandbox_session
 from osvl.tools.sandbox.unsafe import run_unsafe, sweep_stale_scratch
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,8 @@ __all__ = [
     "SandboxRun",
     "SandboxUnavailable",
     "check_sandbox",
+    "kill_session",
+    "own_sandbox_session",
     "run_sandboxed",
     "sweep_stale_scratch",
 ]

@@ -6,9 +6,13 @@ when it lives elsewhere) read-only with the prefix's own site-packages hidden, t
 read-only under ``/osvl/site``, a private procfs and a minimal ``/dev`` (read-only), and one
 size-limited tmpfs at ``/tmp`` as the only writable place; ``/`` itself is read-only. No network
 interface but loopback exists in the new network namespace, and seccomp refuses socket creation
-anyway. A deadline kills bubblewrap's monitor; ``--die-with-parent`` then kills the PID namespace's
-init, which takes every process of the run with it, and the tmpfs vanishes with the mount
-namespace, so nothing is left on the host's disk. The same happens when the tool worker itself dies.
+anyway. bubblewrap runs without ``--new-session``: its PID namespace's init stays in the run's process
+group, so the kill of a deadline reaches it at any stage of its start-up (``--die-with-parent`` arms only
+once the init is set up, and an init whose monitor died before releasing it waits forever), and the
+session it stays in has no controlling terminal, which is what ``--new-session`` guards against (a
+sandbox pushing input into the user's terminal). The init's death takes every process of the run
+with it, and the tmpfs vanishes with the mount namespace, so nothing is left on the host's disk. When
+the tool worker itself dies, its pool kills its whole session (:func:`osvl.tools.sandbox.kill_session`).
 """
 
 from __future__ import annotations
@@ -103,7 +107,6 @@ def bwrap_argv(
         "--unshare-user",
         "--disable-userns",
         "--die-with-parent",
-        "--new-session",
         "--uid",
         NOBODY,
         "--gid",

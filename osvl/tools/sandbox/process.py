@@ -1,5 +1,10 @@
 """Running one sandbox child: code on stdin, capped output, a wall-clock deadline, and a kill that
-takes everything the run started with it."""
+takes everything the run started with it.
+
+Every run is a process group of its own in a session without a terminal. A tool worker owns such a
+session (:func:`own_sandbox_session`) and its runs stay in it, so its pool can kill every process of
+them by the session id (:func:`kill_session`) even after the worker itself was killed, whatever
+stage of its start-up a run had reached; anywhere else each run opens a session of its own."""
 
 from __future__ import annotations
 
@@ -13,6 +18,49 @@ from dataclasses import dataclass
 
 from osvl.tools.sandbox.bootstrap import VIOLATION_EXIT
 from osvl.tools.sandbox.config import SandboxLimits
+
+_owns_session = False  # set in a tool worker: its runs join its session, where its pool finds them
+
+
+def own_sandbox_session() -> None:
+    """Make this process (a tool worker, before it starts any run) the leader of a new session without a
+    controlling terminal; the sandbox runs it starts from then on stay in that session, whose id is its pid."""
+    global _owns_session
+    os.setsid()
+    _owns_session = True
+
+
+def _session_members(sid: int) -> list[int]:
+    """The live (not zombie) processes of session ``sid``, from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[0] not in ("Z", "X") and int(fields[3]) == sid:
+            members.append(int(entry))
+    return members
+
+
+def kill_session(sid: int, timeout_s: float = 5.0) -> int:
+    """SIGKILL every process of session ``sid`` until none is left (or ``timeout_s`` passed); returns how many
+    were signalled. The session's leader must not be reaped yet, so that ``sid`` cannot name a newer session.
+    Signals from the host reach a PID namespace's init too, and its death takes its namespace along."""
+    signalled: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while (members := _session_members(sid)) and time.monotonic() < deadline:
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            signalled.add(pid)
+        time.sleep(0.01)
+    return len(signalled)
 
 
 @dataclass
@@ -47,8 +95,9 @@ def run_child(
 ) -> ChildOutcome:
     """Run ``argv`` with ``code`` on stdin until it exits, prints too much, or ``limits.wall_s`` passes.
 
-    The child leads a new process group; a deadline or an overflow kills the whole group with SIGKILL
-    (for bubblewrap that is its monitor, whose death takes the PID namespace along)."""
+    The child leads a new process group (in the worker's session, else in a new session); a deadline or an
+    overflow kills the whole group with SIGKILL (for bubblewrap: its monitor and the PID namespace's init,
+    whose death takes the namespace along)."""
     child = subprocess.Popen(
         list(argv),
         stdin=subprocess.PIPE,
@@ -56,7 +105,8 @@ def run_child(
         stderr=subprocess.PIPE,
         cwd=cwd,
         env=env,
-        start_new_session=True,
+        start_new_session=not _owns_session,
+        process_group=0 if _owns_session else None,
         close_fds=True,
         pass_fds=tuple(pass_fds),
         preexec_fn=preexec_fn,
