@@ -70,10 +70,14 @@ Facts the contract relies on:
   (``tp_size``, ``context_length``, ``enable_deterministic_inference``...) [hs].
 - ``/init_weights_update_group`` takes ``master_address``, ``master_port``, ``rank_offset``,
   ``world_size``, ``group_name``, ``backend``; the server's ranks are ``rank_offset + tp_rank``
-  and receive broadcasts from rank 0, the trainer. ``/update_weights_from_distributed`` takes
+  and receive broadcasts from rank 0, the trainer; its store keys carry three prefixes
+  (:func:`osvl.rollout.weight_sync.update_group_store`). ``/update_weights_from_distributed`` takes
   ``names``, ``dtypes``, ``shapes``, ``group_name``, ``flush_cache``, ``weight_version`` and
   blocks until the broadcasts arrive, so it is sent first and the tensors broadcast after, in
-  the same order [io hs].
+  the same order [io hs]. SGLang 0.5.23 refuses it (400) outside a session opened by
+  ``/begin_weight_update`` (``selector`` "all") and closed by ``/end_weight_update``.
+- ``/get_model_info`` reports ``weight_version`` "default" until an update sets one; there is no
+  ``/get_weight_version`` route (404). An unknown route answers 404 ``{"detail": "Not Found"}``.
 - Deterministic inference (results independent of batch composition) is a server launch flag,
   ``--enable-deterministic-inference`` (batch-invariant kernels; FlashInfer, FA3 or Triton
   attention), not a request field; with temperature > 0 it also needs each request's
@@ -440,6 +444,15 @@ class SGLangEngine:
             for offset in offsets
         ]
         await self._post_all("/init_weights_update_group", bodies, f"joining weights update group {group_name}")
+
+    async def begin_weight_update(self) -> None:
+        """Opens the weight-update session SGLang (0.5.23) requires around ``/update_weights_from_distributed``."""
+        await self._post_all(
+            "/begin_weight_update", [{"selector": "all"}] * len(self.config.weight_urls), "opening a weight update"
+        )
+
+    async def end_weight_update(self) -> None:
+        await self._post_all("/end_weight_update", [{}] * len(self.config.weight_urls), "closing a weight update")
 
     async def update_weights_from_distributed(
         self,
