@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import datetime
 import json
 import sys
@@ -141,7 +142,7 @@ def request_from_json(body: Any, engine: LocalEngine) -> GenerationRequest:
         max_new_tokens=int(_or_default(s, "max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS)),
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         stop_token_ids=tuple(int(i) for i in _or_default(s, "stop_token_ids", ())),
-        seed=None if s.get("sampling_seed") is None or not engine.deterministic else int(s["sampling_seed"]),
+        seed=None if s.get("sampling_seed") is None else int(s["sampling_seed"]),
     )
     urls = _or_default(body, "image_data", [])
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
@@ -330,7 +331,7 @@ class LoopbackServer:
                 result = self.replay.replay(request)
             else:
                 result = asyncio.run_coroutine_threadsafe(
-                    self.engine.generate(request), _engine_loop(self.engine)
+                    self.engine.generate(self._as_sampled(request)), _engine_loop(self.engine)
                 ).result()
         finally:
             with self._gate:
@@ -347,6 +348,13 @@ class LoopbackServer:
             self.weight_version,
             time.perf_counter() - start,
         )
+
+    def _as_sampled(self, request: GenerationRequest) -> GenerationRequest:
+        """The request without its seed unless the engine is deterministic: SGLang uses ``sampling_seed``
+        only under ``--enable-deterministic-inference``. A script (forced decoding) still reads the seed."""
+        if self.engine.deterministic or request.sampling.seed is None:
+            return request
+        return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=None))
 
     def pause(self, body: dict[str, Any]) -> dict[str, Any]:
         """Aborts the requests in flight (they answer with the tokens they have) and holds new ones;
