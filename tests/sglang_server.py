@@ -77,20 +77,25 @@ class _Process:
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
+    def _signal_group(self, sig: int) -> None:
+        """Its whole process group: children live on when the server itself has exited at start."""
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
+
     def kill(self) -> None:
         """SIGKILL the server and its child processes at once."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+        self._signal_group(signal.SIGKILL)
         self.process.wait(60)
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(60)
+        self._signal_group(signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self._signal_group(signal.SIGKILL)
+            self.process.wait(60)
         self._log_file.close()
 
 
@@ -98,7 +103,7 @@ class SGLangServer(_Process):
     """``python -m sglang.launch_server`` over ``model_dir`` on CPU, float32 (the trainer's dtype in
     these tests), up once ``/health`` answers (SGLang's health route runs a one-token probe)."""
 
-    def __init__(self, model_dir: Path, log: Path, *extra: str, port: int = 0, startup_s: float = 600.0) -> None:
+    def __init__(self, model_dir: Path, log: Path, *extra: str, port: int = 0, startup_s: float = 900.0) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         python = sglang_python()
@@ -129,7 +134,7 @@ class SGLangRouter(_Process):
     """sglang-router (round robin) over ``workers``, up once it has registered them (``/readiness``:
     its ``/health`` is 200 before any worker is)."""
 
-    def __init__(self, workers: list[str], log: Path, startup_s: float = 120.0) -> None:
+    def __init__(self, workers: list[str], log: Path, startup_s: float = 300.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         python = sglang_python()

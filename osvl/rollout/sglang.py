@@ -5,7 +5,8 @@ for ``return_logprob`` and read ``meta_info.output_token_logprobs`` (``[logprob,
 generated token). Transport failures and aborted requests raise ``EngineError`` (infra), never
 a policy error. Weights are updated with ``/update_weights_from_disk`` on every server.
 
-Wire format, checked field by field against sgl-project/sglang; sources are under
+Wire format, checked field by field against sgl-project/sglang and driven against a real SGLang
+0.5.23 server and sglang-router 0.3.2 (``tests/rollout/test_real_sglang.py``); sources are under
 ``python/sglang/srt/``: [io] ``managers/io_struct.py`` (``GenerateReqInput``,
 ``UpdateWeightFromDiskReqInput``), [sp] ``sampling/sampling_params.py`` (``SamplingParams``),
 [tm] ``managers/tokenizer_manager.py`` (``detokenize_logprob_tokens``), [sb]
