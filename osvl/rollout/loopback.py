@@ -1,17 +1,25 @@
 """A loopback server speaking SGLang's native protocol, backed by the local engine: the CPU form of
 the serving topology (tests, ``tiny_grpo_services``, ``python -m osvl.serve --engine loopback``).
 
-Routes, with SGLang's JSON shapes (fields listed in :mod:`osvl.rollout.sglang`):
+Routes, with the JSON shapes of SGLang 0.5.23 as a real server answers them (fields listed in
+:mod:`osvl.rollout.sglang`; the differences found against a real server are in README's "Inference
+engines" table, and this server follows them):
 
-- ``POST /generate``: concurrent requests are batched by the local engine;
-- ``GET /health``, ``/health_generate``, ``/get_model_info``, ``/get_weight_version``, ``/get_server_info``;
+- ``POST /generate``: concurrent requests are batched by the local engine; ``sampling_seed`` counts
+  only on a deterministic engine, as SGLang uses it only under ``--enable-deterministic-inference``;
+- ``GET /health``, ``/health_generate``, ``/get_model_info``, ``/get_server_info`` (no
+  ``/get_weight_version``: SGLang answers it 404); ``weight_version`` is "default" until set;
 - ``POST /update_weights_from_disk``: an HF checkpoint directory, as SGLang loads it;
-- ``POST /init_weights_update_group``, ``/update_weights_from_distributed``,
+- ``POST /init_weights_update_group``, ``/begin_weight_update``, ``/update_weights_from_distributed``
+  (refused outside a begin/end session, as SGLang does), ``/end_weight_update``,
   ``/destroy_weights_update_group``: the trainer's rank 0 broadcasts HF-named tensors over a
-  process group the server joins (gloo here; NCCL on GPUs);
-- ``POST /get_weights_by_name``, ``/update_weight_version``, ``/flush_cache``;
+  process group the server joins on SGLang's store keys (gloo here; NCCL on GPUs);
+- ``POST /get_weights_by_name``, ``/update_weight_version``, ``/flush_cache`` (plain text);
 - ``POST /pause_generation`` (mode ``abort``: requests in flight end at once as aborted, with the
   tokens they have; new ones wait) and ``/continue_generation``, as SGLang's tokenizer manager does.
+
+Unknown routes answer 404 ``{"detail": "Not Found"}``; a body without a required field answers 400 in
+SGLang's validation-error shape (``object: error``).
 
 Request fields the local engine cannot honor (prompt logprobs, top-k, penalties, ``logit_bias``,
 batches) are refused with HTTP 400 rather than silently ignored. A ``script`` turns generation into
@@ -27,10 +35,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import datetime
 import json
 import sys
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
@@ -50,6 +60,7 @@ from osvl.rollout.engine import (
     StopKind,
 )
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
+from osvl.rollout.weight_sync import update_group_store
 from osvl.tools.image_io import decode_image
 
 SAMPLING_KEYS = frozenset(
@@ -78,9 +89,24 @@ REQUEST_KEYS = frozenset(
     }
 )
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
+UNSET_WEIGHT_VERSION = "default"  # SGLang's --weight-version default, reported until an update sets one
+FLUSH_CACHE_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
 MAX_IMAGE_PIXELS = 64_000_000  # refused before decoding: a header claiming more is a decompression bomb
 MAX_IMAGE_BYTES = 64 << 20
 LogprobMode = Literal["post_temperature", "raw"]
+
+
+class MissingField(ValueError):
+    """A body without a field SGLang requires: 400 in the shape of its request validation."""
+
+
+def required(body: dict[str, Any], key: str) -> Any:
+    if key not in body:
+        raise MissingField(f"{key}: Field required")
+    return body[key]
 
 
 def _or_default(params: dict[str, Any], key: str, default: Any) -> Any:
@@ -151,7 +177,7 @@ def reexpand_image_pads(ids: list[int], images: Sequence, pad_id: int) -> list[i
 def finish_reason(result: GenerationResult, request: GenerationRequest, engine: LocalEngine) -> dict[str, Any]:
     """SGLang's ``finish_reason``: the stop id or stop string that matched, the length reached, or an abort."""
     if result.finish is StopKind.ABORT:
-        return {"type": "abort", "message": "Abort by /pause_generation"}
+        return {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
     if result.finish is StopKind.LENGTH:
         return {"type": "length", "length": len(result.token_ids)}
     last = result.token_ids[-1]
@@ -168,18 +194,24 @@ def response_json(
     engine: LocalEngine,
     rid: str,
     weight_version: str | None = None,
+    latency_s: float = 0.0,
 ) -> dict[str, Any]:
     skip = _or_default(_or_default(body, "sampling_params", {}), "skip_special_tokens", True)
+    version = str(result.policy_version) if weight_version is None else weight_version
     meta: dict[str, Any] = {
         "id": rid,
         "finish_reason": finish_reason(result, request, engine),
         "prompt_tokens": result.prompt_tokens,
+        "weight_version": version,
+        "num_retractions": 0,
         "completion_tokens": len(result.token_ids),
         "cached_tokens": 0,
-        "weight_version": str(result.policy_version) if weight_version is None else weight_version,
+        "weight_versions": [{"version": version, "start": 0, "end": len(result.token_ids)}],
+        "e2e_latency": latency_s,
     }
     if body.get("return_logprob"):
         with_text = bool(body.get("return_text_in_logprobs"))
+        meta["input_token_logprobs"] = []  # logprob_start_len -1: none of the prompt's
         meta["output_token_logprobs"] = [
             [lp, t, engine.tokenizer.decode([t]) if with_text else None]
             for lp, t in zip(result.logprobs, result.token_ids)
@@ -198,19 +230,19 @@ class _UpdateGroup:
         backend = body.get("backend") or "gloo"
         if backend != "gloo":
             raise ValueError(f"the loopback server joins gloo update groups only, got backend {backend!r}")
-        rank, size = int(body["rank_offset"]), int(body["world_size"])
+        rank, size = int(required(body, "rank_offset")), int(required(body, "world_size"))
         if not 0 < rank < size:
             raise ValueError(f"rank_offset {rank} must lie in [1, world_size {size}) (the trainer is rank 0)")
         store = dist.TCPStore(
-            str(body["master_address"]),
-            int(body["master_port"]),
+            str(required(body, "master_address")),
+            int(required(body, "master_port")),
             size,
             is_master=False,
             timeout=datetime.timedelta(seconds=120),
         )
-        self.name = str(body["group_name"])
+        self.name = str(required(body, "group_name"))
         self.group = dist.ProcessGroupGloo(
-            dist.PrefixStore(self.name, store), rank, size, datetime.timedelta(seconds=600)
+            update_group_store(store, self.name, backend), rank, size, datetime.timedelta(seconds=600)
         )
 
     def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> dict[str, torch.Tensor]:
@@ -253,13 +285,15 @@ class LoopbackServer:
         tokenizer_path: str = "",
         logprobs: LogprobMode = "post_temperature",
         script: Callable[[GenerationRequest], Sequence[int]] | None = None,
+        weight_version: str = UNSET_WEIGHT_VERSION,
     ) -> None:
         if logprobs not in ("post_temperature", "raw"):
             raise ValueError(f"logprobs must be 'post_temperature' or 'raw', got {logprobs!r}")
         self.engine, self.model_path, self.tokenizer_path, self.logprobs = engine, model_path, tokenizer_path, logprobs
         self.replay = ReplayEngine(engine, script) if script is not None else None  # forced decoding (tests)
-        self.weight_version = str(engine.policy_version)
+        self.weight_version = weight_version
         self._groups: dict[str, _UpdateGroup] = {}
+        self._weight_session = False  # between /begin_weight_update and /end_weight_update
         self._staged: dict[str, torch.Tensor] = {}  # HF tensors of an update whose experts are incomplete
         self._gate = threading.Condition()  # /pause_generation: new requests wait, running ones are counted
         self._paused = False
@@ -286,6 +320,7 @@ class LoopbackServer:
     # --- routes ---------------------------------------------------------------------------------
 
     def generate(self, body: Any) -> dict[str, Any]:
+        start = time.perf_counter()
         request = request_from_json(body, self.engine)
         with self._gate:
             while self._paused:
@@ -296,7 +331,7 @@ class LoopbackServer:
                 result = self.replay.replay(request)
             else:
                 result = asyncio.run_coroutine_threadsafe(
-                    self.engine.generate(request), _engine_loop(self.engine)
+                    self.engine.generate(self._as_sampled(request)), _engine_loop(self.engine)
                 ).result()
         finally:
             with self._gate:
@@ -305,8 +340,21 @@ class LoopbackServer:
         if self.logprobs == "raw" and result.token_ids:
             result.logprobs = self.engine.score(request, result.token_ids, temperature=1.0)
         return response_json(
-            result, request, body, self.engine, body.get("rid") or uuid.uuid4().hex, self.weight_version
+            result,
+            request,
+            body,
+            self.engine,
+            body.get("rid") or uuid.uuid4().hex,
+            self.weight_version,
+            time.perf_counter() - start,
         )
+
+    def _as_sampled(self, request: GenerationRequest) -> GenerationRequest:
+        """The request without its seed unless the engine is deterministic: SGLang uses ``sampling_seed``
+        only under ``--enable-deterministic-inference``. A script (forced decoding) still reads the seed."""
+        if self.engine.deterministic or request.sampling.seed is None:
+            return request
+        return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=None))
 
     def pause(self, body: dict[str, Any]) -> dict[str, Any]:
         """Aborts the requests in flight (they answer with the tokens they have) and holds new ones;
@@ -329,12 +377,17 @@ class LoopbackServer:
         return {"message": "Generation continued successfully.", "status": "ok"}
 
     def model_info(self) -> dict[str, Any]:
+        moe = self.engine.model.arch.text.is_moe
         return {
             "model_path": self.model_path,
+            "served_model_name": self.model_path,
             "tokenizer_path": self.tokenizer_path,
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": self.weight_version,
+            "has_image_understanding": True,
+            "model_type": "qwen3_vl_moe" if moe else "qwen3_vl",
+            "architectures": ["Qwen3VLMoeForConditionalGeneration" if moe else "Qwen3VLForConditionalGeneration"],
         }
 
     def server_info(self) -> dict[str, Any]:
@@ -342,7 +395,7 @@ class LoopbackServer:
         return {
             "model_path": self.model_path,
             "tokenizer_path": self.tokenizer_path,
-            "skip_tokenizer_init": True,
+            "skip_tokenizer_init": False,
             "tp_size": 1,
             "dp_size": 1,
             "context_length": None,
@@ -351,7 +404,7 @@ class LoopbackServer:
             "weight_version": self.weight_version,
             "version": "osvl-loopback",
             "mm_process_config": {"image": {"min_pixels": image.min_pixels, "max_pixels": image.max_pixels}},
-            "max_batch": self.engine.max_batch,
+            "max_running_requests": self.engine.max_batch,
         }
 
     def _load_hf(self, tensors: dict[str, torch.Tensor], version: str | None) -> None:
@@ -375,7 +428,7 @@ class LoopbackServer:
             self.weight_version = version
 
     def update_from_disk(self, body: dict[str, Any]) -> dict[str, Any]:
-        path = Path(str(body["model_path"]))
+        path = Path(str(required(body, "model_path")))
         version = body.get("weight_version")
         dtype = next(self.engine.model.parameters()).dtype
         loaded = from_pretrained(path, dtype=dtype)
@@ -393,18 +446,36 @@ class LoopbackServer:
             "num_paused_requests": 0,
         }
 
+    def begin_weight_update(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self._weight_session:
+            raise ValueError("a weight-update session is already open; call end_weight_update() first")
+        self._weight_session = True
+        return {"success": True, "message": "Success"}
+
+    def end_weight_update(self, body: dict[str, Any]) -> dict[str, Any]:
+        if not self._weight_session:
+            raise ValueError("no weight-update session is open; call begin_weight_update() first")
+        self._weight_session = False
+        return {"success": True, "message": "Success"}
+
     def init_group(self, body: dict[str, Any]) -> dict[str, Any]:
         group = _UpdateGroup(body)
         self._groups[group.name] = group
         return {"success": True, "message": f"joined weights update group {group.name}"}
 
     def update_from_distributed(self, body: dict[str, Any]) -> dict[str, Any]:
+        if not self._weight_session:
+            raise ValueError(
+                "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+            )
         name = str(body.get("group_name", ""))
         if name not in self._groups:
             raise ValueError(f"no weights update group {name!r}; call /init_weights_update_group first")
         if body.get("load_format") not in (None, "direct"):
             raise ValueError(f"load_format {body.get('load_format')!r} is not supported by the loopback server")
-        tensors = self._groups[name].receive(list(body["names"]), list(body["dtypes"]), list(body["shapes"]))
+        tensors = self._groups[name].receive(
+            list(required(body, "names")), list(required(body, "dtypes")), list(required(body, "shapes"))
+        )
         version = body.get("weight_version")
         self._load_hf(tensors, None if version is None else str(version))
         return {"success": True, "message": f"received {len(tensors)} tensors"}
@@ -422,6 +493,9 @@ class LoopbackServer:
         return state[name].float().flatten()[:limit].tolist()
 
 
+NOT_FOUND = {"detail": "Not Found"}  # FastAPI's answer to an unknown route
+
+
 class _Server(ThreadingHTTPServer):
     """A listen backlog for many concurrent clients (the stdlib's 5 refuses connections under load)."""
 
@@ -435,10 +509,16 @@ def _handler(server: LoopbackServer):
             pass
 
         def _send(self, status: int, body: Any) -> None:
-            data = b"" if body is None else json.dumps(body).encode()
+            content_type = "application/json"
+            if body is None:
+                data = b""
+            elif isinstance(body, str):
+                data, content_type = body.encode(), "text/plain; charset=utf-8"
+            else:
+                data = json.dumps(body).encode()
             try:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -450,11 +530,10 @@ def _handler(server: LoopbackServer):
                 "/health": lambda: None,
                 "/health_generate": lambda: None,
                 "/get_model_info": server.model_info,
-                "/get_weight_version": lambda: {"weight_version": server.weight_version},
                 "/get_server_info": server.server_info,
             }
             route = routes.get(self.path)
-            self._send(200, route()) if route else self._send(404, {"error": {"message": "not found"}})
+            self._send(200, route()) if route else self._send(404, NOT_FOUND)
 
         def do_POST(self) -> None:
             try:
@@ -464,7 +543,9 @@ def _handler(server: LoopbackServer):
             weight_routes = {
                 "/update_weights_from_disk": server.update_from_disk,
                 "/init_weights_update_group": server.init_group,
+                "/begin_weight_update": server.begin_weight_update,
                 "/update_weights_from_distributed": server.update_from_distributed,
+                "/end_weight_update": server.end_weight_update,
                 "/destroy_weights_update_group": server.destroy_group,
             }
             try:
@@ -479,17 +560,28 @@ def _handler(server: LoopbackServer):
                 if self.path == "/continue_generation":
                     return self._send(200, server.resume(body))
                 if self.path == "/update_weight_version":
-                    server.weight_version = str(body["new_version"])
-                    return self._send(200, {"success": True, "new_version": server.weight_version})
+                    server.weight_version = str(required(body, "new_version"))
+                    return self._send(
+                        200,
+                        {
+                            "success": True,
+                            "message": f"Weight version updated to {server.weight_version}",
+                            "new_version": server.weight_version,
+                        },
+                    )
                 if self.path == "/flush_cache":
-                    return self._send(200, None)
+                    return self._send(200, FLUSH_CACHE_TEXT)
+            except MissingField as missing:
+                return self._send(
+                    400, {"object": "error", "message": str(missing), "type": "Bad Request", "param": None, "code": 400}
+                )
             except (ValueError, KeyError, TypeError, OSError, RuntimeError) as error:
                 if self.path in weight_routes:
                     return self._send(
                         400, {"success": False, "message": f"{type(error).__name__}: {error}", "num_paused_requests": 0}
                     )
                 return self._send(400, {"error": {"message": str(error)}})
-            self._send(404, {"error": {"message": f"unknown path {self.path}"}})
+            self._send(404, NOT_FOUND)
 
     return Handler
 

@@ -5,7 +5,8 @@ for ``return_logprob`` and read ``meta_info.output_token_logprobs`` (``[logprob,
 generated token). Transport failures and aborted requests raise ``EngineError`` (infra), never
 a policy error. Weights are updated with ``/update_weights_from_disk`` on every server.
 
-Wire format, checked field by field against sgl-project/sglang; sources are under
+Wire format, checked field by field against sgl-project/sglang and driven against a real SGLang
+0.5.23 server and sglang-router 0.3.2 (``tests/rollout/test_real_sglang.py``); sources are under
 ``python/sglang/srt/``: [io] ``managers/io_struct.py`` (``GenerateReqInput``,
 ``UpdateWeightFromDiskReqInput``), [sp] ``sampling/sampling_params.py`` (``SamplingParams``),
 [tm] ``managers/tokenizer_manager.py`` (``detokenize_logprob_tokens``), [sb]
@@ -70,10 +71,14 @@ Facts the contract relies on:
   (``tp_size``, ``context_length``, ``enable_deterministic_inference``...) [hs].
 - ``/init_weights_update_group`` takes ``master_address``, ``master_port``, ``rank_offset``,
   ``world_size``, ``group_name``, ``backend``; the server's ranks are ``rank_offset + tp_rank``
-  and receive broadcasts from rank 0, the trainer. ``/update_weights_from_distributed`` takes
+  and receive broadcasts from rank 0, the trainer; its store keys carry three prefixes
+  (:func:`osvl.rollout.weight_sync.update_group_store`). ``/update_weights_from_distributed`` takes
   ``names``, ``dtypes``, ``shapes``, ``group_name``, ``flush_cache``, ``weight_version`` and
   blocks until the broadcasts arrive, so it is sent first and the tensors broadcast after, in
-  the same order [io hs].
+  the same order [io hs]. SGLang 0.5.23 refuses it (400) outside a session opened by
+  ``/begin_weight_update`` (``selector`` "all") and closed by ``/end_weight_update``.
+- ``/get_model_info`` reports ``weight_version`` "default" until an update sets one; there is no
+  ``/get_weight_version`` route (404). An unknown route answers 404 ``{"detail": "Not Found"}``.
 - A server that restarts (a crash, an OOM, a supervisor bringing it back) loses the trainer's
   weights: it serves its launch checkpoint and reports its launch ``weight_version``. A server this
   client has reached before and that now refuses or drops requests is waited for (up to
@@ -601,6 +606,15 @@ class SGLangEngine:
             for offset in offsets
         ]
         await self._post_all("/init_weights_update_group", bodies, f"joining weights update group {group_name}")
+
+    async def begin_weight_update(self) -> None:
+        """Opens the weight-update session SGLang (0.5.23) requires around ``/update_weights_from_distributed``."""
+        await self._post_all(
+            "/begin_weight_update", [{"selector": "all"}] * len(self.config.weight_urls), "opening a weight update"
+        )
+
+    async def end_weight_update(self) -> None:
+        await self._post_all("/end_weight_update", [{}] * len(self.config.weight_urls), "closing a weight update")
 
     async def update_weights_from_distributed(
         self,

@@ -11,8 +11,9 @@ ranks; only rank 0 talks to the servers, and its outcome reaches every rank):
   ``/update_weights_from_disk``; vLLM: pause, ``reload_weights`` through ``/collective_rpc``,
   resume, the path that works on CPU) and must report the version;
 - ``DistributedSync``: rank 0 joins a weights-update group with the SGLang servers and broadcasts
-  the HF-named tensors in buckets of ``bucket_bytes`` (``/update_weights_from_distributed``),
-  gathered one layer at a time from the shards;
+  the HF-named tensors in buckets of ``bucket_bytes`` (``/update_weights_from_distributed`` inside
+  one ``/begin_weight_update`` ... ``/end_weight_update`` session), gathered one layer at a time
+  from the shards;
 - ``VLLMNCCLSync``: the same stream into vLLM servers through vLLM's RL API (NCCL, GPUs only).
 
 ``text_only``: the servers serve the language model alone as a Qwen3 text checkpoint
@@ -68,6 +69,15 @@ class DiskLoader(Protocol):
     """A fleet of servers that load an HF directory and then report ``version`` (SGLang, vLLM)."""
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None: ...
+
+
+def update_group_store(store: dist.Store, group_name: str, backend: str) -> dist.Store:
+    """The store view of a weights-update group as SGLang's side of it sees it: its
+    ``init_custom_process_group`` prefixes the group name, then torch's ``_new_process_group_helper``
+    adds ``"{group_name}/"`` and the device its backend serves (``cpu/`` for gloo, ``cuda/`` for
+    NCCL). Both sides must build their backend on the same keys, or the group never forms."""
+    device = "cpu" if backend == "gloo" else "cuda"
+    return dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
 
 
 def _rank() -> int:
@@ -196,7 +206,7 @@ class DistributedSync:
         store = dist.TCPStore(
             self.master_address, self.master_port, world, is_master=True, timeout=timeout, wait_for_workers=False
         )
-        prefixed = dist.PrefixStore(self.group_name, store)
+        prefixed = update_group_store(store, self.group_name, self.backend)
 
         def create() -> Any:
             if self.backend == "gloo":
@@ -259,11 +269,17 @@ class DistributedSync:
                         "step: relaunch the trainer, which resumes from its newest checkpoint and pushes its weights "
                         "first (or use rollout.weight_sync = 'disk', from which a restarted server gets them back)"
                     )
-        paused = False
+        paused = opened = False
         if lead and error is None and self.pause:
             try:
                 self.run(self.engine.pause_generation())
                 paused = True
+            except Exception as failure:  # noqa: BLE001
+                error = _message(failure)
+        if lead and error is None:
+            try:
+                self.run(self.engine.begin_weight_update())
+                opened = True
             except Exception as failure:  # noqa: BLE001
                 error = _message(failure)
         bucket: list[tuple[str, torch.Tensor]] = []
@@ -284,6 +300,15 @@ class DistributedSync:
         if lead and error is None:
             try:
                 self._send(bucket, version)  # the last bucket carries the version
+            except Exception as failure:  # noqa: BLE001
+                error = _message(failure)
+        if opened:  # closed whatever happened, or the server refuses the next session
+            try:
+                self.run(self.engine.end_weight_update())
+            except Exception as failure:  # noqa: BLE001
+                error = error or _message(failure)
+        if lead and error is None:
+            try:
                 self.run(self.engine.confirm_version(version))
             except Exception as failure:  # noqa: BLE001
                 error = _message(failure)

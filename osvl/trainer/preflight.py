@@ -5,7 +5,8 @@ What the recipe alone decides is :meth:`osvl.config.Recipe.check_stage`, which t
 after the engines took the trainer's weights:
 
 - each SGLang server answers ``/get_model_info`` as a generation model and, when the trainer can
-  read its model directory (shared storage), serves the trainer's architecture and vocabulary;
+  read its model directory (shared storage), serves the trainer's architecture and vocabulary (a
+  Qwen3 text export is compared on the language model);
 - each vLLM server answers ``/server_info`` with its engine config: logprobs taken after temperature
   (``--logprobs-mode processed_logprobs``), a tokenizer when the turns stop on strings, and, when
   the trainer can read its model directory, the trainer's architecture and vocabulary (a Qwen3 text
@@ -95,7 +96,7 @@ async def _check_servers(engine: SGLangEngine, arch: Qwen3VLConfig) -> list[str]
             )
         config_file = Path(str(info.get("model_path", ""))) / "config.json"
         if config_file.is_file():
-            mismatch = _arch_mismatch(config_from_hf(json.loads(config_file.read_text())), arch)
+            mismatch = _served_arch_mismatch(json.loads(config_file.read_text()), arch)
             if mismatch:
                 raise PreflightError(
                     f"rollout.sglang_urls: {url} serves {config_file.parent}, whose architecture "
@@ -257,7 +258,7 @@ def _compare(
     if engine.shape != trainer_t.shape:
         raise PreflightError(f"{url}: {engine.size} engine logprobs for {trainer_t.size} trainer tokens")
     post, raw = float(np.abs(engine - trainer_t).mean()), float(np.abs(engine - trainer_raw).mean())
-    if temperature != 1.0 and raw < post:
+    if temperature != 1.0 and raw < post and raw <= tolerance:  # the served weights' logprobs, before temperature
         raise PreflightError(
             f"{url}: the engine reports pre-temperature logprobs (mean |engine - trainer| {raw:.2e} at temperature 1 "
             f"vs {post:.2e} at {temperature}): the trainer's importance ratio needs log_softmax(logits / T); "

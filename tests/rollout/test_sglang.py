@@ -58,7 +58,7 @@ def test_two_loopback_servers_give_valid_records_with_engine_parity(local_engine
 
 def test_sglang_client_reproduces_the_local_engine(local_engine, renderer):
     segment = renderer.render_prompt(prompts(1)[0])
-    request = GenerationRequest(segment.ids, segment.images, SamplingParams(max_new_tokens=8, seed=42))
+    request = GenerationRequest(segment.ids, segment.images, SamplingParams(temperature=0.0, max_new_tokens=8))
     direct = local_engine.generate_batch([request])[0]
     with LoopbackServer(local_engine) as server:
         engine = SGLangEngine(SGLangConfig((server.url,)))
@@ -173,15 +173,21 @@ def test_wire_format_of_generate_matches_sglang(local_engine, renderer):
         )
     assert set(body) == {"text", "output_ids", "meta_info"}
     meta = body["meta_info"]
-    assert set(meta) == {
+    assert set(meta) == {  # the keys a real SGLang 0.5.23 answers that osvl reads or that say what it did
         "id",
         "finish_reason",
         "prompt_tokens",
         "completion_tokens",
         "cached_tokens",
+        "num_retractions",
+        "input_token_logprobs",
         "output_token_logprobs",
         "weight_version",
+        "weight_versions",
+        "e2e_latency",
     }
+    assert meta["weight_version"] == "default" and meta["input_token_logprobs"] == []  # no update yet
+    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": len(body["output_ids"])}]
     assert [entry[1] for entry in meta["output_token_logprobs"]] == body["output_ids"]
     assert all(len(entry) == 3 and entry[2] is None for entry in meta["output_token_logprobs"])
     assert meta["prompt_tokens"] == len(segment.ids) and meta["completion_tokens"] == len(body["output_ids"])
@@ -287,3 +293,62 @@ def test_loopback_finish_reason_and_response_shape(local_engine):
     body = response_json(by_id, request, {"return_logprob": True, "return_text_in_logprobs": True}, local_engine, "r1")
     assert body["meta_info"]["output_token_logprobs"] == [[-1.0, 5, tok.decode([5])], [-2.0, 9, tok.decode([9])]]
     assert "output_token_logprobs" not in response_json(by_id, request, {}, local_engine, "r1")["meta_info"]
+
+
+def test_loopback_answers_as_a_real_sglang_0_5_23(local_engine, tmp_path):
+    """The shapes a real SGLang 0.5.23 server was seen to answer (README: Inference engines)."""
+    save_pretrained(tiny_model(seed=1), tmp_path / "v1", dtype=torch.float32)
+    with LoopbackServer(local_engine) as server:
+
+        def post(path, body):
+            return httpx.post(f"{server.url}{path}", json=body, timeout=60, trust_env=False)
+
+        missing = httpx.get(f"{server.url}/get_weight_version", timeout=10, trust_env=False)
+        flushed = post("/flush_cache", {})
+        version = post("/update_weight_version", {"new_version": "3"})
+        no_path = post("/update_weights_from_disk", {"weight_version": "9"})
+        outside = post("/update_weights_from_distributed", {"names": [], "dtypes": [], "shapes": [], "group_name": "g"})
+        ended_first = post("/end_weight_update", {})
+        opened, again, closed = (
+            post(p, {}) for p in ("/begin_weight_update", "/begin_weight_update", "/end_weight_update")
+        )
+        info = httpx.get(f"{server.url}/get_server_info", timeout=10, trust_env=False).json()
+    assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+    assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.\n")
+    assert version.json() == {"success": True, "message": "Weight version updated to 3", "new_version": "3"}
+    assert no_path.status_code == 400
+    assert {k: no_path.json()[k] for k in ("object", "type", "code")} == {
+        "object": "error",
+        "type": "Bad Request",
+        "code": 400,
+    }
+    assert "model_path" in no_path.json()["message"]
+    assert outside.status_code == 400 and outside.json() == {
+        "success": False,
+        "message": "ValueError: update_weights_from_distributed must run between begin_weight_update() and "
+        "end_weight_update()",
+        "num_paused_requests": 0,
+    }
+    assert ended_first.status_code == 400 and "no weight-update session is open" in ended_first.json()["message"]
+    assert [r.status_code for r in (opened, again, closed)] == [200, 400, 200]
+    assert "already open" in again.json()["message"]
+    assert info["skip_tokenizer_init"] is False and info["max_running_requests"] == local_engine.max_batch
+
+
+def test_loopback_samples_with_the_seed_only_when_deterministic(local_engine):
+    """SGLang uses ``sampling_seed`` only under --enable-deterministic-inference: two requests with one seed
+    sample alike on a deterministic server and (over 16 tokens of a 400-token vocabulary) differently otherwise."""
+    body = {
+        "input_ids": tokenizer().encode("Which bridge?"),
+        "sampling_params": {"max_new_tokens": 16, "sampling_seed": 5},
+    }
+    deterministic = LocalEngine(tiny_model(), tokenizer(), IMAGE_CONFIG, deterministic=True)
+    outputs = {}
+    for name, engine in (("plain", local_engine), ("deterministic", deterministic)):
+        with LoopbackServer(engine) as server:
+            outputs[name] = [
+                httpx.post(f"{server.url}/generate", json=body, timeout=60, trust_env=False).json()["output_ids"]
+                for _ in range(2)
+            ]
+    assert outputs["deterministic"][0] == outputs["deterministic"][1]
+    assert outputs["plain"][0] != outputs["plain"][1]
