@@ -12,7 +12,7 @@ VLLM_VENV := .venv-vllm
 # SGLang and sglang-router in a venv of their own (about 11 GB: SGLang pulls CUDA torch) for the tests marked
 # `sglang`, which run real SGLang servers and a router on CPU; requirements/sglang-cpu.txt says what is pinned
 # and why. cpu-shim/ in it holds an empty `common_ops` module: with it on PYTHONPATH sgl_kernel imports on a
-# machine without CUDA (tests/sglang_server.py; README: Inference engines). A GPU machine needs neither.
+# machine without CUDA (tests/sglang_server.py; docs/inference_engines.md). A GPU machine needs neither.
 SGLANG_VENV := .venv-sglang
 
 .PHONY: install system-deps vllm-venv sglang-venv lint test test-fast demo ablation ablation-quick bench-cpu clean
@@ -29,7 +29,7 @@ system-deps:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing $(SYSTEM_PACKAGES) (python_interpreter's sandbox)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
-	else echo "WARNING: python_interpreter's sandbox needs: apt-get install $(SYSTEM_PACKAGES) (README: untrusted code)"; fi
+	else echo "WARNING: python_interpreter's sandbox needs: apt-get install $(SYSTEM_PACKAGES) (docs/tools.md)"; fi
 
 $(VENV)/.installed: pyproject.toml Makefile requirements/runtime-no-deps.txt requirements/test-no-deps.txt
 	$(PYTHON) -m venv $(VENV)
@@ -109,12 +109,12 @@ demo: install
 # x outage rates {0, 0.3}, and the other error-counting choices at 0.3, each evaluated greedily on the 64 held-out
 # prompts; two single-threaded runs at a time, resumable (run it again to continue). ablation-quick: its smoke form.
 ablation: install
-	$(BIN)/python -m osvl.trainer.ablation run
-	$(BIN)/python -m osvl.trainer.ablation report --doc docs/ablation.md --figures docs/ablation
+	$(BIN)/python -m osvl.study run
+	$(BIN)/python -m osvl.study report --doc docs/ablation.md --figures docs/ablation
 
 ablation-quick: install
-	$(BIN)/python -m osvl.trainer.ablation run --quick
-	$(BIN)/python -m osvl.trainer.ablation report --quick
+	$(BIN)/python -m osvl.study run --quick
+	$(BIN)/python -m osvl.study report --quick
 
 bench-cpu: install
 	$(BIN)/python bench/kernels/bench_grpo_loss.py --device cpu

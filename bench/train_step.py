@@ -179,7 +179,7 @@ def build(config: StepConfig, arch, device: torch.device):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from osvl.parallel import ParallelConfig, parallelize, sharded_model_config
+    from osvl.parallel import ParallelConfig, parallel_dims, parallelize, sharded_model_config
 
     parallel = ParallelConfig(
         dp_shard=1, activation_checkpoint=config.activation_checkpoint, param_dtype=config.param_dtype
@@ -189,7 +189,7 @@ def build(config: StepConfig, arch, device: torch.device):
         model = sharded_model_config(arch, parallel, attn_backend=config.attn_backend).build()
         with torch.no_grad():
             model.init_states()
-    dims = parallel.parallel_dims(1)
+    dims = parallel_dims(parallel, 1)
     dims.build_mesh()
     parallelize(model, dims, parallel)  # one rank: AC (and compile when asked), no data parallelism
     mesh = init_device_mesh(device.type, (1,))
@@ -243,8 +243,8 @@ def step_summary(steps: list[dict], tokens: int, flops: float, peak: float | Non
 
 
 def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tuple[dict, Path]:
+    from osvl.parallel import lm_head_weight
     from osvl.trainer.flops import packed_batch_flops, resolve_peak_tflops
-    from osvl.trainer.policy import lm_head_weight
     from osvl_kernels import linear_grpo_loss
 
     git = git_info(REPO)  # first: the file's name, and a failure here must not cost the steps

@@ -6,7 +6,7 @@
 Everything TRL does (generation, rewards, advantages, reference and old log-probs, the vLLM
 importance-sampling ratio) stays TRL's; only the loss call `trainer.liger_loss(...)` is osvl's,
 installed after the trainer is built. The configuration below lists every GRPOConfig field the
-fused loss reads; README "Using the kernels in your trainer" says what is supported and why.
+fused loss reads; docs/integrations.md says what is supported and why.
 """
 
 from __future__ import annotations

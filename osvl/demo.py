@@ -11,7 +11,7 @@
 ``python -m osvl.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE [--sampled sft=FILE ...]``
 
 The fatal-mode ablation (paper Table 3b) that starts from the demo's checkpoint is
-``osvl.trainer.ablation`` (``make ablation``).
+``osvl.study`` (``make ablation``).
 """
 
 from __future__ import annotations

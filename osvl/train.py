@@ -34,7 +34,7 @@ def dry_run(recipe: Recipe, preflight: bool = False) -> list[str]:
     ]
     recipe.check_stage(recipe.data_parallel_size(recipe.job.world_size or 1))
     if recipe.job.stage == "grpo":
-        from osvl.trainer.preflight import dry_run_lines
+        from osvl.serve.preflight import dry_run_lines
 
         lines += dry_run_lines(recipe)
     if recipe.job.world_size:
@@ -43,14 +43,30 @@ def dry_run(recipe: Recipe, preflight: bool = False) -> list[str]:
         lines.append("no job.world_size: the topology is whatever torchrun starts (tiny CPU recipe)")
     if recipe.job.stage == "grpo" and recipe.rollout.engine == "sglang" and recipe.model.preset in PAPER_PRESETS:
         from osvl.model.presets import preset
-        from osvl.trainer.serving import serving_plan
+        from osvl.serve.plan import serving_plan
 
         lines += serving_plan(recipe, preset(recipe.model.preset)).lines()
     if preflight and recipe.job.stage == "grpo":
-        from osvl.trainer.preflight import check_services
-
-        lines += [f"pre-flight: {line}" for line in check_services(recipe)]
+        lines += [f"pre-flight: {line}" for line in _check_services(recipe)]
     return lines
+
+
+def _check_services(recipe: Recipe) -> list[str]:
+    """The GRPO stage's service probes that need no weights, on the stage's own inputs: its renderer,
+    scorer, tool profile and first RL prompt."""
+    from osvl.serve.preflight import check_services
+    from osvl.trainer.grpo_data import load_prompts, stage_scorer
+    from osvl.trainer.stage import stage_inputs
+    from osvl.trainer.tool_env import recipe_profile
+
+    _, arch, renderer = stage_inputs(recipe)
+    tool_names = set(recipe_profile(recipe).registry.names)
+    probe = load_prompts(recipe.data)[0] if recipe.rollout.engine in ("sglang", "vllm") else None
+    scorer = stage_scorer(recipe)
+    try:
+        return check_services(recipe, arch, renderer, scorer, tool_names, probe)
+    finally:
+        scorer.close()
 
 
 def _memory_plan(recipe: Recipe) -> list[str]:

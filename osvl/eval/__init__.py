@@ -37,8 +37,6 @@ from osvl.eval.summary import (
 from osvl.eval.tools import (
     EvalToolEnvironment,
     check_offline_paths,
-    read_tools_file,
-    resolve_sections,
     tool_sections,
 )
 
@@ -75,8 +73,6 @@ __all__ = [
     "pass_table",
     "read_image_ref",
     "read_records",
-    "read_tools_file",
-    "resolve_sections",
     "summarize_benchmark",
     "to_prompt",
     "tool_sections",

@@ -65,10 +65,10 @@ from osvl.eval.tools import (
     FLAG_FIELDS,
     EvalToolEnvironment,
     check_offline_paths,
-    resolve_sections,
     tool_sections,
 )
 from osvl.tools.config import ToolBackendsConfig
+from osvl.tools.config_file import resolve_sections
 from osvl.tools.profiles import PROFILES, tool_profile
 
 SHIPPED_PROMPTS = {"direct": "direct_system.v1.txt", "rag": "direct_system.v1.txt", "agentic": "agent_system.v1.txt"}

@@ -1,6 +1,6 @@
 """Qwen3-VL (dense and MoE) on torchtitan, with HF checkpoint I/O."""
 
-import osvl.parallel._compat  # noqa: F401  torch version shims, installed before torchtitan loads
+import osvl.model.version_shims  # noqa: F401  installed before torchtitan loads
 from osvl.model.checkpoint import (
     HFTensorSpec,
     ShardFile,

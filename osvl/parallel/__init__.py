@@ -8,14 +8,23 @@ from osvl.parallel._compat import (
     use_host_device,
     use_partial_dtensor,
 )
-from osvl.parallel.parallelize import parallelize, sharded_model_config
+from osvl.parallel.parallelize import (
+    lm_head_weight,
+    parallel_dims,
+    parallelize,
+    sharded_model_config,
+    validate_parallel,
+)
 
 __all__ = [
     "ParallelConfig",
     "host_device_type",
+    "lm_head_weight",
+    "parallel_dims",
     "parallelize",
     "sharded_model_config",
     "teardown",
     "use_host_device",
     "use_partial_dtensor",
+    "validate_parallel",
 ]

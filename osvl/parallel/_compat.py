@@ -1,5 +1,4 @@
-"""The few places torchtitan assumes a CUDA/NCCL world, adjusted for CPU + gloo, and the torch
-versions it assumes, adjusted for older ones.
+"""The few places torchtitan assumes a CUDA/NCCL world, adjusted for CPU + gloo.
 
 - torchtitan resolves its device as ``_get_available_device_type() or "cuda"``: on a CPU-only
   host it builds CUDA meshes. ``use_host_device`` points it at the real device.
@@ -7,11 +6,9 @@ versions it assumes, adjusted for older ones.
 - gloo has no ``PREMUL_SUM``: FSDP modules are told to reduce with plain SUM.
 - FSDP's CPU offload pins host memory, which needs an accelerator: unpinned on CPU-only hosts.
 - Tearing down one rank while its peer still has collectives in flight hangs gloo: barrier first.
-- torchtitan 0.3.0 imports ``torch.distributed.fsdp.DataParallelMeshDims`` (torch >= 2.12) at module
-  level, but only uses it on its ``full_dtensor`` / ``spmd_types`` paths; osvl runs
-  ``partial_dtensor``, which never builds one. On torch 2.11 (the GPU image) a stand-in type is
-  registered before torchtitan loads, so the rest of torchtitan imports and runs. Importing this
-  module installs it; ``osvl.model`` and ``osvl.parallel`` import this module first.
+
+The torch versions torchtitan assumes are :mod:`osvl.model.version_shims`'s, installed by importing
+``osvl.model`` (this module's first import), before torchtitan loads.
 """
 
 from __future__ import annotations
@@ -23,30 +20,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
+import osvl.model.version_shims  # noqa: F401  installed before torchtitan loads
+
 SPMD_BACKEND = "partial_dtensor"
-
-
-def install_version_shims() -> list[str]:
-    """Make torchtitan 0.3.0 importable on this torch; returns the names it had to provide."""
-    import torch.distributed.fsdp as fsdp
-
-    added = []
-    if not hasattr(fsdp, "DataParallelMeshDims"):
-
-        class DataParallelMeshDims:
-            """Stand-in for torch >= 2.12's type; constructing one means a full_dtensor path was taken."""
-
-            def __init__(self, *args, **kwargs) -> None:
-                raise RuntimeError(
-                    f"torch {torch.__version__} lacks DataParallelMeshDims: use spmd_backend={SPMD_BACKEND!r}"
-                )
-
-        fsdp.DataParallelMeshDims = DataParallelMeshDims
-        added.append("torch.distributed.fsdp.DataParallelMeshDims")
-    return added
-
-
-VERSION_SHIMS = install_version_shims()
 
 
 def host_device_type() -> str:

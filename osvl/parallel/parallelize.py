@@ -5,14 +5,14 @@ parallelize path, plus the vision tower's plan: each vision block is its own FSD
 from __future__ import annotations
 
 import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.qwen3.parallelize import parallelize_qwen3
 from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
 
-from osvl.config.parallel import ParallelConfig
+from osvl.config.parallel import PARAM_DTYPES, ParallelConfig
 from osvl.model.attention import AttentionBackend
 from osvl.model.config import Qwen3VLConfig
 from osvl.model.model import Qwen3VLModel, model_config
@@ -25,6 +25,56 @@ from osvl.parallel._compat import (
 )
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def validate_parallel(parallel: ParallelConfig, arch: Qwen3VLConfig, world_size: int) -> None:
+    """The plan's degrees, against the model's heads and experts and against ``world_size`` ranks."""
+    p = parallel
+    for name in ("dp_replicate", "tp", "ep"):
+        if getattr(p, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(p, name)}")
+    if p.dp_shard == 0 or p.dp_shard < -1:
+        raise ValueError(f"dp_shard must be -1 or >= 1, got {p.dp_shard}")
+    if p.activation_checkpoint not in ("none", "full", "selective"):
+        raise ValueError(f"unknown activation_checkpoint {p.activation_checkpoint!r}")
+    if p.param_dtype not in PARAM_DTYPES:
+        raise ValueError(f"param_dtype must be one of {sorted(PARAM_DTYPES)}, got {p.param_dtype!r}")
+    t = arch.text
+    if t.num_attention_heads % p.tp or t.num_key_value_heads % p.tp:
+        raise ValueError(
+            f"tp={p.tp} must divide num_attention_heads={t.num_attention_heads} "
+            f"and num_key_value_heads={t.num_key_value_heads}"
+        )
+    if p.ep > 1 and (not t.is_moe or t.num_experts % p.ep):
+        raise ValueError(f"ep={p.ep} needs an MoE model whose num_experts ({t.num_experts}) it divides")
+    if p.ep > 1 and p.tp > 1:
+        raise ValueError(
+            f"ep={p.ep} with tp={p.tp}: torchtitan's expert-parallel MoE returns token-sharded "
+            "outputs that only sequence parallelism can take, and osvl does not enable it; use tp=1 "
+            "with ep (FSDP shards the dense weights)"
+        )
+    dp_shard = p.resolved_dp_shard(world_size)
+    if dp_shard * p.dp_replicate * p.tp != world_size:
+        raise ValueError(
+            f"dp_replicate({p.dp_replicate}) * dp_shard({dp_shard}) * tp({p.tp}) != world_size({world_size})"
+        )
+    if (dp_shard * p.dp_replicate * p.tp) % p.ep:
+        raise ValueError(f"ep={p.ep} must divide the data x tensor parallel ranks")
+
+
+def parallel_dims(parallel: ParallelConfig, world_size: int) -> ParallelDims:
+    """torchtitan's dims for the plan; call ``build_mesh()`` on the result once the process group exists."""
+    use_host_device()
+    return ParallelDims(
+        dp_replicate=parallel.dp_replicate,
+        dp_shard=parallel.resolved_dp_shard(world_size),
+        cp=1,
+        tp=parallel.tp,
+        pp=1,
+        ep=parallel.ep,
+        world_size=world_size,
+        spmd_backend=SPMD_BACKEND,
+    )
 
 
 def sharded_model_config(
@@ -53,7 +103,7 @@ def parallelize(model: Qwen3VLModel, dims: ParallelDims, parallel: ParallelConfi
     """Apply the plan in place. ``model`` must come from ``sharded_model_config(...).build()``."""
     use_host_device()
     use_partial_dtensor()
-    parallel.validate(model.arch, dims.world_size)
+    validate_parallel(parallel, model.arch, dims.world_size)
     if parallel.activation_checkpoint == "full":
         ac = FullAC.Config()
     elif parallel.activation_checkpoint == "selective":
@@ -82,3 +132,11 @@ def parallelize(model: Qwen3VLModel, dims: ParallelDims, parallel: ParallelConfi
     )
     force_sum_reduction_if_needed(model)
     return model
+
+
+def lm_head_weight(model: Qwen3VLModel) -> torch.Tensor:
+    """The output projection as the loss needs it (unsharded while FSDP keeps it gathered)."""
+    head = model.lm_head
+    if isinstance(head, FSDPModule):
+        head.unshard()
+    return head.weight

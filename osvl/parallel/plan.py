@@ -22,7 +22,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from osvl.config.parallel import ParallelConfig
 from osvl.model.config import Qwen3VLConfig
 from osvl.model.presets import PRESETS, preset
-from osvl.parallel.parallelize import parallelize, sharded_model_config
+from osvl.parallel.parallelize import parallel_dims, parallelize, sharded_model_config, validate_parallel
 
 _SHARDING_DIMS = ("fsdp", "efsdp", "dp_shard")
 _BYTES = {"bfloat16": 2, "float32": 4}
@@ -229,10 +229,10 @@ def plan(
         raise ValueError(f"patches_per_rank and gpu_memory_gib must be >= 0, got {patches_per_rank}, {gpu_memory_gib}")
     if dist.is_initialized():
         raise ValueError("plan() needs a process without a default process group (it creates a fake one)")
-    parallel.validate(arch, world_size)
+    validate_parallel(parallel, arch, world_size)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
-        dims = parallel.parallel_dims(world_size)
+        dims = parallel_dims(parallel, world_size)
         dims.build_mesh()
         with torch.device("meta"):
             m = sharded_model_config(arch, parallel).build()

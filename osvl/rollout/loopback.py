@@ -2,8 +2,8 @@
 the serving topology (tests, ``tiny_grpo_services``, ``python -m osvl.serve --engine loopback``).
 
 Routes, with the JSON shapes of SGLang 0.5.23 as a real server answers them (fields listed in
-:mod:`osvl.rollout.sglang`; the differences found against a real server are in README's "Inference
-engines" table, and this server follows them):
+:mod:`osvl.rollout.sglang`; the differences found against a real server are in the table of
+docs/inference_engines.md, and this server follows them):
 
 - ``POST /generate``: concurrent requests are batched by the local engine; ``sampling_seed`` counts
   only on a deterministic engine, as SGLang uses it only under ``--enable-deterministic-inference``;

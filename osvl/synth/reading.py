@@ -6,7 +6,7 @@ random weights on a few hundred agent trajectories does not (it learns the forma
 memorised name where the passage's name belongs). This corpus targets only that skill, as plain
 text over worlds *other* than the one the agent is trained and evaluated on: no tool-call syntax,
 no chat template, no facts of the target world. (Measured: 800 steps of the tiny preset on it do
-not yet produce a model that copies; see the README's demo status.)
+not yet produce a model that copies; see docs/demo.md.)
 
 A reading document is one to four search results, rendered exactly as TextSearch and ImageSearch
 render them, then ``Q:``/``A:`` lines whose answers are spans of those results; a copy document

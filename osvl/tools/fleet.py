@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import httpx
 
 from osvl.rl.trajectory import ToolResult, ToolStatus
+from osvl.tools.environment import ToolEnvironment
+from osvl.tools.faults import FaultInjectingRunner
 from osvl.tools.pool import Job, PoolStats
 from osvl.tools.server import OverloadWaits, RemoteToolPool
 
@@ -152,3 +154,9 @@ class ToolServerFleet:
         self._probe.close()
         for member in self.members:
             member.pool.close()
+
+
+def tool_fleet(env: ToolEnvironment) -> ToolServerFleet | None:
+    """The tool servers behind ``env`` (under the fault injector when it wraps them); None for local workers."""
+    runner = env.pool.runner if isinstance(env.pool, FaultInjectingRunner) else env.pool
+    return runner if isinstance(runner, ToolServerFleet) else None

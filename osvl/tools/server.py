@@ -630,8 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8100, help="0 = any free port (printed, and in --ready-file)")
     parser.add_argument("--ready-file", default="", help="write the server URL here once it serves")
     args = parser.parse_args(argv)
+    from osvl.tools.config_file import online_tools_config
     from osvl.tools.world import world_tools_config
-    from osvl.trainer.tool_env import online_tools_config
 
     try:
         config = world_tools_config(args.world) if args.world else online_tools_config(args.tools)

@@ -19,7 +19,7 @@ import torch
 from osvl.config.recipe import GRPOConfig
 from osvl.data.packing import PackedBatch
 from osvl.model import Qwen3VLModel
-from osvl.trainer.policy import lm_head_weight
+from osvl.parallel import lm_head_weight
 from osvl_kernels import RolloutCorrection, linear_token_logprobs
 
 DELTA_EDGES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # |old_trainer - engine| histogram bins (nats), open above

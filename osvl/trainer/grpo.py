@@ -2,7 +2,7 @@
 
 Topology: each data-parallel rank rolls out its strided share of the prompt stream (whole groups)
 through the rollout engine (an SGLang fleet, or the CPU form's in-process engine; see
-``osvl.trainer.serving``) and its tools (local workers or tool servers), on its rollout generator
+``osvl.serve.engines``) and its tools (local workers or tool servers), on its rollout generator
 (``osvl.trainer.rollouts``), which runs on an event-loop thread while the rank trains and judges
 each group as soon as it completes. ``rollout.max_staleness = 0`` rolls a step's groups out on the
 weights it trains from (the synchronous step); ``N >= 1`` rolls the next steps' groups out while
@@ -32,6 +32,7 @@ from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
 from osvl.data.distributed import global_normalizers
 from osvl.data.packing import PackedBatch
+from osvl.parallel import lm_head_weight
 from osvl.rl.advantages import AdvantageConfig, trajectory_advantages
 from osvl.rl.fatal import has_infra_error
 from osvl.rl.scoring import GroupScorer, JudgeStats
@@ -41,18 +42,17 @@ from osvl.rollout import RolloutRecorder, SGLangEngine
 from osvl.rollout.event_loop import EventLoopThread
 from osvl.rollout.generator import GeneratorStats, RolloutGenerator
 from osvl.rollout.replay import ScoredGroup, staleness_metrics
-from osvl.tools.fleet import ToolServerFleet
+from osvl.serve.engines import EngineWrapper, Serving, build_serving
+from osvl.serve.preflight import preflight
+from osvl.tools.fleet import ToolServerFleet, tool_fleet
 from osvl.trainer.correction import mismatch_metrics, mismatch_sums, old_policy_logprobs, rollout_correction
 from osvl.trainer.flops import generation_flops, mfu, packed_batch_flops, packed_forward_flops, trajectory_turns
 from osvl.trainer.grpo_data import load_prompts, rank_minibatch, stage_scorer, training_sequences
 from osvl.trainer.metrics import peak_memory_gib
-from osvl.trainer.policy import lm_head_weight
-from osvl.trainer.preflight import preflight
 from osvl.trainer.rollouts import GroupRoller, stage_generator
 from osvl.trainer.router_losses import RouterLosses
-from osvl.trainer.serving import EngineWrapper, Serving, build_serving
 from osvl.trainer.stage import Stage, StageResult, all_reduce_max, all_reduce_sums, stage_inputs, start_stage
-from osvl.trainer.tool_env import EnvironmentFactory, stage_environment, tool_fleet
+from osvl.trainer.tool_env import EnvironmentFactory, stage_environment
 from osvl.trainer.validation import Validator
 from osvl_kernels import RolloutCorrection, linear_grpo_loss
 

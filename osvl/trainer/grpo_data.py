@@ -15,8 +15,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from osvl.config.recipe import DataConfig, Recipe
 from osvl.data.chat import ChatRenderer
 from osvl.data.formats import FileStats, iter_rl_parquet
@@ -29,6 +27,7 @@ from osvl.data.packing import (
     plan_packing,
     train_sequence,
 )
+from osvl.data.vision_filler import with_grpo_filler
 from osvl.rl.advantages import AdvantageBatch
 from osvl.rl.fatal import FatalConfig
 from osvl.rl.judges import (
@@ -46,12 +45,7 @@ from osvl.rl.scoring import GroupScorer
 from osvl.rl.trajectory import Prompt, Trajectory
 from osvl.rollout import AgentConfig, RolloutWorkerConfig, SamplingParams
 from osvl.synth.records import read_prompts
-from osvl.trainer.sft_data import (
-    as_data_config,
-    log_file_stats,
-    resolve_format,
-    with_vision_filler,
-)
+from osvl.trainer.sft_data import as_data_config, log_file_stats, resolve_format
 
 
 def load_prompts(source: str | Path | DataConfig, stats: FileStats | None = None) -> list[Prompt]:
@@ -166,22 +160,6 @@ def training_sequences(
         seq = train_sequence(traj, renderer, reward=traj.reward.total, advantage=float(advantages.advantages[i]))
         sequences.append(dataclasses.replace(seq, fatal_step=int(advantages.loss_fatal_steps[i])))
     return sequences
-
-
-def with_grpo_filler(batch: PackedBatch, renderer: ChatRenderer) -> PackedBatch:
-    """The vision filler document (see ``with_vision_filler``), with its per-sequence loss inputs."""
-    filled = with_vision_filler(batch, renderer.image_config, renderer.tokenizer.special)
-    extra = filled.cu_seqlens.shape[0] - 1 - filled.fatal_step.shape[0]
-    if extra == 0:
-        return filled
-    pad_long, pad_float = torch.full((extra,), -1, dtype=torch.int64), torch.zeros(extra)
-    return dataclasses.replace(
-        filled,
-        group_ids=torch.cat([filled.group_ids, pad_long]),
-        fatal_step=torch.cat([filled.fatal_step, pad_long]),
-        rewards=torch.cat([filled.rewards, pad_float]),
-        advantages=None if filled.advantages is None else torch.cat([filled.advantages, pad_float]),
-    )
 
 
 def rank_minibatch(

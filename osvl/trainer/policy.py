@@ -26,7 +26,7 @@ from osvl.model import (
     from_pretrained,
 )
 from osvl.model.presets import preset
-from osvl.parallel import parallelize, sharded_model_config
+from osvl.parallel import parallel_dims, parallelize, sharded_model_config
 from osvl.trainer.rng import seed_generators
 from osvl.trainer.sft_data import read_system_prompt
 from osvl.trainer.tool_env import recipe_profile
@@ -177,18 +177,10 @@ def build_policy(recipe: Recipe, arch: Qwen3VLConfig, world_size: int) -> Qwen3V
     if recipe.model.freeze_vision:
         model.visual.requires_grad_(False)
     if dist.is_initialized():
-        dims = recipe.parallel.parallel_dims(world_size)
+        dims = parallel_dims(recipe.parallel, world_size)
         dims.build_mesh()
         parallelize(model, dims, recipe.parallel)
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)
     return model
-
-
-def lm_head_weight(model: Qwen3VLModel) -> torch.Tensor:
-    """The output projection as the loss needs it (unsharded while FSDP keeps it gathered)."""
-    head = model.lm_head
-    if isinstance(head, FSDPModule):
-        head.unshard()
-    return head.weight

@@ -22,10 +22,10 @@ from osvl.rollout import Preemption, RolloutMetrics, run_group
 from osvl.rollout.event_loop import EventLoopThread
 from osvl.rollout.generator import GeneratorConfig, RolloutGenerator
 from osvl.rollout.replay import Ticket
+from osvl.serve.engines import Serving
 from osvl.tools import ToolEnvironment
 from osvl.trainer.grpo_data import rank_share, rollout_configs
 from osvl.trainer.index_stream import IndexStream
-from osvl.trainer.serving import Serving
 from osvl.trainer.tool_env import step_faults
 
 

@@ -9,10 +9,10 @@ from torchtitan.distributed.utils import clip_grad_norm_
 
 from osvl.config.recipe import Recipe
 from osvl.data.packing import PackedBatch
+from osvl.parallel import lm_head_weight
 from osvl.trainer.flops import mfu, packed_batch_flops
 from osvl.trainer.loss import sft_loss
 from osvl.trainer.metrics import peak_memory_gib
-from osvl.trainer.policy import lm_head_weight
 from osvl.trainer.router_losses import RouterLosses
 from osvl.trainer.sft_data import load_sft_sequences, rank_microbatches
 from osvl.trainer.stage import StageResult, all_reduce_sums, stage_inputs, start_stage

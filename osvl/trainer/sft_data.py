@@ -14,15 +14,12 @@ were trained on). Records a reader rejects are counted and logged, never fatal.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-import torch
 import torch.distributed as dist
 
 from osvl.config.loader import read_prompt_file
@@ -39,7 +36,6 @@ from osvl.data.formats import (
 )
 from osvl.data.image import DeferredImage, ImageConfig
 from osvl.data.image_files import ImageFile, ImageFileCache
-from osvl.data.mrope import mrope_position_ids
 from osvl.data.packing import (
     PackedBatch,
     PackingConfig,
@@ -49,7 +45,8 @@ from osvl.data.packing import (
     text_sequence,
     train_sequence,
 )
-from osvl.data.tokenizer import CachedTokenizer, SpecialTokens
+from osvl.data.tokenizer import CachedTokenizer
+from osvl.data.vision_filler import with_vision_filler
 from osvl.jsonl import iter_jsonl
 from osvl.rl.trajectory import Trajectory, default_images_dir, image_hashes, trajectory_from_dict
 
@@ -199,32 +196,3 @@ def rank_microbatches(
         for b in pack_rank(chosen, plan, rank, renderer.image_config, special)
     ]
     return batches, sum(s.num_valid_tokens for s in chosen), plan.padding_frac
-
-
-def with_vision_filler(batch: PackedBatch, image_config: ImageConfig, special: SpecialTokens) -> PackedBatch:
-    """Appends a one-token blank image document (no loss) to a micro-batch without images.
-
-    Under FSDP every rank must run the vision tower in every forward, or the ranks' all-gathers
-    fall out of step; the filler is its own document, so it attends to nothing real.
-    """
-    if batch.image_grid_thw.shape[0] > 0:
-        return batch
-    m = image_config.merge_size
-    ids = np.array([special.vision_start, special.image_pad, special.vision_end], dtype=np.int64)
-    grid = [1, m, m]
-    positions = torch.from_numpy(mrope_position_ids(ids, [grid], special.image_pad, m))
-    patch_dim = 3 * image_config.temporal_patch_size * image_config.patch_size**2
-    n = len(ids)
-    zeros_long = torch.zeros(n, dtype=torch.int64)
-    return dataclasses.replace(
-        batch,
-        input_ids=torch.cat([batch.input_ids, torch.from_numpy(ids)]),
-        target_ids=torch.cat([batch.target_ids, zeros_long]),
-        cu_seqlens=torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1:] + n]),
-        position_ids=torch.cat([batch.position_ids, positions], dim=1),
-        pixel_values=torch.zeros(m * m, patch_dim, dtype=torch.float32),
-        image_grid_thw=torch.tensor([grid], dtype=torch.int64),
-        loss_mask=torch.cat([batch.loss_mask, torch.zeros(n, dtype=torch.bool)]),
-        token_step=torch.cat([batch.token_step, zeros_long]),
-        old_logprobs=torch.cat([batch.old_logprobs, torch.zeros(n)]),
-    )

@@ -16,7 +16,8 @@ from contextlib import AbstractContextManager, contextmanager
 
 from osvl.config.recipe import Recipe
 from osvl.rollout.engine import derive_seed
-from osvl.tools import PoolConfig, ToolBackendsConfig, ToolEnvironment, ToolPool
+from osvl.tools import PoolConfig, ToolEnvironment, ToolPool
+from osvl.tools.config_file import online_tools_config
 from osvl.tools.faults import FaultInjectingRunner, OutageModel
 from osvl.tools.fleet import ToolServerFleet
 from osvl.tools.limits import ToolLimits
@@ -50,22 +51,6 @@ def check_recipe_sandbox(recipe: Recipe) -> None:
 
 
 EnvironmentFactory = Callable[[Recipe, int], AbstractContextManager[ToolEnvironment]]
-
-
-def online_tools_config(path: str) -> ToolBackendsConfig:
-    """The online back-ends of ``tools.config_file`` (the TOML ``osvl.eval --tools`` reads; keys
-    come from the environment variables its ``*_key_env`` fields name)."""
-    from osvl.eval.tools import read_tools_file, resolve_sections
-
-    if not path:
-        raise ValueError(
-            "tools.backend = 'online' needs tools.config_file (a TOML with the online back-ends, "
-            "keys named by *_key_env fields) or tools.servers (tool servers that hold them)"
-        )
-    try:
-        return resolve_sections(read_tools_file(path))
-    except ValueError as error:
-        raise ValueError(f"tools.config_file: {error}") from None
 
 
 @contextmanager
@@ -118,12 +103,6 @@ def with_faults(env: ToolEnvironment, recipe: Recipe, rank: int) -> ToolEnvironm
     if isinstance(env, ProfiledEnvironment):
         return ProfiledEnvironment(env.profile, runner, env.cache)
     return ToolEnvironment(env.registry, runner, env.cache)
-
-
-def tool_fleet(env: ToolEnvironment) -> ToolServerFleet | None:
-    """The tool servers behind ``env`` (under the fault injector when it wraps them); None for local workers."""
-    runner = env.pool.runner if isinstance(env.pool, FaultInjectingRunner) else env.pool
-    return runner if isinstance(runner, ToolServerFleet) else None
 
 
 def step_faults(env: ToolEnvironment, seed: int, step: int, rank: int) -> ToolEnvironment:

@@ -21,16 +21,11 @@ from osvl.eval.items import to_prompt
 from osvl.eval.judge import NormalizedMatchJudge
 from osvl.eval.model_dir import load_model_dir
 from osvl.eval.runner import EvalRunConfig, Evaluator, read_records
-from osvl.eval.tools import (
-    EvalToolEnvironment,
-    check_offline_paths,
-    read_tools_file,
-    resolve_sections,
-    tool_sections,
-)
+from osvl.eval.tools import EvalToolEnvironment, check_offline_paths, tool_sections
 from osvl.model import from_pretrained
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
 from osvl.tools import ToolEnvironment, profiles, tool_profile
+from osvl.tools.config_file import read_tools_file, resolve_sections
 from tests.eval.helpers import rgb, write_jsonl, write_png
 from tests.tools.loopback import LoopbackServer, Reply
 

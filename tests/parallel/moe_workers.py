@@ -19,7 +19,7 @@ from osvl.config.recipe import MoEConfig
 from osvl.data.tokenizer import SpecialTokens
 from osvl.model.moe_losses import load_cv
 from osvl.model.router import Qwen3VLRouter
-from osvl.parallel import ParallelConfig, parallelize, sharded_model_config
+from osvl.parallel import ParallelConfig, parallel_dims, parallelize, sharded_model_config
 from osvl.trainer.policy import tiny_arch
 from osvl.trainer.router_losses import RouterLosses
 from tests.model.moe_reference import layer_terms, top_k_margin
@@ -120,7 +120,7 @@ def router_losses_match_float64(rank: int, world: int, parallel_kwargs: dict) ->
         model.init_states()
         for router in (m for m in model.modules() if isinstance(m, Qwen3VLRouter)):
             router.gate.weight.mul_(20.0)  # decisive routing: top-k margins far above fp32 rounding
-    dims = parallel.parallel_dims(world)
+    dims = parallel_dims(parallel, world)
     dp_rank, dp_size = (rank, world) if dims.fsdp_enabled else (0, 1)
     batches = _micro_batches(arch, dp_size)
     ref_loss, ref_grads, ref_stats = _reference(copy.deepcopy(model).double(), batches, arch.text.num_experts_per_tok)

@@ -2,7 +2,14 @@ import pytest
 import torch
 import torch.nn as nn
 
-from osvl.parallel import ParallelConfig, host_device_type, teardown, use_host_device
+from osvl.parallel import (
+    ParallelConfig,
+    host_device_type,
+    parallel_dims,
+    teardown,
+    use_host_device,
+    validate_parallel,
+)
 from osvl.parallel._compat import cpu_offload_policy, force_sum_reduction_if_needed
 from tests.model.tiny import tiny_config
 
@@ -26,8 +33,8 @@ def test_parallel_config_resolves_and_validates():
     arch = tiny_config(moe=True)
     cfg = ParallelConfig(tp=2)
     assert cfg.resolved_dp_shard(8) == 4
-    cfg.validate(arch, 8)
-    dims = ParallelConfig(dp_shard=2, ep=2).parallel_dims(2)
+    validate_parallel(cfg, arch, 8)
+    dims = parallel_dims(ParallelConfig(dp_shard=2, ep=2), 2)
     assert (dims.dp_shard, dims.ep, dims.spmd_backend) == (2, 2, "partial_dtensor")
     bad = [
         (ParallelConfig(tp=0), "tp must be >= 1"),
@@ -40,6 +47,6 @@ def test_parallel_config_resolves_and_validates():
     ]
     for cfg, match in bad:
         with pytest.raises(ValueError, match=match):
-            cfg.validate(arch, 8 if cfg.dp_shard != 6 else 6)
+            validate_parallel(cfg, arch, 8 if cfg.dp_shard != 6 else 6)
     with pytest.raises(ValueError, match="MoE"):
-        ParallelConfig(ep=2).validate(tiny_config(moe=False), 2)
+        validate_parallel(ParallelConfig(ep=2), tiny_config(moe=False), 2)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from osvl.model.presets import preset
-from osvl.parallel import ParallelConfig
+from osvl.parallel import ParallelConfig, validate_parallel
 from tests.parallel.harness import run_ranks
 from tests.parallel.moe_workers import SCENARIOS, run_scenarios
 
@@ -22,4 +22,4 @@ def test_router_losses_match_float64_on_two_ranks(tmp_path):
 
 def test_tensor_and_expert_parallel_together_is_refused():
     with pytest.raises(ValueError, match="sequence parallelism"):
-        ParallelConfig(dp_shard=16, tp=4, ep=8).validate(preset("qwen3_vl_30b_a3b"), 64)
+        validate_parallel(ParallelConfig(dp_shard=16, tp=4, ep=8), preset("qwen3_vl_30b_a3b"), 64)

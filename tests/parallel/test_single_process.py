@@ -13,7 +13,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from osvl.model.router import Qwen3VLRouter, RouterLossInputs
-from osvl.parallel import ParallelConfig, parallelize, sharded_model_config
+from osvl.parallel import ParallelConfig, parallel_dims, parallelize, sharded_model_config
 from tests.model.tiny import image_batch, tiny_config
 
 
@@ -30,7 +30,7 @@ def test_compiled_selective_ac_matches_eager():
     ids, cu, pos, px, grid, _ = image_batch(arch, [(1, 2, 2), (1, 4, 2)])
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
     try:
-        dims = parallel.parallel_dims(1)
+        dims = parallel_dims(parallel, 1)
         dims.build_mesh()
         parallelize(model, dims, parallel)
         block = model.layers["0"]
@@ -65,7 +65,7 @@ def test_compiled_blocks_attach_the_same_router_losses():
     ids, cu, pos, px, grid, _ = image_batch(arch, [(1, 2, 2), (1, 4, 2)])
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
     try:
-        dims = parallel.parallel_dims(1)
+        dims = parallel_dims(parallel, 1)
         dims.build_mesh()
         parallelize(model, dims, parallel)
         balances = []

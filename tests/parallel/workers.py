@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from osvl.model import hf_tensor_specs, iter_hf_tensors, save_pretrained
-from osvl.parallel import ParallelConfig, parallelize, sharded_model_config
+from osvl.parallel import ParallelConfig, parallel_dims, parallelize, sharded_model_config
 from tests.model.tiny import image_batch, tiny_config
 from tests.parallel.live_bytes import LiveTensorBytes
 
@@ -65,7 +65,7 @@ def data_parallel_matches_one_process(rank: int, world: int, parallel_kwargs: di
     reference = copy.deepcopy(model)
     full, labels, ref_loss, ref_grads = _reference(reference, arch)
 
-    dims = parallel.parallel_dims(world)
+    dims = parallel_dims(parallel, world)
     dims.build_mesh()
     parallelize(model, dims, parallel)
     dp_rank, dp_size = (rank, world) if dims.fsdp_enabled else (0, 1)
@@ -95,7 +95,7 @@ def dcp_round_trip_is_exact(rank: int, world: int, parallel_kwargs: dict, moe: b
         model = sharded_model_config(arch, parallel).build()
         with torch.no_grad():
             model.init_states()
-        dims = parallel.parallel_dims(world)
+        dims = parallel_dims(parallel, world)
         dims.build_mesh()
         models.append(parallelize(model, dims, parallel))
     saved, fresh = models
@@ -152,7 +152,7 @@ def streaming_hf_write(rank: int, world: int, name: str, out: str) -> None:
     if rank == 0:
         root.mkdir(parents=True)
         torch.save({k: v.clone() for k, v in model.state_dict().items()}, root / "unsharded.pt")
-    dims = parallel.parallel_dims(world)
+    dims = parallel_dims(parallel, world)
     dims.build_mesh()
     parallelize(model, dims, parallel)
 

@@ -4,7 +4,7 @@ serving the text export of the ``small`` policy in float32: engine logprobs agai
 forward, the pre-flight, the GRPO stage on 2 gloo ranks with disk weight syncs, a distributed weight
 sync, two servers behind a router, and last a server killed mid-step and the stage relaunched.
 
-Text only: SGLang's Qwen-VL image processor does not import in its CPU mode (README: Inference engines).
+Text only: SGLang's Qwen-VL image processor does not import in its CPU mode (docs/inference_engines.md).
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from osvl.rollout import (
 )
 from osvl.rollout.reserved import reserved_vision_ids
 from osvl.rollout.weight_sync import DistributedSync
+from osvl.serve.preflight import PreflightError, trainer_logprobs
+from osvl.train import dry_run
 from osvl.trainer import read_metrics
 from osvl.trainer.checkpoint import latest_checkpoint, step_dir
 from osvl.trainer.export import PolicyDefaults, model_files
 from osvl.trainer.policy import policy_arch, policy_image_config
-from osvl.trainer.preflight import PreflightError, check_services, trainer_logprobs
 from osvl.trainer.stage import stage_inputs
 from tests.sglang_server import SGLangRouter, SGLangServer
 from tests.trainer.ranks import run_ranks
@@ -189,13 +190,13 @@ def test_the_qwen3_vl_export_is_refused_in_cpu_mode(served):
 
 def test_preflight_passes_against_the_real_server_and_names_another_checkpoint(served):
     root, server, _ = served
-    lines = check_services(load_recipe("tiny_grpo", _served_overrides(root, server.url)))
+    lines = dry_run(load_recipe("tiny_grpo", _served_overrides(root, server.url)), preflight=True)
     assert any(server.url in line and "architecture and vocabulary match" in line for line in lines), lines
     assert any(server.url in line and "prompt length matches" in line for line in lines), lines
     # the trainer's policy is the `tiny` preset; the server serves the `small` export
     tiny = load_recipe("tiny_grpo", [*_served_overrides(root, server.url), "model.preset=tiny"])
     with pytest.raises(PreflightError, match=f"{server.url} serves .*served, whose architecture differs.*hidden_size"):
-        check_services(tiny)
+        dry_run(tiny, preflight=True)
 
 
 def stage_body(rank: int, world: int, overrides: list[str], steps: int, resumed_from: int) -> None:

@@ -296,7 +296,7 @@ def test_loopback_finish_reason_and_response_shape(local_engine):
 
 
 def test_loopback_answers_as_a_real_sglang_0_5_23(local_engine, tmp_path):
-    """The shapes a real SGLang 0.5.23 server was seen to answer (README: Inference engines)."""
+    """The shapes a real SGLang 0.5.23 server was seen to answer (docs/inference_engines.md)."""
     save_pretrained(tiny_model(seed=1), tmp_path / "v1", dtype=torch.float32)
     with LoopbackServer(local_engine) as server:
 

@@ -36,11 +36,11 @@ from osvl.rollout import (
 )
 from osvl.rollout.engine import hits_stop
 from osvl.rollout.weight_sync import DiskSync
+from osvl.serve.preflight import trainer_logprobs
 from osvl.trainer import read_metrics
 from osvl.trainer.checkpoint import latest_checkpoint, step_dir
 from osvl.trainer.export import PolicyDefaults, model_files
 from osvl.trainer.policy import policy_arch, policy_image_config
-from osvl.trainer.preflight import trainer_logprobs
 from osvl.trainer.stage import stage_inputs
 from tests.trainer.ranks import run_ranks
 from tests.trainer.test_grpo import grpo_overrides

@@ -19,8 +19,8 @@ from osvl.model.text_export import text_config_to_hf
 from osvl.rollout import EngineError, GenerationRequest, SamplingParams, StopKind, VLLMConfig, VLLMEngine
 from osvl.rollout.vllm import collapse_image_pads, generate_payload, parse_generate_response
 from osvl.rollout.weight_sync import VLLMNCCLSync
-from osvl.serve import Layout, plan_commands
-from osvl.trainer.preflight import PreflightError, _check_vllm_servers, _served_arch_mismatch
+from osvl.serve.commands import Layout, plan_commands
+from osvl.serve.preflight import PreflightError, _check_vllm_servers, _served_arch_mismatch
 from tests.rollout.helpers import model_config, tiny_model
 
 

@@ -1,5 +1,5 @@
 """The service processes of the GRPO serving-topology tests, each started as its own process, with the
-``--port`` / ``--ready-file`` convention of osvl's services (so ``osvl.supervisor`` can restart them):
+``--port`` / ``--ready-file`` convention of osvl's services (so ``osvl.serve.supervisor`` can restart them):
 
     python -m tests.trainer.services sglang MODEL_DIR [--gated] --port P --ready-file F   # scripted SGLang server
     python -m tests.trainer.services tools [--workers N] [--gate FILE] --port P --ready-file F   # echo/refuse tools

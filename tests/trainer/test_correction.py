@@ -13,6 +13,8 @@ import torch
 from osvl.config.recipe import GRPOConfig
 from osvl.data.chat import ChatRenderer
 from osvl.data.packing import TrainSequence, pack_microbatch
+from osvl.data.vision_filler import with_grpo_filler
+from osvl.parallel import lm_head_weight
 from osvl.trainer.correction import (
     DELTA_EDGES,
     DELTA_NAMES,
@@ -21,8 +23,6 @@ from osvl.trainer.correction import (
     old_policy_logprobs,
     rollout_correction,
 )
-from osvl.trainer.grpo_data import with_grpo_filler
-from osvl.trainer.policy import lm_head_weight
 from osvl_kernels import linear_grpo_loss
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 

@@ -2,7 +2,7 @@
 ``tiny_grpo_services`` on 2 gloo trainer ranks, with an SGLang-protocol server process (the loopback
 server over a checkpoint, scripted policy with the served model's own logprobs), an OpenAI-compatible
 judge process with an outage on one question, and two tool-server processes, all kept up by
-``osvl.supervisor`` as ``osvl.serve --launch`` keeps its services. Each service kind is killed (-9) in
+``osvl.serve.supervisor`` as ``osvl.serve --launch`` keeps its services. Each service kind is killed (-9) in
 turn: tool server A after step 1, the judge after step 2, the SGLang server after step 3; the
 supervisor restarts each, and the run ends with its 4 steps, the restarted engine serving the
 trainer's weights again."""
@@ -30,7 +30,7 @@ from osvl.data.tokenizer import load_tokenizer
 from osvl.model import build_model, save_pretrained
 from osvl.rl.trajectory import ToolStatus
 from osvl.rollout import RolloutRecorder
-from osvl.supervisor import RestartPolicy, ServiceSpec, Supervisor
+from osvl.serve.supervisor import RestartPolicy, ServiceSpec, Supervisor
 from osvl.tools import ToolEnvironment, ToolRegistry
 from osvl.tools.fleet import ToolServerFleet
 from osvl.trainer import read_metrics

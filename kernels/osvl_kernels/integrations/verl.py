@@ -2,7 +2,7 @@
 trainer hook that feeds it, and the fused lm_head + GRPO loss on verl's remove-padding layout.
 
 Nothing here imports verl until `register_verl()` runs, so `osvl_kernels` stays torch + triton.
-Wiring and the full configuration: README, "Using the kernels in your trainer"; runnable:
+Wiring and the full configuration: docs/integrations.md; runnable:
 examples/verl_grpo.py.
 
 Fatal-aware advantages. verl 0.9.1 hands a registered estimator only token_level_rewards,
@@ -329,7 +329,7 @@ def verl_fused_ppo_loss(
     final hidden states instead of `model_output`'s log-probs: same micro-batch TensorDict (nested
     input_ids / prompts / responses, response fields, dp_size / batch_num_tokens / global_batch_size,
     temperature), same global_batch_info, same loss. The engine's forward has to hand over the
-    hidden states and the lm_head weight (see README: verl's engines compute log-probs inside the
+    hidden states and the lm_head weight (see docs/integrations.md: verl's engines compute log-probs inside the
     model forward, so this needs a `forward_step` override)."""
     input_ids = data["input_ids"]
     if not getattr(input_ids, "is_nested", False):

@@ -52,8 +52,8 @@ def test_torchtitan_example_chunked_loss_equals_the_whole_batch():
     assert got["grad_lm_head"].abs().max() > 0
 
 
-def test_readme_shows_the_verl_overrides_the_example_checks():
-    readme = os.path.join(os.path.dirname(os.path.dirname(verl_grpo.__file__)), "README.md")
-    text = open(readme, encoding="utf-8").read()
+def test_the_integrations_page_shows_the_verl_overrides_the_example_checks():
+    page = os.path.join(os.path.dirname(os.path.dirname(verl_grpo.__file__)), "docs", "integrations.md")
+    text = open(page, encoding="utf-8").read()
     missing = [override for override in verl_grpo.VERL_OVERRIDES if override not in text]
-    assert not missing, f"README's verl command lacks {missing}"
+    assert not missing, f"docs/integrations.md's verl command lacks {missing}"

@@ -20,11 +20,12 @@ import torch
 from osvl.config import load_recipe
 from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.model import save_pretrained
-from osvl.serve import Layout, main, plan_commands
+from osvl.serve.__main__ import main
+from osvl.serve.commands import Layout, plan_commands
 from osvl.tools.server import INSTANCE_HEADER
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _flag(argv: tuple[str, ...], name: str) -> str:

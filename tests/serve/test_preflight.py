@@ -22,11 +22,11 @@ from osvl.rl.loopback_judge import LoopbackJudgeServer
 from osvl.rollout import LocalEngine, SGLangConfig, SGLangEngine
 from osvl.rollout.loopback import LoopbackServer
 from osvl.rollout.weight_sync import InProcessSync
+from osvl.serve.engines import Serving
+from osvl.serve.preflight import PreflightError, preflight
 from osvl.tools import ToolEnvironment, ToolRegistry
 from osvl.train import dry_run
 from osvl.trainer.grpo_data import stage_scorer
-from osvl.trainer.preflight import PreflightError, preflight
-from osvl.trainer.serving import Serving
 from tests.rollout.helpers import IMAGE_CONFIG, prompts, tiny_model, tokenizer
 from tests.tools.fault_tools import fault_specs
 

@@ -35,7 +35,9 @@ import torch.distributed as dist
 from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
 from osvl.data.packing import pack_microbatch, train_sequence
+from osvl.data.vision_filler import with_grpo_filler
 from osvl.model import Qwen3VLConfig, config_from_hf
+from osvl.parallel import lm_head_weight
 from osvl.rl.scoring import GroupScorer
 from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory
 from osvl.rollout import (
@@ -48,12 +50,9 @@ from osvl.rollout import (
 )
 from osvl.rollout.engine import DEFAULT_STOP
 from osvl.rollout.vllm import PROCESSED_LOGPROBS, VLLMEngine
+from osvl.serve.engines import Serving, remote_engine
 from osvl.tools import ToolEnvironment
-from osvl.tools.fleet import ToolServerFleet
-from osvl.trainer.grpo_data import with_grpo_filler
-from osvl.trainer.policy import lm_head_weight
-from osvl.trainer.serving import Serving, remote_engine
-from osvl.trainer.tool_env import tool_fleet
+from osvl.tools.fleet import ToolServerFleet, tool_fleet
 from osvl_kernels import linear_grpo_loss
 
 PROBE_TOKENS = 16
@@ -362,28 +361,29 @@ def preflight(
     return lines
 
 
-def check_services(recipe: Recipe) -> list[str]:
-    """``--dry-run --preflight``: the checks that need no trainer weights, from one process. The
-    logprob comparison needs the policy's forward and runs when the stage starts."""
-    from osvl.trainer.grpo_data import load_prompts, stage_scorer
-    from osvl.trainer.stage import stage_inputs
-    from osvl.trainer.tool_env import recipe_profile
-
-    tokenizer, arch, renderer = stage_inputs(recipe)
+def check_services(
+    recipe: Recipe,
+    arch: Qwen3VLConfig,
+    renderer: ChatRenderer,
+    scorer: GroupScorer,
+    tool_names: set[str],
+    probe: Prompt | None,
+) -> list[str]:
+    """``--dry-run --preflight``: the checks that need no trainer weights, from one process (the
+    logprob comparison needs the policy's forward and runs when the stage starts). ``tool_names``: the
+    tools of the recipe's profile; ``probe``: the prompt of the probe turn, needed by SGLang and vLLM."""
     lines: list[str] = []
     if recipe.tools.servers:
         fleet = ToolServerFleet(recipe.tools.servers)
         try:
-            lines += _check_fleet(recipe, fleet, set(recipe_profile(recipe).registry.names))
+            lines += _check_fleet(recipe, fleet, tool_names)
         finally:
             fleet.close()
-    scorer = stage_scorer(recipe)
-    try:
-        lines += _check_judges(recipe, scorer)
-    finally:
-        scorer.close()
+    lines += _check_judges(recipe, scorer)
     if recipe.rollout.engine in ("sglang", "vllm"):
-        request = _probe_request(renderer, load_prompts(recipe.data)[0], recipe.grpo.temperature)
+        if probe is None:
+            raise ValueError(f"rollout.engine {recipe.rollout.engine!r}: the pre-flight needs a probe prompt")
+        request = _probe_request(renderer, probe, recipe.grpo.temperature)
         with asyncio.Runner() as runner:
             engine = remote_engine(recipe, arch)
             try:

@@ -1,4 +1,4 @@
-"""``osvl.supervisor``: a killed service comes back on its port while the others keep running; a
+"""``osvl.serve.supervisor``: a killed service comes back on its port while the others keep running; a
 service that keeps dying stops them all; one that cannot start stops the launch."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from osvl.supervisor import RestartPolicy, ServiceSpec, Supervisor
+from osvl.serve.supervisor import RestartPolicy, ServiceSpec, Supervisor
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = RestartPolicy(max_restarts=2, window_s=60.0, first_delay_s=0.05, ready_timeout_s=120.0)
 
 

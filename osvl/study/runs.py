@@ -1,16 +1,12 @@
-"""The fatal-mode ablation (paper Table 3b) as one resumable study: ``make ablation``.
+"""The runs of the fatal-mode ablation (paper Table 3b), one resumable study: ``make ablation``.
 
 From the demo's SFT checkpoint, GRPO (``tiny_grpo``) runs in each fatal mode x seed x outage rate
 with outages counted toward the fatal rule and outage-hit rollouts kept (the paper's handling), and
 at the outage rate also under the other error-counting choices (``grpo.fatal_errors`` /
 ``grpo.infra_rollouts``). Every run is then evaluated greedily on the demo's held-out prompts,
 without faults or outages, one row per prompt; the SFT checkpoint is evaluated the same way.
-``osvl.trainer.ablation_report`` turns the rows into the tables, intervals and plots of
-``docs/ablation.md``.
-
-    python -m osvl.trainer.ablation plan [--quick]           the runs, in order
-    python -m osvl.trainer.ablation run [--quick] [--jobs 2]  run (or resume) them, with a progress bar
-    python -m osvl.trainer.ablation report [--doc FILE]      tables and plots from what has finished
+:mod:`osvl.study.report` turns the rows into the tables, intervals and plots of ``docs/ablation.md``;
+``python -m osvl.study`` plans, runs and reports the study.
 
 Runs go to ``--out`` (default ``runs/ablation``; ``--quick``: ``runs/ablation_quick``), one
 directory each. A run is resumable: it checkpoints every ``checkpoint_every`` steps and resumes from
@@ -22,7 +18,6 @@ faults are off (``tools.fault_rate = 0``): the fatal rollouts come from outages 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import multiprocessing
@@ -31,8 +26,8 @@ import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -405,74 +400,3 @@ def _schedule(
         if line != last_line and (time.perf_counter() - last_print > 30 or not running or finished > last_done):
             print(line, file=stream, flush=True)
             last_line, last_print, last_done = line, time.perf_counter(), finished
-
-
-def _study(args: argparse.Namespace) -> StudyConfig:
-    base = QUICK if args.quick else StudyConfig()
-    given = {
-        key: getattr(args, key)
-        for key in ("out", "sft", "world", "tokenizer", "prompts", "eval_prompts")
-        if getattr(args, key) is not None
-    }
-    for key in ("steps", "lr"):
-        if getattr(args, key) is not None:
-            given[key] = getattr(args, key)
-    for key in ("seeds", "modes", "rates"):
-        if getattr(args, key) is not None:
-            given[key] = tuple(getattr(args, key))
-    if args.no_choices:
-        given["choices"] = ()
-    if args.set:
-        given["overrides"] = tuple(args.set)
-    return replace(base, **given)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m osvl.trainer.ablation", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("plan", "run", "report"):
-        command = sub.add_parser(name)
-        command.add_argument("--quick", action="store_true", help="the smoke form: 2 steps, 2 seeds, 8 prompts")
-        command.add_argument("--out", help="the study's directory (default runs/ablation, runs/ablation_quick)")
-        for flag in ("sft", "world", "tokenizer", "prompts", "eval-prompts"):
-            default = getattr(StudyConfig, flag.replace("-", "_"))
-            command.add_argument(f"--{flag}", help=f"default: the demo's ({default})")
-        command.add_argument("--steps", type=int)
-        command.add_argument("--lr", type=float)
-        command.add_argument("--seeds", type=int, nargs="+")
-        command.add_argument("--modes", nargs="+", choices=MODES)
-        command.add_argument("--rates", type=float, nargs="+", help="outage rates of the main grid")
-        command.add_argument("--no-choices", action="store_true", help="skip the other error-counting choices")
-        command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="for every run")
-    sub.choices["run"].add_argument("--jobs", type=int, default=2, help="runs at once (one process each)")
-    sub.choices["run"].add_argument("--threads", type=int, default=1, help="CPU threads per run")
-    sub.choices["report"].add_argument("--doc", help="rewrite the generated block of this markdown file")
-    sub.choices["report"].add_argument("--figures", help="where the plots go (default: OUT/figures)")
-    args = parser.parse_args(argv)
-    try:
-        study = _study(args)
-        if args.command == "plan":
-            for spec in plan(study):
-                state = "done" if (run_dir(study, spec) / DONE).is_file() else "to run"
-                print(f"{spec.name}  {state}")
-        elif args.command == "run":
-            result = run_study(study, args.jobs, args.threads)
-            print(
-                f"{len(result.done)} runs finished, {len(result.skipped)} already done, "
-                f"{len(result.failed)} failed, in {result.wall_s / 60:.1f} min"
-            )
-            for failure in result.failed:
-                print(f"FAILED {failure}")
-            if result.failed:
-                return 1
-        else:
-            from osvl.trainer.ablation_report import write_report
-
-            print(write_report(study, doc=args.doc, figures=args.figures))
-    except ValueError as error:
-        parser.error(str(error))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

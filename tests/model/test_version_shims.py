@@ -1,4 +1,4 @@
-"""osvl/parallel/_compat.py's torch version shims: torchtitan 0.3.0 imports on a torch without
+"""osvl/model/version_shims.py: torchtitan 0.3.0 imports on a torch without
 DataParallelMeshDims (2.11, the GPU image), and nothing can silently use the stand-in."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed.fsdp as fsdp
 
-from osvl.parallel._compat import SPMD_BACKEND, install_version_shims
+from osvl.model.version_shims import install_version_shims
+from osvl.parallel._compat import SPMD_BACKEND
 
 
 def test_missing_data_parallel_mesh_dims_gets_a_stand_in_that_refuses_use(monkeypatch):

@@ -12,10 +12,11 @@ from dataclasses import replace
 import pytest
 
 from osvl.rl.advantages import MODES
-from osvl.trainer.ablation import DONE, QUICK, ROWS, SFT_RUN, RunSpec, StudyConfig, main, plan, run_dir, run_study
-from osvl.trainer.ablation_report import BEGIN, END, MECHANISM, load_rows, write_report
+from osvl.study.__main__ import main
+from osvl.study.report import BEGIN, END, MECHANISM, load_rows, write_report
+from osvl.study.runs import DONE, QUICK, ROWS, SFT_RUN, RunSpec, StudyConfig, plan, run_dir, run_study
 from osvl.world.__main__ import main as world_main
-from tests.trainer.ablation_fixtures import TINY, searcher, study_inputs
+from tests.study.fixtures import TINY, searcher, study_inputs
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from osvl.rl.advantages import MODES
-from osvl.rl.mechanism import (
+from osvl.study.mechanism import (
     CALL,
     ToyAgent,
     enumerate_rollouts,

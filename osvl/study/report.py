@@ -1,4 +1,4 @@
-"""Tables, intervals and plots of the fatal-mode study (``python -m osvl.trainer.ablation report``).
+"""Tables, intervals and plots of the fatal-mode study (``python -m osvl.study report``).
 
 Reads what the study's finished runs wrote (``eval.jsonl``: one greedy rollout per held-out prompt;
 ``metrics.jsonl`` and ``rollouts/``: the training steps) and renders: the paper's Table 3b layout
@@ -25,9 +25,9 @@ import numpy as np
 from osvl.eval.interval import Estimate, Table, bootstrap_interval
 from osvl.jsonl import iter_jsonl
 from osvl.rl.advantages import MODES, AdvantageConfig, compute_advantages
-from osvl.rl.mechanism import ToyAgent, push_markdown, push_table
 from osvl.rl.stats import batch_stats
-from osvl.trainer.ablation import DONE, ROWS, SFT_RUN, StudyConfig, plan, run_dir
+from osvl.study.mechanism import ToyAgent, push_markdown, push_table
+from osvl.study.runs import DONE, ROWS, SFT_RUN, StudyConfig, plan, run_dir
 
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
 MECHANISM = ("<!-- mechanism:begin -->", "<!-- mechanism:end -->")
@@ -116,7 +116,7 @@ def load_rows(study: StudyConfig) -> StudyRows:
     sft = _read_rows(sft_dir / ROWS) if (sft_dir / DONE).is_file() else None
     finished = [rows for runs in settings.values() for rows in runs.values()] + ([sft] if sft else [])
     if not finished:
-        raise ValueError(f"{study.out}: no finished run (run `python -m osvl.trainer.ablation run` first)")
+        raise ValueError(f"{study.out}: no finished run (run `python -m osvl.study run` first)")
     prompts = sorted(finished[0])
     for rows in finished:
         if sorted(rows) != prompts:
@@ -433,7 +433,7 @@ def write_report(study: StudyConfig, doc: str | None = None, figures: str | None
     mechanism = push_markdown(push_table(ToyAgent()), ToyAgent())
     if doc is None:
         target = Path(study.out) / "report.md"
-        target.write_text(f"{block}\n\n**The mechanism, exactly** (`osvl.rl.mechanism`).\n\n{mechanism}\n")
+        target.write_text(f"{block}\n\n**The mechanism, exactly** (`osvl.study.mechanism`).\n\n{mechanism}\n")
         return block
     path = Path(doc)
     text = _fill(path.read_text() if path.is_file() else f"{BEGIN}\n{END}\n", (BEGIN, END), block, doc)
