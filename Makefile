@@ -15,7 +15,7 @@ VLLM_VENV := .venv-vllm
 # machine without CUDA (tests/sglang_server.py; docs/inference_engines.md). A GPU machine needs neither.
 SGLANG_VENV := .venv-sglang
 
-.PHONY: install system-deps vllm-venv sglang-venv lint test test-fast demo ablation ablation-quick bench-cpu clean
+.PHONY: install system-deps vllm-venv sglang-venv lint test test-fast demo demo-seeds ablation ablation-quick bench-cpu clean
 
 install: system-deps $(VENV)/.installed
 
@@ -76,34 +76,55 @@ test: install vllm-venv sglang-venv
 test-fast: install
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not vllm and not sglang" tests
 
-# The demo: a policy from random weights through curation, SFT and GRPO on CPU, evaluated greedily on 64
-# held-out questions before and after each stage. Why each step and setting is there: docs/demo.md.
+# The demo: a policy from random weights through curation, SFT and GRPO on CPU, evaluated on 128 held-out
+# questions (greedy, and 4 samples a question for pass@4) before and after each stage; the held-out questions
+# start at entities no GRPO question starts at. Why each step and setting is there: docs/demo.md.
 DEMO_DATA := runs/demo/data
 DEMO_EVAL := $(BIN)/python -m osvl.demo evaluate --recipe tiny_grpo --set model.preset=small \
-	--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --set rollout.max_in_flight=32
+	--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --set rollout.max_in_flight=64
+# GRPO in the demo: groups of 8 (the paper's), 8 prompts a step in 2 PPO mini-batches, one batch of 32 rollouts a rank
+DEMO_GRPO := --set grpo.group_size=8 --set grpo.batch_prompts=8 --set grpo.mini_batch_prompts=4 \
+	--set rollout.max_in_flight=32 --set metrics.tensorboard=false
+DEMO_SEEDS := 1 2
 demo: install
 	rm -rf runs/demo runs/tiny_sft runs/tiny_grpo
 	$(BIN)/python -m osvl.world build --out runs/demo/world --seed 0 --scale 3
 	$(BIN)/python -m osvl.synth run --world runs/demo/world --out $(DEMO_DATA) --expert-search-top-k 1 > runs/demo/curation.json
 	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --count 6000 --out $(DEMO_DATA)/sft/drills.jsonl
-	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --count 112 --held-out-prompts \
-		--max-guess-rate 0.15 --out $(DEMO_DATA)/rl_short/all.jsonl
-	head -n 48 $(DEMO_DATA)/rl_short/all.jsonl > $(DEMO_DATA)/rl_short/prompts.jsonl  # GRPO's 12 steps x 4 prompts
-	tail -n 64 $(DEMO_DATA)/rl_short/all.jsonl > $(DEMO_DATA)/rl_short/eval.jsonl
-	cat $(DEMO_DATA)/sft/trajectories.jsonl $(DEMO_DATA)/sft/drills.jsonl > $(DEMO_DATA)/sft/with_drills.jsonl
-	$(BIN)/python -m osvl.demo tokenizer --data $(DEMO_DATA) --vocab-size 1024 --max-digits 2
+	$(BIN)/python -m osvl.synth drills --world runs/demo/world --names --count 1500 --out $(DEMO_DATA)/sft/names.jsonl
+	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --held-out-prompts --anchors train \
+		--count 160 --seed 1 --max-guess-rate 0.15 --out $(DEMO_DATA)/rl_short/prompts.jsonl
+	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --held-out-prompts --anchors eval \
+		--count 128 --seed 2 --max-guess-rate 0.15 --out $(DEMO_DATA)/rl_short/eval.jsonl
+	cat $(DEMO_DATA)/sft/trajectories.jsonl $(DEMO_DATA)/sft/drills.jsonl $(DEMO_DATA)/sft/names.jsonl \
+		> $(DEMO_DATA)/sft/with_drills.jsonl
+	$(BIN)/python -m osvl.demo tokenizer --data $(DEMO_DATA) --vocab-size 1024 --max-digits 2 --entity-world runs/demo/world
 	$(BIN)/python -m osvl.demo prior --recipe tiny_grpo --sft $(DEMO_DATA)/sft/with_drills.jsonl \
 		--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --out runs/demo/eval/prior.json
 	$(DEMO_EVAL) --checkpoint init --out runs/demo/eval/init.json
 	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_sft --set model.preset=small --set metrics.tensorboard=false
 	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --out runs/demo/eval/sft.json
-	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo --set metrics.tensorboard=false
+	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --samples 4 --out runs/demo/eval/sft_k4.json
+	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo $(DEMO_GRPO)
 	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --out runs/demo/eval/grpo.json
+	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --samples 4 --out runs/demo/eval/grpo_k4.json
 	$(BIN)/python -m osvl.report runs/tiny_sft > /dev/null
 	$(BIN)/python -m osvl.report runs/tiny_grpo > /dev/null
-	$(BIN)/python -m osvl.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 2 \
+	$(BIN)/python -m osvl.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 3 \
 		--evals init=runs/demo/eval/init.json sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json \
-		--prior runs/demo/eval/prior.json
+		--sampled sft=runs/demo/eval/sft_k4.json grpo=runs/demo/eval/grpo_k4.json --prior runs/demo/eval/prior.json
+
+# More GRPO seeds from `make demo`'s SFT checkpoint (its GRPO run is seed 0), each evaluated on the same 128
+# held-out questions, then each seed's paired difference against SFT and the pooled interval (docs/demo.md).
+demo-seeds: install
+	@test -f runs/demo/eval/sft.json -a -f runs/demo/eval/grpo.json || { echo "run make demo first"; exit 2; }
+	for seed in $(DEMO_SEEDS); do \
+		$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo $(DEMO_GRPO) \
+			--set job.seed=$$seed --set job.run_dir=runs/tiny_grpo_seed$$seed || exit 1; \
+		$(DEMO_EVAL) --checkpoint runs/tiny_grpo_seed$$seed/hf --out runs/demo/eval/grpo_seed$$seed.json || exit 1; \
+	done
+	$(BIN)/python -m osvl.demo seeds --before sft=runs/demo/eval/sft.json --after seed0=runs/demo/eval/grpo.json \
+		$(foreach seed,$(DEMO_SEEDS),seed$(seed)=runs/demo/eval/grpo_seed$(seed).json)
 
 # The fatal-mode ablation (docs/ablation.md) from `make demo`'s checkpoint: GRPO in the four fatal modes x 3 seeds
 # x outage rates {0, 0.3}, and the other error-counting choices at 0.3, each evaluated greedily on the 64 held-out

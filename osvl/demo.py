@@ -9,6 +9,8 @@
 ``python -m osvl.demo prior --recipe tiny_grpo --sft FILE --out FILE``
     the no-tool floor: the SFT data's most frequent answer to each prompt's asked attribute
 ``python -m osvl.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE [--sampled sft=FILE ...]``
+``python -m osvl.demo seeds --before sft=FILE --after seed0=FILE seed1=FILE ...``
+    GRPO seeds from one checkpoint: each seed's paired difference and the pooled interval
 
 The fatal-mode ablation (paper Table 3b) that starts from the demo's checkpoint is
 ``osvl.study`` (``make ablation``).
@@ -52,18 +54,18 @@ def demo_tokenizer(
     text_docs: int = 0,
     out: str | Path | None = None,
     max_digits: int = 1,
-    split: str = "qwen",
     entity_worlds: Sequence[str | Path] = (),
 ) -> Path:
     """Trains a tokenizer (default ``data_dir/tokenizer.json``) on the SFT trajectories and RL
     questions it will encode, plus the first ``text_docs`` (0 = all) documents of a plain-text file;
-    ``max_digits``, ``split``: see :func:`osvl.data.tokenizer.train_bpe_tokenizer`; the entity titles of
-    ``entity_worlds`` become one id each."""
+    ``max_digits``: see :func:`osvl.data.tokenizer.train_bpe_tokenizer`; the entity titles of
+    ``entity_worlds`` become one id each (a closed world's names, copied as one id each)."""
     from osvl.data.formats import iter_text
     from osvl.data.tokenizer import train_bpe_tokenizer
     from osvl.jsonl import iter_jsonl
     from osvl.rl.trajectory import trajectory_from_dict
     from osvl.synth.records import read_prompts
+    from osvl.world.build import load_world
 
     data = Path(data_dir)
     sft, rl = data / "sft" / "trajectories.jsonl", data / "rl" / "prompts.jsonl"
@@ -82,13 +84,8 @@ def demo_tokenizer(
     corpus += [p.question for p in read_prompts(rl)]
     target = Path(out) if out is not None else data / "tokenizer.json"
     target.parent.mkdir(parents=True, exist_ok=True)
-    from osvl.world.build import load_world
-
     titles = [page.title for world in entity_worlds for page in load_world(world).graph.entities()]
-    tokenizer = train_bpe_tokenizer(
-        corpus, vocab_size=vocab_size, max_digits=max_digits, split=split, whole_words=titles
-    )
-    tokenizer.save(target)
+    train_bpe_tokenizer(corpus, vocab_size=vocab_size, max_digits=max_digits, whole_words=titles).save(target)
     return target
 
 
@@ -313,6 +310,45 @@ def summary_lines(
     return lines
 
 
+def seed_lines(before: tuple[str, str | Path], seeds: Sequence[tuple[str, str | Path]]) -> list[str]:
+    """GRPO runs of several seeds from one checkpoint against it, on the same prompts: each seed's
+    paired difference, then the pooled mean difference with its two-level bootstrap interval (seeds
+    and prompts drawn with replacement: the interval covers the run-to-run spread too), and by how
+    much the weakest lower bound clears zero."""
+    import numpy as np
+
+    from osvl.eval.interval import bootstrap_interval
+
+    label, path = before
+    base = json.loads(Path(path).read_text())
+    runs = [(name, json.loads(Path(p).read_text())) for name, p in seeds]
+    missing = [name for name, r in [(label, base), *runs] if "per_prompt" not in r]
+    if missing:
+        raise ValueError(f"evaluations without per-prompt results cannot be paired: {', '.join(missing)}")
+    prompts = sorted(base["per_prompt"])
+    for name, result in runs:
+        if sorted(result["per_prompt"]) != prompts:
+            raise ValueError(f"{name} was evaluated on other prompts than {label}")
+    scored = [p for p in prompts if all(r["per_prompt"][p] is not None for r in [base, *(r for _, r in runs)])]
+    table = lambda results: (np.array([[float(r["per_prompt"][p]) for p in scored] for r in results]), None)  # noqa: E731
+    lines = [f"{label}: accuracy {base['accuracy']:.3f} on {len(scored)} prompts"]
+    lows = []
+    for name, result in runs:
+        diff = bootstrap_interval(table([result]), table([base]))
+        lows.append(diff.low)
+        lines.append(
+            f"  {name}: accuracy {result['accuracy']:.3f}, {name} - {label} {diff.value:+.3f} "
+            f"[{diff.low:+.3f}, {diff.high:+.3f}] (95% paired bootstrap over prompts)"
+        )
+    pooled = bootstrap_interval(table([r for _, r in runs]), table([base]))
+    lines.append(
+        f"  pooled over {len(runs)} seeds: {pooled.value:+.3f} [{pooled.low:+.3f}, {pooled.high:+.3f}] (95% bootstrap "
+        f"over seeds and prompts); the weakest seed's lower bound is {min(lows):+.3f}, the pooled lower bound "
+        f"{pooled.low:+.3f}"
+    )
+    return lines
+
+
 def _labelled(specs: Sequence[str], flag: str) -> list[tuple[str, str]]:
     pairs = []
     for spec in specs:
@@ -334,9 +370,6 @@ def main(argv: list[str] | None = None) -> int:
     tok.add_argument("--out", help="where to write tokenizer.json (default: DATA/tokenizer.json)")
     tok.add_argument(
         "--max-digits", type=int, default=1, choices=(1, 2, 3), help="digits per number piece (1: Qwen's single digits)"
-    )
-    tok.add_argument(
-        "--split", default="qwen", choices=("qwen", "bare-words"), help="pre-tokenizer (bare-words: no space in a word)"
     )
     tok.add_argument(
         "--entity-world", action="append", default=[], help="a world whose entity titles become one id each"
@@ -366,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     summ.add_argument(
         "--sampled", nargs="*", default=[], metavar="LABEL=FILE", help="evaluations with --samples k: their pass@k"
     )
+    seeds = sub.add_parser("seeds", help="GRPO runs of several seeds against their common starting checkpoint")
+    seeds.add_argument("--before", required=True, metavar="LABEL=FILE", help="the starting checkpoint's evaluation")
+    seeds.add_argument("--after", nargs="+", required=True, metavar="LABEL=FILE", help="each seed's evaluation")
     pri = sub.add_parser("prior", help="accuracy of the SFT data's most frequent answer per asked attribute, no tools")
     pri.add_argument("--recipe", required=True)
     pri.add_argument("--sft", required=True, help="the SFT trajectories JSONL")
@@ -383,7 +419,6 @@ def main(argv: list[str] | None = None) -> int:
                     args.text_docs,
                     args.out,
                     args.max_digits,
-                    args.split,
                     args.entity_world,
                 )
             )
@@ -399,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
             evals, others = _labelled(args.evals, "--evals"), _labelled(args.other_evals, "--other-evals")
             sampled = _labelled(args.sampled, "--sampled")
             print("\n".join(summary_lines(args.sft, args.grpo, args.window, evals, others, args.prior, sampled)))
+        elif args.command == "seeds":
+            (before,) = _labelled([args.before], "--before")
+            print("\n".join(seed_lines(before, _labelled(args.after, "--after"))))
         elif args.command == "prior":
             from osvl.config.loader import load_recipe
             from osvl.trainer.grpo_data import load_prompts

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from osvl.config import load_recipe
-from osvl.demo import evaluate_policy, main, summary_lines
+from osvl.demo import evaluate_policy, main, seed_lines, summary_lines
 from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory
 from osvl.rollout import ReplayEngine
 from osvl.synth.records import write_prompts
 from osvl.trainer.validation import answer_is_grounded
 from osvl.world.__main__ import main as world_main
+from osvl.world.build import load_world
 from tests.fresh_imports import fresh_imports
 from tests.trainer.fixtures import write_sft_data
 from tests.trainer.test_report import fake_run
@@ -269,6 +270,13 @@ def test_tokenizer_learns_the_data_and_the_first_text_documents(tmp_path):
     assert len(plain.encode("1937")) == 4
     with pytest.raises(ValueError, match="is missing"):
         demo_tokenizer(tmp_path / "nowhere", 320)
+    assert world_main(["build", "--out", str(tmp_path / "world"), "--seed", "3"]) == 0
+    args = ["tokenizer", "--data", str(data), "--vocab-size", "320", "--out", str(tmp_path / "names.json")]
+    assert main([*args, "--entity-world", str(tmp_path / "world")]) == 0
+    names = load_tokenizer(tmp_path / "names.json")
+    titles = [page.title for page in load_world(tmp_path / "world").graph.entities()]
+    assert all(len(names.encode(title)) == 1 for title in titles)  # every entity name is one id
+    assert names.vocab_size == plain.vocab_size + len(set(titles))
 
 
 def test_answer_prior_guesses_the_most_frequent_answer_to_the_asked_attribute(tmp_path):
@@ -369,3 +377,25 @@ def test_the_demo_module_imports_light_for_the_tool_workers():
     __main__: importing torch and the trainer there made every worker of each evaluation pay for them."""
     watched = ("torch", "torchtitan", "cv2", "osvl.config", "osvl.eval", "osvl.model", "osvl.trainer")
     assert fresh_imports("import osvl.demo", watched) == []
+
+
+def test_seed_lines_pair_each_seed_and_pool_them(tmp_path, capsys):
+    prompts = [f"q{i}" for i in range(40)]
+    sft = _write_eval(tmp_path / "sft.json", 0.25, per_prompt={p: float(i < 10) for i, p in enumerate(prompts)})
+    seeds = []
+    for seed, gained in enumerate((8, 6, 7)):  # each seed turns that many wrong answers right, loses none
+        accs = {p: float(i < 10 + gained) for i, p in enumerate(prompts)}
+        seeds.append((f"seed{seed}", _write_eval(tmp_path / f"g{seed}.json", sum(accs.values()) / 40, per_prompt=accs)))
+    lines = seed_lines(("sft", sft), seeds)
+    assert lines[0] == "sft: accuracy 0.250 on 40 prompts"
+    assert lines[1].startswith("  seed0: accuracy 0.450, seed0 - sft +0.200 [+0.075,")
+    assert "pooled over 3 seeds: +0.175 [" in lines[4]
+    pooled_low = float(lines[4].split("pooled lower bound ")[1])
+    assert 0.0 < pooled_low < 0.175
+    other = _write_eval(tmp_path / "other.json", 0.1, per_prompt={"x": 1.0})
+    with pytest.raises(ValueError, match="other prompts"):
+        seed_lines(("sft", sft), [("seed0", other)])
+    with pytest.raises(ValueError, match="cannot be paired"):
+        seed_lines(("sft", _write_eval(tmp_path / "old.json", 0.1)), seeds)
+    assert main(["seeds", "--before", f"sft={sft}", "--after", *(f"{n}={p}" for n, p in seeds)]) == 0
+    assert "pooled over 3 seeds" in capsys.readouterr().out

@@ -50,10 +50,6 @@ QWEN_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# Bare words: a run of letters never takes the space or quote before it, so a name is the same ids
-# wherever it stands (" Britorland" in a passage, "\"Britorland" in a JSON query).
-BARE_WORD_SPLIT_PATTERN = r"\p{L}+|\p{N}|[^\p{L}\p{N}]+"
-SPLIT_PATTERNS = {"qwen": QWEN_SPLIT_PATTERN, "bare-words": BARE_WORD_SPLIT_PATTERN}
 
 
 @dataclass(frozen=True)
@@ -165,7 +161,6 @@ def train_bpe_tokenizer(
     vocab_size: int,
     min_frequency: int = 2,
     max_digits: int = 1,
-    split: str = "qwen",
     whole_words: Sequence[str] = (),
 ) -> Tokenizer:
     """Byte-level BPE with Qwen2's pre-tokenizer, learned vocab first, Qwen's added tokens after.
@@ -175,13 +170,8 @@ def train_bpe_tokenizer(
     after Qwen's): a small policy trained from scratch then copies a number it read as a few distinct
     ids, not as a run of the same ten digit ids, which its two-layer copying circuit confuses.
 
-    ``split="bare-words"`` keeps the space or punctuation before a word out of its pieces, so a word
-    has one spelling in ids wherever it stands: copying a name becomes literal repetition of ids.
-
     ``whole_words`` (e.g. a closed world's entity names) become one id each, matched as whole words
     before pre-tokenization (longest first), after the added tokens above."""
-    if split not in SPLIT_PATTERNS:
-        raise ValueError(f"split must be one of {sorted(SPLIT_PATTERNS)}, got {split!r}")
     if max_digits not in (1, 2, 3):
         raise ValueError(f"max_digits must be 1 (Qwen), 2 or 3, got {max_digits}")
     reserved = 256 + len(QWEN_ADDED_TOKENS)
@@ -193,7 +183,7 @@ def train_bpe_tokenizer(
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(SPLIT_PATTERNS[split]), behavior="isolated"),
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

@@ -19,7 +19,7 @@ from typing import Any
 from osvl.jsonl import write_jsonl
 from osvl.rl.trajectory import append_jsonl
 from osvl.synth.backends import open_backends
-from osvl.synth.drills import held_out_prompts, lookup_drills, split_anchors
+from osvl.synth.drills import held_out_prompts, lookup_drills, name_drills, split_anchors
 from osvl.synth.pipeline import CurationConfig, curate, is_rl
 from osvl.synth.reading import ReadingConfig, ReadingSource, reading_corpus
 from osvl.synth.records import read_items, write_prompts
@@ -149,12 +149,16 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         parser.error("--held-out-prompts needs --data: its questions start at the curated RL items' entities")
     if args.anchors != "all" and not args.held_out_prompts:
         parser.error("--anchors train|eval splits the anchors of --held-out-prompts")
+    if args.names and args.held_out_prompts:
+        parser.error("--names writes SFT drills; it does not combine with --held-out-prompts")
     try:
         if args.anchors != "all":
             train, held = split_anchors(anchors, args.eval_anchor_fraction)
             anchors = set(held if args.anchors == "eval" else train)
         world = load_world(args.world)
-        if args.held_out_prompts:
+        if args.names:
+            drills = name_drills(world, args.count, args.seed)
+        elif args.held_out_prompts:
             prompts = held_out_prompts(
                 world, anchors, args.count, args.seed, args.search_top_k, max_guess_rate=args.max_guess_rate
             )
@@ -213,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
         "--held-out-prompts",
         action="store_true",
         help="write short visual RL prompts that start at the RL items' image entities instead",
+    )
+    drills.add_argument(
+        "--names",
+        action="store_true",
+        help="write name drills instead: lists of the world's entity names to repeat (every name a target, no "
+        "facts), for a tokenizer with one id per name",
     )
     drills.add_argument(
         "--anchors",

@@ -1,5 +1,5 @@
-"""Lookup drills: short text-only search chains over the world graph, for a policy that starts
-from random weights.
+"""Lookup drills (short search chains over the world graph) and name drills, for a policy that
+starts from random weights.
 
 The paper's SFT starts from a pretrained Qwen3-VL, which can already copy a name it has just
 read into its next query. A tiny policy trained from scratch on a few hundred expert chains
@@ -181,6 +181,34 @@ def lookup_drills(
         if drill is not None and drill.prompt.id not in drills:
             drills[drill.prompt.id] = drill
     return list(drills.values())
+
+
+def name_drills(world: World, count: int, seed: int = 0, names: tuple[int, int] = (3, 6)) -> list[Trajectory]:
+    """``count`` drills that each list a few of the world's entity names and ask for them back.
+
+    With one id per entity name (``osvl.demo tokenizer --entity-world``), the names of held-out
+    entities would appear in no training text; Adam then moves their tied embeddings only through the
+    softmax's push-down of every wrong id, which drives them all towards one direction (mean pairwise
+    cosine 0.61 against 0.26 for names seen in training, measured on the demo's SFT policy), and a
+    policy cannot copy a name it cannot tell apart from the others. Here every name, held-out ones
+    included, is a target now and then (the names cycle through seeded shuffles), and no drill states a
+    fact about any entity: the questions stay unseen."""
+    if count < 0 or not 1 <= names[0] <= names[1]:
+        raise ValueError(f"name_drills needs count >= 0 and 1 <= names[0] <= names[1], got {count}, {names}")
+    titles = sorted(page.title for page in world.graph.entities())
+    if count and not titles:
+        raise ValueError("name_drills: the world has no entities")
+    rng, queue, drills = random.Random(seed), [], []
+    for index in range(count):
+        size = rng.randint(*names)
+        while len(queue) < size:
+            queue += rng.sample(titles, len(titles))
+        chosen, queue = queue[:size], queue[size:]
+        listed = "; ".join(chosen)
+        prompt = Prompt(id=f"names-{seed}-{index}", question=f"Repeat these names: {listed}.", answer=listed)
+        step = expert_step("Repeat the names in order.", None, None, response=listed)
+        drills.append(Trajectory(prompt, [step], FinishReason.RESPONSE, group_id=index, sample_index=0))
+    return drills
 
 
 def split_anchors(anchors: Iterable[str], eval_fraction: float, seed: int = 0) -> tuple[list[str], list[str]]:

@@ -76,6 +76,27 @@ def test_number_pieces_are_one_id_each_and_round_trip(tmp_path):
     assert [triple.decode([i]) for i in triple.encode("254000 1937")] == ["254", "000", " ", "193", "7"]
 
 
+def test_whole_words_are_one_id_wherever_they_stand(tmp_path):
+    names = ["Danquen Isdan", "Osar", "Vase of Noryarnor"]
+    tok = train_bpe_tokenizer(CORPUS, 400, max_digits=2, whole_words=names)
+    plain = train_bpe_tokenizer(CORPUS, 400, max_digits=2)
+    ids = {name: tok.encode(name) for name in names}
+    assert all(len(i) == 1 for i in ids.values()) and len(set(map(tuple, ids.values()))) == 3
+    # the same id in a passage (after a space) and in a JSON query (after a quote)
+    passage = tok.encode("The parent of Danquen Isdan is Osar.")
+    query = tok.encode('{"query": "Danquen Isdan parent"}')
+    assert ids["Danquen Isdan"][0] in passage and ids["Danquen Isdan"][0] in query
+    # whole words only: a longer word that starts with a name keeps its pieces
+    assert ids["Osar"][0] not in tok.encode("Osarfen is a city.")
+    assert tok.special == plain.special and tok.vocab_size == plain.vocab_size + 3  # added after Qwen's tokens
+    text = "Vase of Noryarnor; Osar, 1937."
+    assert tok.decode(tok.encode(text)) == text
+    tok.save(tmp_path / "tokenizer.json")
+    assert load_tokenizer(tmp_path).encode(text) == tok.encode(text)
+    with pytest.raises(ValueError, match="whole_words"):
+        train_bpe_tokenizer(CORPUS, 400, whole_words=[" Osar"])
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=60))
 def test_encode_decode_round_trips_any_text(text):

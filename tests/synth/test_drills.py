@@ -11,7 +11,7 @@ import pytest
 
 from osvl.rl.trajectory import read_jsonl
 from osvl.synth.__main__ import main
-from osvl.synth.drills import guess_rates, held_out_prompts, lookup_drills, split_anchors
+from osvl.synth.drills import guess_rates, held_out_prompts, lookup_drills, name_drills, split_anchors
 from osvl.synth.pipeline import CurationConfig, is_rl
 from osvl.synth.records import read_items, read_prompts
 
@@ -205,3 +205,39 @@ def test_cli_drills_a_world_other_than_the_agents_without_a_curated_set(world, t
     assert len(list(read_jsonl(target))) == 8
     with pytest.raises(SystemExit):  # held-out questions start at a curated set's RL entities
         main(["drills", "--world", str(world.root), "--count", "1", "--held-out-prompts", "--out", str(target)])
+
+
+def test_name_drills_make_every_name_a_target_and_state_no_fact(world):
+    titles = {page.title for page in world.graph.entities()}
+    drills = name_drills(world, len(titles) // 3 + 1, seed=4)  # at least 3 names each: one whole shuffle
+    seen = [name for d in drills for name in d.steps[0].response.split("; ")]
+    assert set(seen) == titles  # the names cycle through shuffles: all of them come back within one pass
+    for drill in drills:
+        (step,) = drill.steps
+        listed = drill.prompt.question.removeprefix("Repeat these names: ").removesuffix(".")
+        assert step.response == listed == drill.prompt.answer and step.tool_call is None
+        assert 3 <= len(listed.split("; ")) <= 6 and " of " not in step.think  # no relation, no attribute
+    assert name_drills(world, 5, seed=4)[0].prompt.question == drills[0].prompt.question  # seeded
+    with pytest.raises(ValueError, match="names"):
+        name_drills(world, 1, names=(0, 2))
+
+
+def test_cli_writes_name_drills_without_a_curated_set(world, tmp_path, capsys):
+    target = tmp_path / "names.jsonl"
+    assert main(["drills", "--world", str(world.root), "--names", "--count", "6", "--out", str(target)]) == 0
+    assert json.loads(capsys.readouterr().out)["drills"] == 6
+    assert all(t.prompt.id.startswith("names-") for t in read_jsonl(target))
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "drills",
+                "--world",
+                str(world.root),
+                "--names",
+                "--held-out-prompts",
+                "--count",
+                "1",
+                "--out",
+                str(target),
+            ]
+        )
