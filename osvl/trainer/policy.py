@@ -48,7 +48,7 @@ class CPUSize:
 # tiny: unit and end-to-end tests (GQA, MoE). small: make demo, whose policy starts from random weights
 # and must copy the names and numbers it reads into its next query and its answer. Copying in context
 # needs an induction circuit, which small models of this width form within a few hundred steps with
-# tied embeddings and do not form at all untied (scripts/induction_probe.py; docs/demo.md).
+# tied embeddings and do not form at all untied (scripts/copy_probe.py; docs/demo.md).
 CPU_SIZES = {
     "tiny": CPUSize(64, 4, 2, 16, 128),
     "tiny_moe": CPUSize(64, 4, 2, 16, 128),

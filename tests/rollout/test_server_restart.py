@@ -88,10 +88,10 @@ def test_without_weights_on_disk_a_restart_fails_naming_what_to_do(checkpoint):
         sync.sync(policy, 2)
         first.close()
         back = _restart_later(checkpoint, port, delay_s=1.5)
-        with pytest.raises(EngineError, match=f"{first.url} reports '0'.*relaunch the trainer"):
+        with pytest.raises(EngineError, match=f"{first.url} reports 'default'.*relaunch the trainer"):
             runner.run(client.generate(REQUEST))
         back["thread"].join()
-        with pytest.raises(EngineError, match=f"left the weights update group: {first.url} reports weight version '0'"):
+        with pytest.raises(EngineError, match=f"left the weights update group: {first.url} reports weight version 'default'"):
             sync.sync(policy, 4)
         runner.run(client.aclose())
     back["server"].close()

@@ -98,6 +98,6 @@ def test_the_demo_size_learns_to_copy_in_context(tmp_path):
     induction circuit within a few hundred steps (untied it did not within 800: docs/demo.md)."""
     tok_path, _ = write_sft_data(tmp_path / "tok")
     argv = ["--tokenizer", str(tok_path), "--source", "random", "--vocab", "300", "--length", "20"]
-    records = probe.main([*argv, "--steps", "600", "--every", "100", "--preset", "small"])
-    assert records[0]["repeat_acc_random"] < 0.2  # nothing copied yet at step 100 ...
-    assert max(r["repeat_acc_random"] for r in records[-2:]) > 0.8  # ... most of it by step 600
+    records = probe.main([*argv, "--steps", "400", "--every", "100", "--preset", "small"])
+    # chance is 1/300; when the circuit forms varies with the CPU's float path (step ~100 to ~250 seen)
+    assert max(r["repeat_acc_random"] for r in records[-2:]) > 0.8
