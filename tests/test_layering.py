@@ -1,11 +1,13 @@
 """The import graph of osvl, read from the source (every import: module level, inside functions, under
 TYPE_CHECKING): no module imports one that imports it back, the packages stack in one order (no import
 climbs back up to a package that imports the importer), the layers under the trainer never import it,
-the recipe config imports no other osvl package, and the kernels import no osvl at all."""
+the recipe config imports no other osvl package, and the kernels import no osvl at all. The package
+table of docs/architecture.md names every package and top-level module of the tree, and only those."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -148,6 +150,24 @@ def test_the_kernels_import_no_osvl():
         if name == "osvl" or name.startswith("osvl.")
     ]
     assert not found, "\n".join(found)
+
+
+def test_the_architecture_page_lists_the_tree():
+    """Every row's ``osvl/...`` paths are the tree's packages and top-level modules, and the ``name.py``
+    files a package's row describes are in that package."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = text.split("\n## Packages\n", 1)[1].split("\n#", 1)[0]
+    listed, absent = set(), []
+    for row in (line for line in table.splitlines() if line.startswith("| `")):
+        where, what = row.split(" | ")[:2]
+        for path in re.findall(r"`osvl/([\w./]+?)/?`", where):
+            listed.add(path.removesuffix(".py"))
+            if (ROOT / "osvl" / path).is_dir():
+                absent += [f"osvl/{path}/{name}" for name in re.findall(r"`([\w/]+\.py)`", what)]
+    absent = [name for name in absent if not (ROOT / name).is_file()]
+    tree = {p.stem for p in (ROOT / "osvl").iterdir() if p.name not in ("__init__.py", "__pycache__")}
+    assert listed == tree, f"not in the tree: {sorted(listed - tree)}; not on the page: {sorted(tree - listed)}"
+    assert not absent, absent
 
 
 def test_the_checks_catch_what_they_look_for(tmp_path):

@@ -73,6 +73,14 @@ def test_the_readme_is_short_and_opens_with_the_two_commands():
     assert bash_blocks(text)[0] == ["make demo", "make test"]
 
 
+def test_what_the_two_commands_show_is_dated_and_pinned_to_a_commit():
+    section = README.read_text(encoding="utf-8").split("## What the two commands show\n", 1)[1].split("\n## ", 1)[0]
+    items = re.split(r"^- ", section.strip(), flags=re.M)[1:]
+    assert [item.split(":", 1)[0] for item in items] == ["`make demo`", "`make test`"]
+    for item in items:
+        assert re.search(r"\b[0-9a-f]{7}\b", item) and re.search(r"\b20\d\d-\d\d-\d\d\b", item), item
+
+
 def test_every_readme_command_is_exercised_here():
     commands = readme_commands()
     unmatched = [c for c in commands if not any(c.startswith(prefix) for prefix in EXERCISED)]
