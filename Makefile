@@ -69,7 +69,7 @@ lint: install
 # --dist loadgroup: the tests of one xdist_group (the vLLM module, the SGLang module) share one worker and
 # its servers.
 test: install vllm-venv sglang-venv
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup tests
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 tests
 
 # The edit-test loop: everything but the tests marked slow (multi-process training runs, the study,
 # the real trainers), vllm (a real vLLM server) and sglang (real SGLang servers); make test runs them all.
