@@ -175,7 +175,8 @@ def test_profile_writes_a_trace_and_a_breakdown(tmp_path):
     argv = shlex.split(command_starting("python bench/profile.py"))[2:]
     argv[argv.index("--out") + 1] = str(tmp_path / "profile")
     data = [o for o in sft_overrides(tmp_path / "data", tmp_path / "unused") if not o.startswith("job.run_dir")]
-    sets = [x for o in [*data, "metrics.tensorboard=false"] for x in ("--set", o)]
+    # 8 trajectories are 2 steps an epoch at tiny_sft's global batch: two epochs hold the README's 3 steps
+    sets = [x for o in [*data, "sft.epochs=2", "metrics.tensorboard=false"] for x in ("--set", o)]
     assert main(argv + sets) == 0
     assert (tmp_path / "profile" / "trace.json").is_file()
     rows = json.loads((tmp_path / "profile" / "breakdown.json").read_text())["rows"]
