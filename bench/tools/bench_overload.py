@@ -39,7 +39,7 @@ if __package__ in (None, ""):
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.tools.bench_tools import git_info  # noqa: E402
+from bench.kernels.report import git_info  # noqa: E402
 from osvl.rl.trajectory import ToolResult, ToolStatus  # noqa: E402
 from osvl.tools import Job  # noqa: E402
 from osvl.tools.registry import ToolOutput, ToolSpec  # noqa: E402
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         parser.error(f"unknown modes {unknown}; choose from {list(MODES)}")
-    git = git_info()
+    git = git_info(REPO)
     load_before = os.getloadavg()[0]
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="osvl-overload-") as folder:

@@ -32,7 +32,7 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from bench.tools.bench_tools import git_info  # noqa: E402
+from bench.kernels.report import git_info  # noqa: E402
 from osvl.tools.sandbox import SandboxConfig, SandboxLimits, run_sandboxed  # noqa: E402
 
 SCHEMA = "osvl.bench.sandbox/1"
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(workloads) - set(WORKLOADS)) + sorted(set(backends) - {*BACKENDS, "bare_python"})
     if unknown or args.calls < 1:
         parser.error(f"unknown workloads or backends {unknown}" if unknown else "--calls must be >= 1")
-    git = git_info()
+    git = git_info(REPO)
     cases: list[Case] = []
     for workload in workloads:
         measured = [b for b in backends if b != "bare_python" or workload == "pass"]

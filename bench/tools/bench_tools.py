@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ if __package__ in (None, ""):
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.kernels.report import git_info  # noqa: E402
 from osvl.tools import ImageSearchConfig, Job, PoolConfig, TextSearchConfig, ToolBackendsConfig, ToolPool  # noqa: E402
 from osvl.tools.catalog import default_registry  # noqa: E402
 from osvl.tools.image_io import encode_png  # noqa: E402
@@ -57,16 +57,6 @@ class CaseResult:
     p99_ms: float
     mean_ms: float
     errors: int
-
-
-def git_info() -> dict[str, object]:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "HEAD") or "unknown",
-        "dirty": bool(git("status", "--porcelain", "--", "osvl/tools")),
-    }
 
 
 def document(width: int = 640) -> np.ndarray:
@@ -240,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown tools {unknown}" if unknown else "--calls and --concurrency must be >= 1")
     worker_counts = [int(w) for w in args.workers.split(",")]
     cv2.setNumThreads(1)  # the in-process baseline gets what one pool worker gets (PoolConfig.opencv_threads)
-    git = git_info()
+    git = git_info(REPO)
     meta = {
         "schema": SCHEMA,
         "git_commit": git["commit"],
