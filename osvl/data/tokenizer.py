@@ -102,15 +102,19 @@ class SpecialTokens:
 
 
 class Tokenizer:
-    """Text <-> ids over a ``tokenizers`` backend; added tokens in text map to their ids."""
+    """Text <-> ids over a ``tokenizers`` backend; added tokens in text map to their ids. The backend is
+    complete when wrapped (``train_tokenizer`` adds its tokens first): its size is read once, since the
+    backend's ``get_vocab_size`` costs ~80 us a call and decoding (every generated token's stop check)
+    used it per id."""
 
     def __init__(self, backend: _Backend) -> None:
         self.backend = backend
         self.special = SpecialTokens.from_backend(backend)
+        self._vocab_size = backend.get_vocab_size(with_added_tokens=True)
 
     @property
     def vocab_size(self) -> int:
-        return self.backend.get_vocab_size(with_added_tokens=True)
+        return self._vocab_size
 
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
@@ -119,7 +123,8 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        size = self._vocab_size
+        bad = [i for i in ids if not 0 <= i < size]
         if bad:
             raise ValueError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -88,7 +88,8 @@ def extend(
         position_ids.reshape(3, B * L), head_dim=a.text.head_dim, theta=a.text.rope_theta, sections=a.text.mrope_section
     ).view(B, L, -1)
     mask = _attention_mask(cache.lengths, new_lengths, L, cache.capacity)
-    rows = [(b, int(cache.lengths[b]), int(new_lengths[b])) for b in range(B)]
+    rows, positions = real.nonzero(as_tuple=True)  # every real token's row and place: one copy a layer
+    slots = cache.lengths[rows] + positions
     for i, layer in enumerate(model.layers.values()):
         attn = layer.attention
         q, k, v = attn.qkv_linear(layer.attention_norm(h))
@@ -96,9 +97,8 @@ def extend(
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = attn.rope(q, k, rope)
         keys, values = cache.keys[i], cache.values[i]
-        for b, start, count in rows:
-            keys[b, :, start : start + count] = k[b, :count].transpose(0, 1)
-            values[b, :, start : start + count] = v[b, :count].transpose(0, 1)
+        keys[rows, :, slots] = k[rows, positions]
+        values[rows, :, slots] = v[rows, positions]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=attn.enable_gqa
         )

@@ -11,8 +11,13 @@ configured so the API receives a URL, otherwise it is sent inline as base64.
 from __future__ import annotations
 
 import base64
+import contextlib
+import dataclasses
 import functools
+import hashlib
 import os
+import tempfile
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +37,7 @@ PHASH_MAX_DISTANCE = 12  # of 64 bits
 ORB_MIN_INLIERS = 15
 HISTOGRAM_MIN_CORRELATION = 0.6
 FEATURE_SIDE = 512  # images are resized to this longer side for ORB
+ORB_FEATURES = 1000
 ORB_MIN_SIDE = 64  # ORB's 31-pixel patches and 8-level pyramid find nothing (or assert) on thinner images
 
 
@@ -68,7 +74,7 @@ def _orb(image: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         gray = cv2.resize(gray, size, interpolation=cv2.INTER_AREA)
     if min(gray.shape) < ORB_MIN_SIDE:
         return np.zeros((0, 2), np.float32), None
-    keypoints, descriptors = cv2.ORB_create(nfeatures=1000).detectAndCompute(gray, None)
+    keypoints, descriptors = cv2.ORB_create(nfeatures=ORB_FEATURES).detectAndCompute(gray, None)
     return np.array([k.pt for k in keypoints], dtype=np.float32).reshape(-1, 2), descriptors
 
 
@@ -107,10 +113,14 @@ class NearDuplicateIndex:
 
     @classmethod
     def from_jsonl(cls, path: str | os.PathLike[str], max_pixels: int) -> NearDuplicateIndex:
+        """The collection's index; its features come from the cache file beside the collection when that
+        was made from the same collection, image files, size limit and feature settings (describing the
+        demo world's 720 images costs each tool worker ~5 s of CPU at every start), else are computed and
+        the cache (re)written; a cache that cannot be read or written is ignored."""
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"image collection {path} does not exist")
-        entries = []
+        records = []
         for number, record in iter_jsonl(path):
             if (
                 not isinstance(record, dict)
@@ -118,14 +128,27 @@ class NearDuplicateIndex:
                 or not isinstance(record.get("title"), str)
             ):
                 raise ValueError(f"{path}:{number}: needs string fields 'image' and 'title'")
-            try:
-                image = read_image(path.parent / record["image"], max_pixels)
-            except (OSError, ValueError) as err:
-                raise ValueError(f"{path}:{number}: {err}") from None
-            entries.append(
-                describe(image, record["title"], str(record.get("caption", "")), str(record.get("page_id", "")))
-            )
-        return cls(entries)
+            records.append((number, record))
+        key = _cache_key(path, records, max_pixels)
+        cache = _cache_path(path)
+        features = _read_features(cache, key, len(records))
+        if features is None:
+            features = []
+            for number, record in records:
+                try:
+                    image = read_image(path.parent / record["image"], max_pixels)
+                except (OSError, ValueError) as err:
+                    raise ValueError(f"{path}:{number}: {err}") from None
+                features.append(describe(image))
+            _write_features(cache, key, features)
+        return cls(
+            [
+                dataclasses.replace(
+                    f, title=r["title"], caption=str(r.get("caption", "")), page_id=str(r.get("page_id", ""))
+                )
+                for f, (_, r) in zip(features, records)
+            ]
+        )
 
     def search(self, image: np.ndarray, top_k: int) -> list[Match]:
         query = describe(image)
@@ -155,6 +178,74 @@ class NearDuplicateIndex:
     def _match(self, i: int, kind: str, score: float) -> Match:
         entry = self.entries[i]
         return Match(entry.title, entry.caption, entry.page_id, kind, round(score, 4))
+
+
+def _cache_path(collection: Path) -> Path:
+    return collection.with_name(collection.name + ".features.npz")
+
+
+def _cache_key(collection: Path, records: list[tuple[int, dict]], max_pixels: int) -> str:
+    """What the features depend on: the collection's bytes, each image file's size and mtime, the pixel
+    limit, the feature settings and OpenCV's version (ORB's output may change with it)."""
+    digest = hashlib.sha256(collection.read_bytes())
+    for _, record in records:
+        try:
+            stat = os.stat(collection.parent / record["image"])
+            digest.update(f"{record['image']}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+        except OSError:
+            digest.update(f"{record['image']}:missing\n".encode())
+    digest.update(f"{max_pixels}:{FEATURE_SIDE}:{ORB_MIN_SIDE}:{ORB_FEATURES}:{cv2.__version__}".encode())
+    return digest.hexdigest()
+
+
+def _read_features(cache: Path, key: str, count: int) -> list[Entry] | None:
+    try:
+        with np.load(cache, allow_pickle=False) as data:
+            if str(data["key"]) != key or len(data["phash"]) != count:
+                return None
+            ends, described = np.cumsum(data["counts"]), np.cumsum(data["descriptor_counts"])
+            starts, first = ends - data["counts"], described - data["descriptor_counts"]
+            keypoints, descriptors, has = data["keypoints"], data["descriptors"], data["has_descriptors"]
+            return [
+                Entry(
+                    "",
+                    "",
+                    "",
+                    data["phash"][i : i + 1],
+                    keypoints[starts[i] : ends[i]],
+                    descriptors[first[i] : described[i]] if has[i] else None,
+                    data["histogram"][i],
+                )
+                for i in range(count)
+            ]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+
+
+def _write_features(cache: Path, key: str, features: list[Entry]) -> None:
+    """Atomically (workers that start together may each write it); a read-only world goes uncached."""
+    empty = np.zeros((0, 32), np.uint8)
+    try:
+        with tempfile.NamedTemporaryFile(dir=cache.parent, prefix=cache.name, suffix=".tmp", delete=False) as file:
+            np.savez(
+                file,
+                key=np.array(key),
+                phash=np.concatenate([f.phash for f in features]) if features else np.zeros((0, 8), np.uint8),
+                histogram=np.stack([f.histogram for f in features]) if features else np.zeros((0, 960), np.float32),
+                counts=np.array([len(f.keypoints) for f in features], np.int64),
+                descriptor_counts=np.array(
+                    [0 if f.descriptors is None else len(f.descriptors) for f in features], np.int64
+                ),
+                keypoints=np.concatenate([f.keypoints for f in features]) if features else np.zeros((0, 2), np.float32),
+                descriptors=np.concatenate([f.descriptors if f.descriptors is not None else empty for f in features])
+                if features
+                else empty,
+                has_descriptors=np.array([f.descriptors is not None for f in features], bool),
+            )
+        os.replace(file.name, cache)
+    except OSError:
+        with contextlib.suppress(OSError, NameError):
+            os.unlink(file.name)
 
 
 @functools.cache

@@ -189,3 +189,27 @@ def test_cached_tokenizer_encodes_each_distinct_text_once(monkeypatch):
     assert cached.special == plain.special and cached.vocab_size == plain.vocab_size
     with pytest.raises(ValueError, match="encode takes a str"):
         cached.encode(["not", "text"])
+
+
+def test_decoding_does_not_ask_the_backend_for_its_size():
+    """Every generated token's stop check decodes a window; the backend's size lookup costs ~80 us and was
+    once read per id, most of the local engine's decode loop."""
+
+    class Counting:
+        def __init__(self, backend):
+            self.backend, self.size_reads = backend, 0
+
+        def get_vocab_size(self, **kwargs):
+            self.size_reads += 1
+            return self.backend.get_vocab_size(**kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.backend, name)
+
+    counting = Counting(tiny_tokenizer().backend)
+    tok = Tokenizer(counting)
+    reads = counting.size_reads
+    ids = tok.encode("The bridge opened in 1982.")
+    assert tok.decode(ids * 20) == "The bridge opened in 1982." * 20
+    assert tok.vocab_size == counting.backend.get_vocab_size(with_added_tokens=True)
+    assert counting.size_reads == reads

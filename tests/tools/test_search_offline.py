@@ -1,11 +1,12 @@
 import json
+import shutil
 
 import cv2
 import numpy as np
 import pytest
 
 from osvl.rl.trajectory import ToolStatus
-from osvl.tools import BackendError, ImageSearchConfig, TextSearchConfig, ToolBackendsConfig
+from osvl.tools import BackendError, ImageSearchConfig, TextSearchConfig, ToolBackendsConfig, image_search
 from osvl.tools.image_io import decode_image, encode_png, image_size
 from osvl.tools.image_search import NearDuplicateIndex
 from osvl.tools.text_search import build_text_index, extractive_summary, offline_search
@@ -172,6 +173,64 @@ def test_image_search_with_nothing_similar_is_a_tool_error(collection):
         "osvl.tools.image_search:image_search_tool", {"image": 0, "top_k": 3}, [noise], config
     )
     assert status is ToolStatus.TOOL_ERROR and "no visual matches" in error
+
+
+def _copy_collection(source, folder):
+    folder.mkdir()
+    for file in source.parent.glob("img*.png"):
+        shutil.copy(file, folder / file.name)
+    shutil.copy(source, folder / source.name)
+    return folder / source.name
+
+
+def _same_index(a: NearDuplicateIndex, b: NearDuplicateIndex) -> None:
+    assert len(a.entries) == len(b.entries)
+    for x, y in zip(a.entries, b.entries):
+        assert (x.title, x.caption, x.page_id) == (y.title, y.caption, y.page_id)
+        np.testing.assert_array_equal(x.phash, y.phash)
+        np.testing.assert_array_equal(x.keypoints, y.keypoints)
+        np.testing.assert_array_equal(x.histogram, y.histogram)
+        assert (x.descriptors is None) == (y.descriptors is None)
+        if x.descriptors is not None:
+            np.testing.assert_array_equal(x.descriptors, y.descriptors)
+
+
+def test_image_features_are_cached_beside_the_collection_and_rebuilt_when_it_changes(collection, tmp_path, monkeypatch):
+    path = _copy_collection(collection, tmp_path / "world")
+    built = NearDuplicateIndex.from_jsonl(path, 10**7)
+    cache = path.with_name(path.name + ".features.npz")
+    assert cache.is_file()
+    computed = []
+    real_describe = image_search.describe
+    monkeypatch.setattr(image_search, "describe", lambda *a, **k: computed.append(1) or real_describe(*a, **k))
+    _same_index(NearDuplicateIndex.from_jsonl(path, 10**7), built)
+    assert computed == []  # read from the cache
+    assert NearDuplicateIndex.from_jsonl(path, 10**7).search(scene(102, (320, 400)), 1)[0].title == "Entity 2"
+    computed.clear()  # the query's own description
+    NearDuplicateIndex.from_jsonl(path, 10**6)  # another pixel limit: other features
+    assert len(computed) == 6
+    (path.parent / "img3.png").write_bytes(encode_png(scene(999, (320, 400))))  # an image changed on disk
+    changed = NearDuplicateIndex.from_jsonl(path, 10**7)
+    assert len(computed) == 12
+    assert changed.search(scene(999, (320, 400)), 1)[0].title == "Entity 3"
+    computed.clear()
+    cache.write_bytes(b"not a zip")  # a corrupt cache is rebuilt, not trusted
+    _same_index(NearDuplicateIndex.from_jsonl(path, 10**7), changed)
+    assert len(computed) == 6
+    computed.clear()
+    NearDuplicateIndex.from_jsonl(path, 10**7)
+    assert computed == []  # and rewritten
+
+
+def test_an_unwritable_feature_cache_is_skipped(collection, tmp_path, monkeypatch):
+    path = _copy_collection(collection, tmp_path / "world")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(image_search.tempfile, "NamedTemporaryFile", refuse)
+    index = NearDuplicateIndex.from_jsonl(path, 10**7)
+    assert len(index.entries) == 6 and not list(path.parent.glob("*.npz*"))
 
 
 def test_bad_collections(tmp_path):
