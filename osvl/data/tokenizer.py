@@ -103,7 +103,7 @@ class SpecialTokens:
 
 class Tokenizer:
     """Text <-> ids over a ``tokenizers`` backend; added tokens in text map to their ids. The backend is
-    complete when wrapped (``train_tokenizer`` adds its tokens first): its size is read once, since the
+    complete when wrapped (``train_bpe_tokenizer`` adds its tokens first): its size is read once, since the
     backend's ``get_vocab_size`` costs ~80 us a call and decoding (every generated token's stop check)
     used it per id."""
 
@@ -126,7 +126,7 @@ class Tokenizer:
         size = self._vocab_size
         bad = [i for i in ids if not 0 <= i < size]
         if bad:
-            raise ValueError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+            raise ValueError(f"token ids out of range [0, {size}): {bad[:5]}")
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def save(self, path: str | os.PathLike[str]) -> None:

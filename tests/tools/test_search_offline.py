@@ -270,3 +270,10 @@ def test_split_sentences_keeps_order_and_drops_blanks():
     ]
     assert split_sentences("no stop at the end") == ["no stop at the end"]
     assert split_sentences("   ") == []
+
+
+def test_an_empty_collection_indexes_nothing_and_writes_no_cache(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    assert NearDuplicateIndex.from_jsonl(path, 10**7).entries == []
+    assert not list(tmp_path.glob("*.npz*"))
