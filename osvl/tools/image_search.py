@@ -230,7 +230,9 @@ def _write_entries(cache: Path, key: str, entries: list[Entry]) -> None:
                 phash=np.concatenate([e.phash for e in entries]),
                 histogram=np.stack([e.histogram for e in entries]),
                 counts=np.array([len(e.keypoints) for e in entries], np.int64),
-                descriptor_counts=np.array([0 if e.descriptors is None else len(e.descriptors) for e in entries]),
+                descriptor_counts=np.array(
+                    [0 if e.descriptors is None else len(e.descriptors) for e in entries], np.int64
+                ),
                 keypoints=np.concatenate([e.keypoints for e in entries]),
                 descriptors=np.concatenate(
                     [no_descriptors if e.descriptors is None else e.descriptors for e in entries]

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from osvl.serve.supervisor import RestartPolicy, ServiceSpec, Supervisor
+from tests.tools.proctree import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = RestartPolicy(max_restarts=2, window_s=60.0, first_delay_s=0.05, ready_timeout_s=120.0)
@@ -52,16 +53,12 @@ def test_a_killed_service_comes_back_on_its_port_and_the_others_stay_up(tmp_path
     try:
         os.kill(pid_a, signal.SIGKILL)
         deadline = time.monotonic() + 120
-        while _pid(url_a) in (None, pid_a):
-            assert time.monotonic() < deadline, lines
-            time.sleep(0.05)
+        assert wait_for(lambda: _pid(url_a) not in (None, pid_a), deadline - time.monotonic()), lines
         assert _pid(url_b) == pid_b  # never touched
         death = f"a (pid {pid_a}) ended with signal SIGKILL while serving; restart 1 of at most 2"
         assert any(death in x for x in lines), lines
         # the supervisor says so at its next poll after the new process answers, which may come after ours
-        while not any(x == f"a is back at {url_a}" for x in lines):
-            assert time.monotonic() < deadline, lines
-            time.sleep(0.05)
+        assert wait_for(lambda: f"a is back at {url_a}" in lines, deadline - time.monotonic()), lines
     finally:
         stop.set()
         thread.join(60)
