@@ -1,11 +1,12 @@
 """``make demo`` helpers: the demo tokenizer, the greedy evaluation and the before/after summary.
 
 ``python -m osvl.demo tokenizer --data DIR``   byte-level BPE over the curated set
-``python -m osvl.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE [--samples K]``
+``python -m osvl.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE [--samples K] [--rollouts F]``
     greedy Pass@1 on a prompt file (the recipe's data.train_path), rendered and tool-served exactly as in
     GRPO, no faults; `grounded`: answers stated word for word by one of the rollout's observations;
-    each prompt's result is kept for paired comparisons; ``--samples K``: K rollouts a prompt at the
-    GRPO temperature instead, for pass@k
+    `chains`: at which lookup chain questions stopped following their evidence; each prompt's result is
+    kept for paired comparisons; ``--samples K``: K rollouts a prompt at the GRPO temperature instead, for
+    pass@k; ``--rollouts F``: every rollout as JSONL, to read what the policy did
 ``python -m osvl.demo prior --recipe tiny_grpo --sft FILE --out FILE``
     the no-tool floor: the SFT data's most frequent answer to each prompt's asked attribute
 ``python -m osvl.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE [--sampled sft=FILE ...]``
@@ -136,18 +137,45 @@ def evaluation_rollouts(
     return sorted(scored, key=lambda t: (order[t.prompt.id], t.sample_index))
 
 
+def chain_breaks(trajectories: Sequence[Trajectory]) -> dict:
+    """Where the rollouts of chain questions stopped following their evidence
+    (:func:`osvl.rl.judges.chain_progress`): ``broken_at[i]`` counts those whose i-th lookup (1-based) was
+    never issued on the entity the evidence named; ``complete`` those that issued every lookup."""
+    from osvl.rl.judges import chain_progress
+
+    progress = [chain_progress(t.prompt.question, t.steps) for t in trajectories]
+    progress = [p for p in progress if p is not None]
+    broken = Counter(str(done + 1) for done, asked in progress if done < asked)
+    return {
+        "questions": len(progress),
+        "complete": sum(done == asked for done, asked in progress),
+        "broken_at": dict(sorted(broken.items(), key=lambda item: int(item[0]))),
+    }
+
+
 def evaluate_policy(
-    recipe: Recipe, checkpoint: str, limit: int = 0, engine_wrapper: Callable | None = None, samples: int = 0
+    recipe: Recipe,
+    checkpoint: str,
+    limit: int = 0,
+    engine_wrapper: Callable | None = None,
+    samples: int = 0,
+    rollouts: str | Path | None = None,
 ) -> dict:
     """Greedy Pass@1 summary of :func:`evaluation_rollouts`, so before/after numbers differ only by the
-    weights, with each prompt's accuracy (``per_prompt``, for paired comparisons); with ``samples`` = n,
-    the means are over all n x prompts rollouts, ``per_prompt`` holds each prompt's n accuracies and
-    ``pass_at_k`` the unbiased pass@k for every k <= n."""
+    weights, with each prompt's accuracy (``per_prompt``, for paired comparisons) and where chains broke
+    (``chains``, :func:`chain_breaks`); with ``samples`` = n, the means are over all n x prompts rollouts,
+    ``per_prompt`` holds each prompt's n accuracies and ``pass_at_k`` the unbiased pass@k for every k <= n.
+    ``rollouts``: a JSONL file (replaced) that receives every scored rollout, its images in ``images/``
+    beside it, for reading what the policy did (:func:`osvl.rl.trajectory.read_jsonl`)."""
     from osvl.eval.interval import pass_at_k
+    from osvl.rl.trajectory import append_jsonl
     from osvl.trainer.validation import summary_means, summary_sums
 
     started = time.perf_counter()
     scored = evaluation_rollouts(recipe, checkpoint, limit, engine_wrapper, samples)
+    if rollouts is not None:
+        Path(rollouts).unlink(missing_ok=True)
+        append_jsonl(rollouts, scored)
     statuses = Counter(s.tool_result.status.value for t in scored for s in t.steps if s.tool_result is not None)
     sums = summary_sums(scored)
     per_prompt: dict[str, list[float | None]] = {}
@@ -160,6 +188,7 @@ def evaluate_policy(
         "scored": int(sums["scored"]),
         **summary_means(sums),
         "tool_statuses": dict(statuses),
+        "chains": chain_breaks(scored),
         "wall_s": time.perf_counter() - started,
     }
     if samples:
@@ -227,6 +256,18 @@ def _eval_row(label: str, result: dict) -> str:
     )
 
 
+def _chain_row(label: str, result: dict) -> str | None:
+    """Where the rollouts' lookup chains broke (``chains`` of ``evaluate``), or None without chain questions."""
+    chains = result.get("chains")
+    if not chains or not chains["questions"]:
+        return None
+    broken = ", ".join(f"lookup {at}: {count}" for at, count in chains["broken_at"].items()) or "none"
+    return (
+        f"  {label:<5} followed its evidence through every lookup in {chains['complete']}/{chains['questions']} "
+        f"rollouts; first lookup missed: {broken}"
+    )
+
+
 def _paired_row(before: tuple[str, dict], after: tuple[str, dict]) -> str:
     """``after - before`` on the same prompts with its paired bootstrap interval, or why there is none."""
     from osvl.eval.interval import paired_difference
@@ -279,6 +320,7 @@ def summary_lines(
         lines.append("greedy Pass@1 on the evaluation prompts (GRPO's prompt, tools and turn budget; no faults):")
         results = [(label, json.loads(Path(path).read_text())) for label, path in evals]
         lines += [_eval_row(label, result) for label, result in results]
+        lines += [row for label, result in results if (row := _chain_row(label, result)) is not None]
         lines += [_paired_row(before, after) for before, after in itertools.pairwise(results)]
         if prior is not None:
             last = results[-1]
@@ -382,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument(
         "--samples", type=int, default=0, help="k rollouts a prompt at the GRPO temperature (pass@k) instead of greedy"
     )
+    ev.add_argument(
+        "--rollouts", help="also write every rollout (JSONL, replaced; images in images/ beside it) to read what it did"
+    )
     ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     summ = sub.add_parser("summary")
     summ.add_argument("--sft", required=True)
@@ -426,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             from osvl.config.loader import load_recipe
 
             recipe = load_recipe(args.recipe, args.set)
-            result = evaluate_policy(recipe, args.checkpoint, args.limit, samples=args.samples)
+            result = evaluate_policy(recipe, args.checkpoint, args.limit, samples=args.samples, rollouts=args.rollouts)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps(result))

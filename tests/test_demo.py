@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 
 from osvl.config import load_recipe
-from osvl.demo import evaluate_policy, main, seed_lines, summary_lines
-from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory
+from osvl.demo import chain_breaks, evaluate_policy, main, seed_lines, summary_lines
+from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory, read_jsonl
 from osvl.rollout import ReplayEngine
 from osvl.synth.records import write_prompts
 from osvl.trainer.validation import answer_is_grounded
 from osvl.world.__main__ import main as world_main
 from osvl.world.build import load_world
 from tests.fresh_imports import fresh_imports
+from tests.rl.helpers import tool_step
 from tests.trainer.fixtures import write_sft_data
 from tests.trainer.test_report import fake_run
 
@@ -67,9 +68,15 @@ def answering(correct: set[str]):
     return wrap
 
 
-def test_accuracy_counts_right_answers_and_faults_are_off(setup):
+def test_accuracy_counts_right_answers_and_faults_are_off(setup, tmp_path):
     recipe, prompts = setup
-    result = evaluate_policy(recipe, "init", engine_wrapper=answering({"0", "2", "3"}))
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_text("a stale line that the evaluation replaces\n")
+    result = evaluate_policy(recipe, "init", engine_wrapper=answering({"0", "2", "3"}), rollouts=rollouts)
+    written = list(read_jsonl(rollouts))
+    assert {t.prompt.id: t.reward.acc for t in written} == result["per_prompt"] == {"q0": 1, "q1": 0, "q2": 1, "q3": 1}
+    assert all(t.steps[0].tool_call.name == "text_search" and t.final_answer for t in written)
+    assert result["chains"] == {"questions": 0, "complete": 0, "broken_at": {}}  # no question of the chain form
     assert result["prompts"] == result["scored"] == len(prompts)
     assert result["accuracy"] == pytest.approx(0.75) and result["answered"] == 1.0
     assert result["grounded"] == pytest.approx(0.75)  # the wrong answer is stated by no observation
@@ -108,6 +115,29 @@ def test_sampled_evaluation_keeps_every_sample_and_reports_pass_at_k(setup):
     assert greedy["per_prompt"] == {"q0": 0.0, "q1": 1.0, "q2": 0.0, "q3": 0.0} and "pass_at_k" not in greedy
     with pytest.raises(ValueError, match="samples must be >= 0"):
         evaluate_policy(recipe, "init", samples=-1)
+
+
+def test_chain_breaks_count_where_each_rollout_stopped_following_its_evidence():
+    question = "What is the occupation of the founder of the zoo shown in the image?"
+    match = "[Match 1] Jorzel Zoo (page: Jorzel_Zoo; near_duplicate, score 1)\nCaption: Jorzel Zoo, a zoo"
+    passage = "[Passage 1] Jorzel Zoo\nURL: world://Jorzel_Zoo\nSummary: The founder of Jorzel Zoo is Jorlo Talcor."
+    image = tool_step("ok", name="image_search", arguments={"image": 0, "top_k": 1}, observation=match)
+    founder = tool_step("ok", arguments={"query": "Jorzel Zoo founder"}, observation=passage)
+    occupation = tool_step("ok", arguments={"query": "Jorlo Talcor occupation"}, observation="Its occupation is x.")
+    wrong = tool_step("ok", arguments={"query": "Jorlo Talcor founder"}, observation="Jorlo Talcor is a person.")
+
+    def rollout(question, *steps):
+        return Trajectory(Prompt("z", question, answer="x"), list(steps), FinishReason.RESPONSE, 0, 0)
+
+    rollouts = [
+        rollout(question, image, founder, occupation),
+        rollout(question, image, founder, wrong),
+        rollout(question, image, wrong, occupation),
+        rollout(question, image, wrong),
+        rollout("Which city is number 3?", founder),
+    ]
+    assert chain_breaks(rollouts) == {"questions": 4, "complete": 1, "broken_at": {"1": 2, "2": 1}}
+    assert chain_breaks([]) == {"questions": 0, "complete": 0, "broken_at": {}}
 
 
 def test_a_grounded_answer_is_stated_word_for_word_by_an_observation():
@@ -203,6 +233,22 @@ def test_summary_compares_each_stage_with_the_one_before_by_prompt(tmp_path):
     with pytest.raises(SystemExit):
         main(common + ["--other-evals", str(curated)])  # no LABEL=
     assert main(common + [f"grpo={curated}", "--other-evals", f"curated={curated}"]) == 0
+
+
+def test_summary_says_where_each_stage_stopped_following_its_evidence(tmp_path):
+    sft = fake_run(tmp_path / "sft", "fatal_clamp", [0.0, 0.0])
+    grpo = fake_run(tmp_path / "grpo", "fatal_clamp", [0.1, 0.3])
+    chains = {"questions": 20, "complete": 12, "broken_at": {"1": 6, "2": 2}}
+    evals = [
+        ("sft", _write_eval(tmp_path / "sft.json", 0.5, chains=chains)),
+        ("grpo", _write_eval(tmp_path / "grpo.json", 0.5, chains={"questions": 20, "complete": 20, "broken_at": {}})),
+    ]
+    lines = summary_lines(sft, grpo, 1, evals)
+    expected = "  sft   followed its evidence through every lookup in 12/20 rollouts; first lookup missed: "
+    assert expected + "lookup 1: 6, lookup 2: 2" in lines
+    assert "  grpo  followed its evidence through every lookup in 20/20 rollouts; first lookup missed: none" in lines
+    no_chains = _write_eval(tmp_path / "plain.json", 0.5, chains={"questions": 0, "complete": 0, "broken_at": {}})
+    assert not any("followed its evidence" in line for line in summary_lines(sft, grpo, 1, [("sft", no_chains)]))
 
 
 def test_summary_reports_pass_at_k_of_sampled_evaluations(tmp_path, capsys):

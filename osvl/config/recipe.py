@@ -365,7 +365,9 @@ class ToolsConfig:
 @dataclass(frozen=True)
 class JudgesConfig:
     accuracy: Literal["exact", "llm"] = "exact"
-    query: Literal["heuristic", "llm"] = "heuristic"
+    # heuristic: four search-process proxies; chain: the share of a chain question's lookups issued on the
+    # entities the agent's own evidence named (osvl.rl.judges.EvidenceChainQueryJudge); llm: the rubric judge
+    query: Literal["heuristic", "chain", "llm"] = "heuristic"
     url: str = ""  # OpenAI-compatible chat endpoint for the llm judges
     model: str = ""
     api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the key ("" or unset = no key)

@@ -11,6 +11,7 @@ from osvl.rl.fatal import FatalConfig, find_fatal_step, has_infra_error, traject
 from osvl.rl.judges import (
     ChatCompletionsClient,
     ChatJudgeConfig,
+    EvidenceChainQueryJudge,
     ExactMatchAccuracyJudge,
     HeuristicQueryJudge,
     LLMAccuracyJudge,
@@ -56,6 +57,7 @@ __all__ = [
     "ExactMatchAccuracyJudge",
     "FatalConfig",
     "FinishReason",
+    "EvidenceChainQueryJudge",
     "HeuristicQueryJudge",
     "LLMAccuracyJudge",
     "LLMQueryJudge",

@@ -34,6 +34,7 @@ from osvl.rl.judges import (
     AccuracyJudge,
     ChatCompletionsClient,
     ChatJudgeConfig,
+    EvidenceChainQueryJudge,
     ExactMatchAccuracyJudge,
     HeuristicQueryJudge,
     LLMAccuracyJudge,
@@ -126,7 +127,8 @@ def reward_scoring(recipe: Recipe) -> tuple[AccuracyJudge, QueryJudge, RewardCon
             )
         )
     accuracy = LLMAccuracyJudge(client) if j.accuracy == "llm" else ExactMatchAccuracyJudge()
-    query = LLMQueryJudge(client) if j.query == "llm" else HeuristicQueryJudge()
+    offline_query = EvidenceChainQueryJudge() if j.query == "chain" else HeuristicQueryJudge()
+    query = LLMQueryJudge(client) if j.query == "llm" else offline_query
     return (
         accuracy,
         query,

@@ -8,14 +8,17 @@ from hypothesis import strategies as st
 
 from osvl.rl.judges import (
     QUERY_DIMENSIONS,
+    EvidenceChainQueryJudge,
     ExactMatchAccuracyJudge,
     HeuristicQueryJudge,
+    chain_progress,
     describe_calls,
     load_prompt,
     normalize_answer,
     parse_accuracy_verdict,
     parse_query_scores,
     parse_retry_after,
+    question_lookups,
 )
 from osvl.rl.trajectory import Prompt
 
@@ -64,6 +67,81 @@ def test_heuristic_query_judge_dimensions() -> None:
     assert repeated == pytest.approx((1 + 0.5 + 1 + 0.5) / 4)
     noisy = judge.judge_queries(question, [search, off_topic, failed]).score
     assert noisy == pytest.approx((2 / 3 + 1 + 2 / 3 + 0.5) / 4)
+
+
+@pytest.mark.parametrize(
+    "question, parsed",
+    [
+        ("What is the occupation of the founder of the zoo shown in the image?", (None, ["founder", "occupation"])),
+        (
+            "What is the height in cm of the mayor of the birthplace of the person shown in the image?",
+            (None, ["birthplace", "mayor", "height in cm"]),
+        ),
+        ("What is the founded of the city shown in the image?", (None, ["founded"])),
+        (
+            "What is the length in cm of the subject of the exhibit of Zelnorel Tower?",
+            ("Zelnorel Tower", ["exhibit", "subject", "length in cm"]),
+        ),
+        ("What is the population of Vase of Noryarnor?", ("Vase of Noryarnor", ["population"])),
+        ("When did the Kessock Bridge open?", None),
+        ("What is the population shown in the image?", None),
+    ],
+)
+def test_question_lookups(question: str, parsed) -> None:
+    assert question_lookups(question) == parsed
+
+
+ZOO = Prompt(id="z", question="What is the occupation of the founder of the zoo shown in the image?", answer="x")
+MATCH = (
+    "[Match 1] Jorzel Zoo (page: Jorzel_Zoo; near_duplicate, score 1)\n"
+    "Caption: Jorzel Zoo, a zoo; founder: Jorlo Talcor"
+)
+
+
+def passage(title: str, summary: str) -> str:
+    return f"[Passage 1] {title}\nURL: world://{title.replace(' ', '_')}\nSummary: {summary}"
+
+
+def image_search(observation: str = MATCH, status: str = "ok"):
+    return tool_step(status, name="image_search", arguments={"image": 0, "top_k": 1}, observation=observation)
+
+
+def search(query: str, observation: str, status: str = "ok"):
+    return tool_step(status, arguments={"query": query, "top_k": 1}, observation=observation)
+
+
+FOUNDER = search("Jorzel Zoo founder", passage("Jorzel Zoo", "The founder of Jorzel Zoo is Jorlo Talcor."))
+OCCUPATION = search("Jorlo Talcor occupation", passage("Jorlo Talcor", "Its occupation is engineer."))
+
+
+def test_chain_judge_credits_each_lookup_on_the_entity_the_evidence_named() -> None:
+    judge = EvidenceChainQueryJudge()
+    assert judge.judge_queries(ZOO, [image_search(), FOUNDER, OCCUPATION]).score == 1.0
+    assert judge.judge_queries(ZOO, [image_search(), FOUNDER]).score == 0.5
+    assert chain_progress(ZOO.question, [image_search(), FOUNDER]) == (1, 2)
+    assert chain_progress("When did the Kessock Bridge open?", [image_search(), FOUNDER]) is None
+    # the caption's founder taken for the zoo: the question's first lookup never happens
+    misread = search("Jorlo Talcor founder", passage("Jorlo Talcor", "Jorlo Talcor is the founder of Jorzel Zoo."))
+    assert judge.judge_queries(ZOO, [image_search(), misread, OCCUPATION]).score == 0.0
+    # a later correct lookup after a misread still counts, word order and case free
+    recovered = search("founder of jorzel zoo", FOUNDER.tool_result.text)
+    assert judge.judge_queries(ZOO, [image_search(), misread, recovered, OCCUPATION]).score == 1.0
+    # lookups out of order, without the image search, or on a failed image search earn nothing
+    assert judge.judge_queries(ZOO, [OCCUPATION, image_search(), FOUNDER]).score == 0.5
+    assert judge.judge_queries(ZOO, [FOUNDER, OCCUPATION]).score == 0.0
+    assert judge.judge_queries(ZOO, [image_search(status="tool_error"), FOUNDER, OCCUPATION]).score == 0.0
+    # a passage naming no single next entity ends the chain
+    vague = search("Jorzel Zoo founder", passage("Jorzel Zoo", "Jorzel Zoo is a zoo."))
+    assert judge.judge_queries(ZOO, [image_search(), vague, OCCUPATION]).score == 0.5
+    assert judge.judge_queries(ZOO, []).score == 0.0
+
+
+def test_chain_judge_starts_a_named_question_at_its_name_and_leaves_other_questions_to_the_heuristic() -> None:
+    judge = EvidenceChainQueryJudge()
+    named = Prompt(id="n", question="What is the occupation of the founder of Jorzel Zoo?", answer="x")
+    assert judge.judge_queries(named, [FOUNDER, OCCUPATION]).score == 1.0
+    steps = [tool_step("ok", arguments={"query": "Kessock Bridge opening date"})]
+    assert judge.judge_queries(PROMPT, steps) == HeuristicQueryJudge().judge_queries(PROMPT, steps)
 
 
 @settings(max_examples=60, deadline=None)

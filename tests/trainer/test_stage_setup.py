@@ -10,7 +10,7 @@ import torch
 
 from osvl.config import load_recipe
 from osvl.config.recipe import SchedulerConfig
-from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
+from osvl.rl.judges import EvidenceChainQueryJudge, ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.trainer.checkpoint import resume_state, save_checkpoint, stage_state
 from osvl.trainer.grpo_data import reward_scoring, rollout_configs
 from osvl.trainer.index_stream import IndexStream
@@ -127,6 +127,8 @@ def test_reward_scoring_follows_the_recipe():
     accuracy, query, config = reward_scoring(recipe)
     assert isinstance(accuracy, ExactMatchAccuracyJudge) and isinstance(query, HeuristicQueryJudge)
     assert (config.alpha, config.fatal.k) == (0.6, 2)
+    _, query, _ = reward_scoring(load_recipe("tiny_grpo", ["judges.query=chain"]))
+    assert isinstance(query, EvidenceChainQueryJudge)
     llm = ["judges.accuracy=llm", "judges.url=http://127.0.0.1:9/v1", "judges.model=m", "judges.overload_wait_s=7"]
     accuracy, _, _ = reward_scoring(load_recipe("tiny_grpo", llm))
     assert (accuracy.client.config.overload_wait_s, accuracy.client.config.max_attempts) == (7.0, 5)
