@@ -139,15 +139,16 @@ def evaluation_rollouts(
 
 def chain_breaks(trajectories: Sequence[Trajectory]) -> dict:
     """Where the rollouts of chain questions stopped following their evidence
-    (:func:`osvl.rl.judges.chain_progress`): ``broken_at[i]`` counts those whose i-th lookup (1-based) was
-    never issued on the entity the evidence named; ``complete`` those that issued every lookup."""
+    (:func:`osvl.rl.judges.chain_progress`): ``rollouts`` counts those rollouts, ``broken_at[i]`` those whose
+    i-th lookup (1-based) was never issued on the entity the evidence named, ``complete`` those that issued
+    every lookup."""
     from osvl.rl.judges import chain_progress
 
     progress = [chain_progress(t.prompt.question, t.steps) for t in trajectories]
     progress = [p for p in progress if p is not None]
     broken = Counter(str(done + 1) for done, asked in progress if done < asked)
     return {
-        "questions": len(progress),
+        "rollouts": len(progress),
         "complete": sum(done == asked for done, asked in progress),
         "broken_at": dict(sorted(broken.items(), key=lambda item: int(item[0]))),
     }
@@ -259,11 +260,11 @@ def _eval_row(label: str, result: dict) -> str:
 def _chain_row(label: str, result: dict) -> str | None:
     """Where the rollouts' lookup chains broke (``chains`` of ``evaluate``), or None without chain questions."""
     chains = result.get("chains")
-    if not chains or not chains["questions"]:
+    if not chains or not chains["rollouts"]:
         return None
     broken = ", ".join(f"lookup {at}: {count}" for at, count in chains["broken_at"].items()) or "none"
     return (
-        f"  {label:<5} followed its evidence through every lookup in {chains['complete']}/{chains['questions']} "
+        f"  {label:<5} followed its evidence through every lookup in {chains['complete']}/{chains['rollouts']} "
         f"rollouts; first lookup missed: {broken}"
     )
 

@@ -76,7 +76,7 @@ def test_accuracy_counts_right_answers_and_faults_are_off(setup, tmp_path):
     written = list(read_jsonl(rollouts))
     assert {t.prompt.id: t.reward.acc for t in written} == result["per_prompt"] == {"q0": 1, "q1": 0, "q2": 1, "q3": 1}
     assert all(t.steps[0].tool_call.name == "text_search" and t.final_answer for t in written)
-    assert result["chains"] == {"questions": 0, "complete": 0, "broken_at": {}}  # no question of the chain form
+    assert result["chains"] == {"rollouts": 0, "complete": 0, "broken_at": {}}  # no question of the chain form
     assert result["prompts"] == result["scored"] == len(prompts)
     assert result["accuracy"] == pytest.approx(0.75) and result["answered"] == 1.0
     assert result["grounded"] == pytest.approx(0.75)  # the wrong answer is stated by no observation
@@ -136,8 +136,8 @@ def test_chain_breaks_count_where_each_rollout_stopped_following_its_evidence():
         rollout(question, image, wrong),
         rollout("Which city is number 3?", founder),
     ]
-    assert chain_breaks(rollouts) == {"questions": 4, "complete": 1, "broken_at": {"1": 2, "2": 1}}
-    assert chain_breaks([]) == {"questions": 0, "complete": 0, "broken_at": {}}
+    assert chain_breaks(rollouts) == {"rollouts": 4, "complete": 1, "broken_at": {"1": 2, "2": 1}}
+    assert chain_breaks([]) == {"rollouts": 0, "complete": 0, "broken_at": {}}
 
 
 def test_a_grounded_answer_is_stated_word_for_word_by_an_observation():
@@ -238,16 +238,16 @@ def test_summary_compares_each_stage_with_the_one_before_by_prompt(tmp_path):
 def test_summary_says_where_each_stage_stopped_following_its_evidence(tmp_path):
     sft = fake_run(tmp_path / "sft", "fatal_clamp", [0.0, 0.0])
     grpo = fake_run(tmp_path / "grpo", "fatal_clamp", [0.1, 0.3])
-    chains = {"questions": 20, "complete": 12, "broken_at": {"1": 6, "2": 2}}
+    chains = {"rollouts": 20, "complete": 12, "broken_at": {"1": 6, "2": 2}}
     evals = [
         ("sft", _write_eval(tmp_path / "sft.json", 0.5, chains=chains)),
-        ("grpo", _write_eval(tmp_path / "grpo.json", 0.5, chains={"questions": 20, "complete": 20, "broken_at": {}})),
+        ("grpo", _write_eval(tmp_path / "grpo.json", 0.5, chains={"rollouts": 20, "complete": 20, "broken_at": {}})),
     ]
     lines = summary_lines(sft, grpo, 1, evals)
     expected = "  sft   followed its evidence through every lookup in 12/20 rollouts; first lookup missed: "
     assert expected + "lookup 1: 6, lookup 2: 2" in lines
     assert "  grpo  followed its evidence through every lookup in 20/20 rollouts; first lookup missed: none" in lines
-    no_chains = _write_eval(tmp_path / "plain.json", 0.5, chains={"questions": 0, "complete": 0, "broken_at": {}})
+    no_chains = _write_eval(tmp_path / "plain.json", 0.5, chains={"rollouts": 0, "complete": 0, "broken_at": {}})
     assert not any("followed its evidence" in line for line in summary_lines(sft, grpo, 1, [("sft", no_chains)]))
 
 

@@ -1,8 +1,9 @@
 """Judges for the accuracy reward ``r_acc`` and the query-quality reward ``r_query``.
 
 Two kinds of each: an LLM judge that talks to any OpenAI-compatible ``/chat/completions``
-endpoint (base URL, model and key from config), and an offline judge (normalized exact/alias
-match; a search-process heuristic) for tests and the demo.
+endpoint (base URL, model and key from config), and offline judges (normalized exact/alias
+match; a search-process heuristic, or the evidence chain a chain question asks for) for tests
+and the demo.
 
 A judge never raises and never guesses: when it cannot produce a verdict (timeouts, 5xx or 429
 past the retry budget, auth failures, malformed bodies, unparsable model output) it returns a
