@@ -146,11 +146,11 @@ def chain_breaks(trajectories: Sequence[Trajectory]) -> dict:
 
     progress = [chain_progress(t.prompt.question, t.steps) for t in trajectories]
     progress = [p for p in progress if p is not None]
-    broken = Counter(str(done + 1) for done, asked in progress if done < asked)
+    broken = Counter(done + 1 for done, asked in progress if done < asked)
     return {
         "rollouts": len(progress),
         "complete": sum(done == asked for done, asked in progress),
-        "broken_at": dict(sorted(broken.items(), key=lambda item: int(item[0]))),
+        "broken_at": {str(lookup): count for lookup, count in sorted(broken.items())},
     }
 
 

@@ -437,13 +437,13 @@ def question_lookups(question: str) -> tuple[str | None, list[str]] | None:
         return None
     pieces = found.group("body").split(" of the ")
     if pieces[-1].endswith(_SHOWN):
-        if len(pieces) < 2:
+        start, asked = None, pieces[:-1]  # attribute, relation k, ..., relation 1
+    else:
+        last, sep, start = pieces[-1].partition(" of ")
+        if not sep or not start:
             return None
-        return None, [*reversed(pieces[1:-1]), pieces[0]]
-    relation, sep, name = pieces[-1].partition(" of ")
-    if not sep or not name:
-        return None
-    return name, [*reversed([*pieces[1:-1], relation]), pieces[0]] if len(pieces) > 1 else [relation]
+        asked = [*pieces[:-1], last]
+    return (start, [*reversed(asked[1:]), asked[0]]) if asked else None
 
 
 def _stated_targets(observation: str, relation: str, title: str) -> set[str]:
