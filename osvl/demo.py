@@ -172,6 +172,8 @@ def evaluate_policy(
     from osvl.rl.trajectory import append_jsonl
     from osvl.trainer.validation import summary_means, summary_sums
 
+    if rollouts is not None and Path(rollouts).is_dir():  # before the rollouts, not after them
+        raise ValueError(f"rollouts: {rollouts} is a directory; give a JSONL file path")
     started = time.perf_counter()
     scored = evaluation_rollouts(recipe, checkpoint, limit, engine_wrapper, samples)
     if rollouts is not None:

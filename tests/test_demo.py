@@ -77,6 +77,8 @@ def test_accuracy_counts_right_answers_and_faults_are_off(setup, tmp_path):
     assert {t.prompt.id: t.reward.acc for t in written} == result["per_prompt"] == {"q0": 1, "q1": 0, "q2": 1, "q3": 1}
     assert all(t.steps[0].tool_call.name == "text_search" and t.final_answer for t in written)
     assert result["chains"] == {"rollouts": 0, "complete": 0, "broken_at": {}}  # no question of the chain form
+    with pytest.raises(ValueError, match="is a directory"):
+        evaluate_policy(recipe, "init", engine_wrapper=answering(set()), rollouts=tmp_path)
     assert result["prompts"] == result["scored"] == len(prompts)
     assert result["accuracy"] == pytest.approx(0.75) and result["answered"] == 1.0
     assert result["grounded"] == pytest.approx(0.75)  # the wrong answer is stated by no observation
