@@ -49,6 +49,10 @@ from osvl.tools.worker import worker_main
 
 log = logging.getLogger(__name__)
 _STOP = object()
+# multiprocessing's Process.start() reaps every finished child of this process (its _cleanup()). A start on
+# one dispatcher thread could thus reap a worker that another thread is killing: that thread's join() then
+# sees no child, reads exit code None, and its session sweep may name a reused pid. Starts and kills take turns.
+_REAP_LOCK = threading.Lock()
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -141,7 +145,8 @@ class _Worker:
             daemon=True,
             name="osvl-tool-worker",
         )
-        process.start()
+        with _REAP_LOCK:
+            process.start()
         child_conn.close()
         self.process, self.conn = process, parent_conn
         timeout, preload = self._pool_config.startup_timeout_s, self._pool_config.preload
@@ -175,11 +180,12 @@ class _Worker:
         if self.process is not None:
             if grace_s:
                 wait_ready([self.process.sentinel], grace_s)
-            self.process.kill()
-            wait_ready([self.process.sentinel], 10)  # exited, not reaped: its pid still names its session
-            kill_session(self.process.pid)
-            self.process.join(timeout=10)
-            code = self.process.exitcode
+            with _REAP_LOCK:  # no Process.start() may reap it before its session is killed and its code read
+                self.process.kill()
+                wait_ready([self.process.sentinel], 10)  # exited, not reaped: its pid still names its session
+                kill_session(self.process.pid)
+                self.process.join(timeout=10)
+                code = self.process.exitcode
         if self.conn is not None:
             self.conn.close()
         self.process = self.conn = None

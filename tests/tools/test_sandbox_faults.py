@@ -20,6 +20,11 @@ from tests.tools.proctree import cmdline, descendants, still_alive, wait_for
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(60)"
 
 
+def _is_sandbox_python(command: str) -> bool:
+    """The sandbox's interpreter (or bwrap, which carries its command line), not some other short-lived child."""
+    return {"-I", "-S", "-c"} <= set(command.split())
+
+
 def scratch_dirs() -> set[str]:
     return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith(SCRATCH_PREFIX)}
 
@@ -37,9 +42,15 @@ def test_kill_9_of_a_worker_mid_sandbox_leaves_no_process_and_no_scratch(backend
     with ToolPool(ToolBackendsConfig(), PoolConfig(num_workers=1, preload=(spec.target,))) as pool:
         worker = pool.worker_pids[0]
         future = pool.submit(job(spec, SLEEPER))
-        assert wait_for(lambda: any("-c" in cmdline(p) for p in descendants(worker)), 20.0), "no sandbox started"
-        tree = descendants(worker)
-        assert tree and (backend != "unsafe_no_boundary" or scratch_dirs() - before)
+        tree: dict[int, int] = {}
+
+        def sandbox_started() -> bool:  # the snapshot is the one that showed the run: nothing can exit between
+            tree.clear()
+            tree.update(descendants(worker))
+            return any(_is_sandbox_python(cmdline(p)) for p in tree)
+
+        assert wait_for(sandbox_started, 20.0), "no sandbox started"
+        assert backend != "unsafe_no_boundary" or scratch_dirs() - before
         os.kill(worker, signal.SIGKILL)
         result = future.result(timeout=30)
         assert result.status is ToolStatus.INFRA_ERROR and "died" in result.error
