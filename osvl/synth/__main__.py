@@ -164,7 +164,13 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             )
         else:
             drills = lookup_drills(
-                world, args.count, args.seed, rl_nodes, args.search_top_k, max_guess_rate=args.max_guess_rate
+                world,
+                args.count,
+                args.seed,
+                rl_nodes,
+                args.search_top_k,
+                max_guess_rate=args.max_guess_rate,
+                caption_link_fraction=args.caption_links,
             )
     except ValueError as error:
         parser.error(str(error))
@@ -245,6 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="never ask an attribute whose most common value (for that kind of entity) a blind guess "
         "would get right more often than this",
+    )
+    drills.add_argument(
+        "--caption-links",
+        type=float,
+        default=0.0,
+        help="share of the visual lookup drills whose image caption states a true link drawn for that drill, so "
+        "the linked name varies and only the match's title is the one to search",
     )
     reading = sub.add_parser("reading", help="plain-text reading comprehension over worlds (base pretraining)")
     reading.add_argument("--world", required=True, action="append", help="a world directory (repeatable)")

@@ -14,18 +14,39 @@ a drill, so the RL prompts stay unseen by SFT.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from collections import Counter
 from collections.abc import Iterable
 
-from osvl.rl.trajectory import FinishReason, Prompt, ToolCall, Trajectory
+from osvl.rl.trajectory import FinishReason, Prompt, ToolCall, ToolResult, Trajectory
 from osvl.synth.expert import WorldTools, answer_step, expert_step, read_passages, top_match_page
 from osvl.world.build import World
+from osvl.world.generate import CAPTION_RELATIONS
+from osvl.world.graph import Page
+
+_TOP_CAPTION = re.compile(r"^Caption: .*$", re.MULTILINE)
 
 
 def _stated(observation: str, pattern: re.Pattern[str]) -> list[str]:
     return list(dict.fromkeys(m for _, _, summary in read_passages(observation) for m in pattern.findall(summary)))
+
+
+def with_caption_link(result: ToolResult, page: Page, world: World, rng: random.Random) -> ToolResult:
+    """The image_search ``result`` with its top caption stating one true, randomly drawn link of ``page``
+    (as a quarter of the world's captions do), or unchanged when the page has no such link.
+
+    A world gives only some entities such a caption, so a policy sees the same few linked names after
+    the same few images and learns per entity which name to search; drawn per drill, the linked name
+    varies and only the match's own title stays the one to search."""
+    links = [link for link in page.links if link.relation in CAPTION_RELATIONS and world.graph.resolve(link.target)]
+    if not links:
+        return result
+    link = rng.choice(links)
+    named = link.anchor or world.graph[world.graph.resolve(link.target)].title
+    caption = f"Caption: {page.title}, a {page.kind}; {link.relation}: {named}"
+    return dataclasses.replace(result, text=_TOP_CAPTION.sub(lambda _: caption, result.text, count=1))
 
 
 def guess_rates(world: World) -> dict[tuple[str, str], float]:
@@ -49,9 +70,11 @@ def _drill(
     group_id: int,
     visual: bool,
     guessable: set[tuple[str, str]],
+    caption_link_fraction: float = 0.0,
 ) -> Trajectory | None:
     """One chain from ``anchor`` (named, or ``visual``: its image, identified by image_search), or
-    None when the tools would not make it unambiguous or its answer is ``guessable``."""
+    None when the tools would not make it unambiguous or its answer is ``guessable``; a
+    ``caption_link_fraction`` of visual chains see a caption that states a drawn link (``with_caption_link``)."""
     graph = world.graph
     if visual and not graph[anchor].images:
         return None
@@ -96,6 +119,8 @@ def _drill(
     if visual:
         call = ToolCall("image_search", {"image": 0, "top_k": 1})
         result = tools(call, images)
+        if caption_link_fraction and rng.random() < caption_link_fraction:
+            result = with_caption_link(result, graph[anchor], world, rng)
         steps.append(expert_step("Identify what the image shows with a reverse image search.", call, result))
         if top_match_page(result.text) != anchor:
             return None
@@ -129,23 +154,27 @@ def lookup_drills(
     visual_fraction: float = 0.5,
     anchors: Iterable[str] | None = None,
     max_guess_rate: float = 1.0,
+    caption_link_fraction: float = 0.0,
 ) -> list[Trajectory]:
     """``count`` distinct drills of 1..``max_hops`` relation hops plus one attribute lookup; a
     ``visual_fraction`` of them start from the anchor's image, as curated questions do. Chains
     start from ``anchors`` (default: every entity) and never touch an ``excluded`` one. An answer
     that a blind guess would get right more often than ``max_guess_rate`` (``guess_rates``: a
-    country's area when the world has three countries) is never asked."""
+    country's area when the world has three countries) is never asked. A ``caption_link_fraction`` of
+    the visual drills see their image's caption state a drawn true link (``with_caption_link``)."""
     if (
         count < 0
         or max_hops < 1
         or search_top_k < 0
         or not 0.0 <= visual_fraction <= 1.0
         or not 0.0 < max_guess_rate <= 1.0
+        or not 0.0 <= caption_link_fraction <= 1.0
     ):
         raise ValueError(
             f"lookup_drills needs count >= 0, max_hops >= 1, search_top_k >= 0; got "
             f"{count}, {max_hops}, {search_top_k} (and visual_fraction in [0, 1], got {visual_fraction}; "
-            f"max_guess_rate in (0, 1], got {max_guess_rate})"
+            f"max_guess_rate in (0, 1], got {max_guess_rate}; caption_link_fraction in [0, 1], got "
+            f"{caption_link_fraction})"
         )
     excluded = set(excluded)
     pool = {p.id for p in world.graph.entities()} if anchors is None else set(anchors)
@@ -177,6 +206,7 @@ def lookup_drills(
             group_id=len(drills),
             visual=rng.random() < visual_fraction,
             guessable=guessable,
+            caption_link_fraction=caption_link_fraction,
         )
         if drill is not None and drill.prompt.id not in drills:
             drills[drill.prompt.id] = drill

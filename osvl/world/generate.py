@@ -383,7 +383,7 @@ def _images(config: WorldConfig, rng: random.Random, pages: dict[str, Page]) -> 
             continue
         size = config.small_image_size if rng.random() < config.small_image_fraction else config.image_size
         caption, facts = f"{page.title}, a {page.kind}", []
-        typed = [link for link in page.links if link.relation in _CAPTION_RELATIONS]
+        typed = [link for link in page.links if link.relation in CAPTION_RELATIONS]
         if typed and rng.random() < config.leaky_caption_fraction:
             leak = rng.choice(typed)
             caption += f"; {leak.relation}: {leak.anchor}"
@@ -395,7 +395,7 @@ def _images(config: WorldConfig, rng: random.Random, pages: dict[str, Page]) -> 
         page.links.append(Link(file_page, "image", file_page))
 
 
-_CAPTION_RELATIONS = (
+CAPTION_RELATIONS = (
     "architect",
     "director",
     "maker",

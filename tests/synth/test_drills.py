@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import random
 import re
 
 import numpy as np
 import pytest
 
-from osvl.rl.trajectory import read_jsonl
+from osvl.rl.trajectory import ToolResult, ToolStatus, read_jsonl
 from osvl.synth.__main__ import main
-from osvl.synth.drills import guess_rates, held_out_prompts, lookup_drills, name_drills, split_anchors
+from osvl.synth.drills import (
+    guess_rates,
+    held_out_prompts,
+    lookup_drills,
+    name_drills,
+    split_anchors,
+    with_caption_link,
+)
 from osvl.synth.pipeline import CurationConfig, is_rl
 from osvl.synth.records import read_items, read_prompts
+from osvl.world.generate import CAPTION_RELATIONS
 
 
 def test_drills_follow_the_graph_and_answer_from_the_last_passage(world):
@@ -101,6 +111,56 @@ def test_guessable_answers_are_never_asked(world):
     ]  # the default asks everything, as before
 
 
+def _texts(drill) -> tuple:
+    return drill.prompt.id, tuple((s.text, s.observation_text) for s in drill.steps)
+
+
+def _top_caption(drill) -> str:
+    return re.search(r"^Caption: (.*)$", drill.steps[0].observation_text, re.MULTILINE).group(1)
+
+
+def test_caption_links_state_a_true_link_drawn_per_drill_and_the_expert_still_searches_the_match(world):
+    graph = world.graph
+    plain = lookup_drills(world, 60, seed=5, visual_fraction=1.0)
+    linked = lookup_drills(world, 60, seed=5, visual_fraction=1.0, caption_link_fraction=1.0)
+    unchanged = lookup_drills(world, 60, seed=5, visual_fraction=1.0, caption_link_fraction=0.0)
+    assert [_texts(d) for d in unchanged] == [_texts(d) for d in plain]  # 0 draws nothing: the drills as before
+    stated = {}
+    for drill in linked:
+        anchor = graph[re.search(r"\(page: ([^;]+);", drill.steps[0].observation_text).group(1)]
+        caption = _top_caption(drill)
+        links = [
+            (link.relation, graph[graph.resolve(link.target)].title, link.anchor)
+            for link in anchor.links
+            if graph.resolve(link.target)
+        ]
+        if ";" in caption:
+            head, tail = caption.split("; ")
+            relation, named = tail.split(": ")
+            assert head == f"{anchor.title}, a {anchor.kind}"
+            assert any(r == relation and named in (title, text) for r, title, text in links)  # a true link
+            stated.setdefault(anchor.id, set()).add(tail)
+        else:  # no link a caption may state: the world's own caption, unchanged
+            assert not [r for r, _, _ in links if r in CAPTION_RELATIONS]
+        assert drill.steps[1].tool_call.arguments["query"].startswith(anchor.title + " ")
+    plain_linked = sum(";" in _top_caption(d) for d in plain)
+    assert sum(";" in _top_caption(d) for d in linked) > plain_linked
+    assert any(len(tails) > 1 for tails in stated.values())  # the same image, different linked names
+
+
+def test_with_caption_link_leaves_a_page_without_links_and_the_other_matches_alone(world):
+    graph = world.graph
+    page = next(p for p in graph.entities() if p.images)
+    top = f"[Match 1] {page.title} (page: {page.id}; near_duplicate, score 1)"
+    text = f"{top}\nCaption: old\n\n[Match 2] B\nCaption: keep"
+    result = ToolResult(ToolStatus.OK, "image_search", text)
+    changed = with_caption_link(result, page, world, random.Random(0))
+    lines = changed.text.splitlines()
+    assert lines[0] == text.splitlines()[0] and lines[-1] == "Caption: keep"
+    bare = dataclasses.replace(page, links=[])
+    assert with_caption_link(result, bare, world, random.Random(0)) == result
+
+
 def test_bad_requests_are_clear_errors(world):
     with pytest.raises(ValueError, match="count >= 0"):
         lookup_drills(world, -1)
@@ -110,6 +170,8 @@ def test_bad_requests_are_clear_errors(world):
         lookup_drills(world, 1, visual_fraction=1.5)
     with pytest.raises(ValueError, match="max_guess_rate in \\(0, 1\\], got 0.0"):
         lookup_drills(world, 1, max_guess_rate=0.0)
+    with pytest.raises(ValueError, match="caption_link_fraction in \\[0, 1\\], got -0.5"):
+        lookup_drills(world, 1, caption_link_fraction=-0.5)
     with pytest.raises(ValueError, match="anchors not in the world: \\['no_such_page'\\]"):
         lookup_drills(world, 1, anchors=["no_such_page"])
     graph = world.graph
@@ -121,7 +183,8 @@ def test_bad_requests_are_clear_errors(world):
 def test_cli_leaves_out_the_rl_items_entities(world, curated, tmp_path, capsys):
     out, _ = curated
     target = tmp_path / "drills.jsonl"
-    assert main(["drills", "--world", str(world.root), "--data", str(out), "--count", "25", "--out", str(target)]) == 0
+    argv = ["drills", "--world", str(world.root), "--data", str(out), "--count", "25", "--out", str(target)]
+    assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     rl_nodes = {n for item in read_items(out / "items.jsonl") if is_rl(item.id, CurationConfig()) for n in item.path}
     assert report["drills"] == 25 and report["excluded_rl_entities"] == len(rl_nodes) > 0
@@ -135,6 +198,10 @@ def test_cli_leaves_out_the_rl_items_entities(world, curated, tmp_path, capsys):
         )
     with pytest.raises(SystemExit):
         main(["drills", "--world", str(world.root), "--data", str(tmp_path), "--count", "1", "--out", str(target)])
+    with pytest.raises(SystemExit):
+        main([*argv[:-2], "--caption-links", "1.5", "--out", str(tmp_path / "bad.jsonl")])
+    assert "caption_link_fraction in [0, 1], got 1.5" in capsys.readouterr().err
+    assert not (tmp_path / "bad.jsonl").exists()
 
 
 def test_cli_writes_held_out_prompts_anchored_on_the_rl_items(world, curated, tmp_path, capsys):
