@@ -353,8 +353,12 @@ def test_a_killed_server_fails_the_step_and_a_relaunch_resumes(served, two_steps
         ]
 
         async def crash():
+            seen = len(log.read_text(errors="replace"))
             tasks = [asyncio.create_task(engine.generate(r)) for r in long]
-            await asyncio.sleep(0.5)
+            for _ in range(100):  # kill once the server prefills again (~50-token turns end in ~0.1 s at 400 tok/s)
+                await asyncio.sleep(0.005)
+                if "Prefill batch" in log.read_text(errors="replace")[seen:]:
+                    break
             inflight = [t for t in tasks if not t.done()]
             outcomes.append(bool(inflight))
             server.kill()  # in this loop turn: nothing it has not yet seen completes before the kill
