@@ -353,13 +353,8 @@ def test_a_killed_server_fails_the_step_and_a_relaunch_resumes(served, two_steps
         ]
 
         async def crash():
-            await asyncio.sleep(0.5)  # both ranks' pre-flight probes are done; step 3's rollouts are under way
-            seen = len(log.read_text(errors="replace"))
             tasks = [asyncio.create_task(engine.generate(r)) for r in long]
-            for _ in range(100):  # kill at the next prefill: ~50-token turns end in ~0.1 s at 400 tok/s
-                await asyncio.sleep(0.005)
-                if "Prefill batch" in log.read_text(errors="replace")[seen:]:
-                    break
+            await asyncio.sleep(0.5)
             inflight = [t for t in tasks if not t.done()]
             outcomes.append(bool(inflight))
             server.kill()  # in this loop turn: nothing it has not yet seen completes before the kill
