@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from osvl.rl.trajectory import FinishReason, Prompt, ToolCall, ToolResult, Trajectory
 from osvl.synth.expert import WorldTools, answer_step, expert_step, read_passages, top_match_page
 from osvl.world.build import World
-from osvl.world.generate import CAPTION_RELATIONS
+from osvl.world.generate import CAPTION_RELATIONS, image_caption
 from osvl.world.graph import Page
 
 _TOP_CAPTION = re.compile(r"^Caption: .*$", re.MULTILINE)
@@ -45,7 +45,7 @@ def with_caption_link(result: ToolResult, page: Page, world: World, rng: random.
         return result
     link = rng.choice(links)
     named = link.anchor or world.graph[world.graph.resolve(link.target)].title
-    caption = f"Caption: {page.title}, a {page.kind}; {link.relation}: {named}"
+    caption = f"Caption: {image_caption(page, link.relation, named)}"
     return dataclasses.replace(result, text=_TOP_CAPTION.sub(lambda _: caption, result.text, count=1))
 
 

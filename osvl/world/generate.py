@@ -376,17 +376,24 @@ def _lists_and_categories(
                 member.links.append(Link(page_id(category), "category", category))
 
 
+def image_caption(page: Page, relation: str | None = None, named: str | None = None) -> str:
+    """An entity image's caption: its title and kind, and in a leaky caption one linked entity's name
+    (the synthetic drills write the same form, so the two cannot drift apart)."""
+    caption = f"{page.title}, a {page.kind}"
+    return caption if relation is None else f"{caption}; {relation}: {named}"
+
+
 def _images(config: WorldConfig, rng: random.Random, pages: dict[str, Page]) -> None:
     """Image references (rendered later) for every non-hub entity; some below the seed size rule."""
     for page in list(pages.values()):
         if page.domain not in VISUAL_DOMAINS or page.kind == "country":
             continue
         size = config.small_image_size if rng.random() < config.small_image_fraction else config.image_size
-        caption, facts = f"{page.title}, a {page.kind}", []
+        caption, facts = image_caption(page), []
         typed = [link for link in page.links if link.relation in CAPTION_RELATIONS]
         if typed and rng.random() < config.leaky_caption_fraction:
             leak = rng.choice(typed)
-            caption += f"; {leak.relation}: {leak.anchor}"
+            caption = image_caption(page, leak.relation, leak.anchor)
             facts.append([leak.relation, leak.target])
         file_page = f"File:{page.id}.png"
         page.images.append(
