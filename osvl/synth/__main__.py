@@ -148,12 +148,15 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     elif args.held_out_prompts:
         parser.error("--held-out-prompts needs --data: its questions start at the curated RL items' entities")
     if args.anchors != "all" and not args.held_out_prompts:
-        parser.error("--anchors train|eval splits the anchors of --held-out-prompts")
+        parser.error("--anchors splits the anchors of --held-out-prompts")
     if args.names and args.held_out_prompts:
         parser.error("--names writes SFT drills; it does not combine with --held-out-prompts")
     try:
         if args.anchors != "all":
             train, held = split_anchors(anchors, args.eval_anchor_fraction)
+            if args.anchors.startswith("train-"):  # pilots: GRPO on one half of the training side, validate on the rest
+                fit, val = split_anchors(train, 0.5, seed=1)
+                train = fit if args.anchors == "train-fit" else val
             anchors = set(held if args.anchors == "eval" else train)
         world = load_world(args.world)
         if args.names:
@@ -232,10 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     drills.add_argument(
         "--anchors",
-        choices=("all", "train", "eval"),
+        choices=("all", "train", "eval", "train-fit", "train-val"),
         default="all",
         help="with --held-out-prompts: start at every RL anchor, or only at the training or the evaluation side "
-        "of their fixed split (questions on the two sides share no starting entity)",
+        "of their fixed split (questions on the two sides share no starting entity); train-fit and train-val cut "
+        "the training side in two more (for pilots: train on one, validate on entities neither it nor the "
+        "evaluation starts at)",
     )
     drills.add_argument(
         "--eval-anchor-fraction", type=float, default=0.5, help="share of the RL anchors on the evaluation side"

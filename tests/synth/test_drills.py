@@ -308,3 +308,19 @@ def test_cli_writes_name_drills_without_a_curated_set(world, tmp_path, capsys):
                 str(target),
             ]
         )
+
+
+def test_cli_pilot_anchors_cut_the_training_side_in_two_that_share_nothing(world, curated, tmp_path, capsys):
+    out, _ = curated
+    rl_anchors = {item.path[0] for item in read_items(out / "items.jsonl") if is_rl(item.id, CurationConfig())}
+    train, held = split_anchors(rl_anchors, 0.5)
+    starts, sizes = {}, {}
+    for side in ("train-fit", "train-val"):
+        target = tmp_path / f"{side}.jsonl"
+        argv = ["drills", "--world", str(world.root), "--data", str(out), "--held-out-prompts", "--count", "8"]
+        assert main([*argv, "--anchors", side, "--out", str(target)]) == 0
+        sizes[side] = json.loads(capsys.readouterr().out)["rl_anchors"]
+        starts[side] = {p.id.split("-")[2] for p in read_prompts(target)}
+    assert sizes["train-fit"] + sizes["train-val"] == len(train) and min(sizes.values()) > 0
+    assert starts["train-fit"] | starts["train-val"] <= set(train)  # never an evaluation entity
+    assert not starts["train-fit"] & starts["train-val"]
