@@ -14,7 +14,9 @@ after the engines took the trainer's weights:
 - a probe turn (the first RL prompt, its images included) through every server: the prompt length
   the server counted equals the trainer's (else the servers' image processor settings differ and
   the image-pad runs disagree), and the sampled tokens' logprobs are the post-temperature ones
-  and equal the trainer's own forward within ``rollout.max_logprob_diff`` (collective);
+  and equal the trainer's own forward within ``rollout.max_logprob_diff`` (collective). The turn
+  is compared up to its first vision placeholder (which has no pixels behind it: the agent loop
+  rejects such turns) and sampled again when it starts with one;
 - an LLM judge answers a probe question with a verdict;
 - every tool server answers and exposes the tools of the recipe's profile.
 
@@ -24,6 +26,7 @@ All ranks raise together (rank 0 probes the services and broadcasts the outcome)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,6 +52,7 @@ from osvl.rollout import (
     SGLangEngine,
 )
 from osvl.rollout.engine import DEFAULT_STOP
+from osvl.rollout.reserved import find_unusable, reserved_vision_ids
 from osvl.rollout.vllm import PROCESSED_LOGPROBS, VLLMEngine
 from osvl.serve.engines import Serving, remote_engine
 from osvl.tools import ToolEnvironment
@@ -57,6 +61,10 @@ from osvl_kernels import linear_grpo_loss
 
 PROBE_TOKENS = 16
 PROBE_SEED = 1234
+# A probe turn is compared up to its first token the trainer cannot score; one that starts with such a
+# token is sampled again (seed + 1, ...). An untrained policy samples vision placeholders: 5 of the
+# tests' 384 ids, 1.3% a token, and SGLang ignores the seed unless it runs deterministic inference.
+PROBE_ATTEMPTS = 4
 
 
 class PreflightError(ValueError):
@@ -176,25 +184,68 @@ async def _check_vllm_servers(engine: VLLMEngine, arch: Qwen3VLConfig, stop_stri
 
 
 def _probe_request(renderer: ChatRenderer, prompt: Prompt, temperature: float) -> GenerationRequest:
+    """The probe turn; like the agent loop's turns it stops at a vision placeholder (kept in the output)."""
     segment = renderer.render_prompt(prompt)
     return GenerationRequest(
         list(segment.ids),
         list(segment.images),
-        SamplingParams(temperature=temperature, max_new_tokens=PROBE_TOKENS, seed=PROBE_SEED),
+        SamplingParams(
+            temperature=temperature,
+            max_new_tokens=PROBE_TOKENS,
+            stop_token_ids=reserved_vision_ids(renderer.tokenizer),
+            seed=PROBE_SEED,
+        ),
     )
 
 
-async def _probe(engine: Engine, request: GenerationRequest) -> list[tuple[str, GenerationResult]]:
+def _scorable(result: GenerationResult, renderer: ChatRenderer) -> GenerationResult:
+    """The probe's tokens before the first one the trainer cannot score: a vision placeholder, which has
+    no pixels behind it (the agent loop rejects such turns), or an id outside the tokenizer's."""
+    tokenizer = renderer.tokenizer
+    unusable = find_unusable(result.token_ids, reserved_vision_ids(tokenizer), tokenizer.vocab_size)
+    if not unusable:
+        return result
+    end = unusable[0].position
+    versions = None if result.token_versions is None else result.token_versions[:end]
+    return dataclasses.replace(
+        result, token_ids=result.token_ids[:end], logprobs=result.logprobs[:end], token_versions=versions
+    )
+
+
+async def _probe_turn(
+    where: str, engine: Engine, request: GenerationRequest, renderer: ChatRenderer
+) -> GenerationResult:
+    """One probe turn on ``engine``, cut before a token the trainer cannot score; sampled again (next
+    seed) while nothing is left, at most ``PROBE_ATTEMPTS`` times."""
+    firsts = []
+    for attempt in range(PROBE_ATTEMPTS):
+        sampling = dataclasses.replace(request.sampling, seed=PROBE_SEED + attempt)
+        result = await engine.generate(dataclasses.replace(request, sampling=sampling))
+        usable = _scorable(result, renderer)
+        if usable.token_ids:
+            return usable
+        firsts.append(result.token_ids[0] if result.token_ids else None)
+    tokenizer = renderer.tokenizer
+    raise PreflightError(
+        f"{where}: none of {PROBE_ATTEMPTS} probe turns has a token the trainer can score (first ids "
+        f"{firsts}; vision placeholders {list(reserved_vision_ids(tokenizer))} and ids from "
+        f"{tokenizer.vocab_size} on cannot be): the served policy samples them first"
+    )
+
+
+async def _probe(
+    engine: Engine, request: GenerationRequest, renderer: ChatRenderer
+) -> list[tuple[str, GenerationResult]]:
     """One probe turn per server (the router's pick when generation goes through one)."""
     if not isinstance(engine, SGLangEngine | VLLMEngine):
-        return [("local engine", await engine.generate(request))]
+        return [("local engine", await _probe_turn("local engine", engine, request, renderer))]
     out = []
     key = "rollout.vllm_urls" if isinstance(engine, VLLMEngine) else "rollout.sglang_urls"
     for url in dict.fromkeys((*engine.config.urls, *engine.config.weight_urls)):
         try:
-            out.append((url, await engine.for_server(url).generate(request)))
+            out.append((url, await _probe_turn(url, engine.for_server(url), request, renderer)))
         except EngineError as error:
-            raise PreflightError(f"{key}: the probe turn failed: {error}") from None
+            raise PreflightError(f"{key}: the probe turn on {url} failed: {error}") from None
     return out
 
 
@@ -342,7 +393,7 @@ def preflight(
                 lines += runner.run(_check_servers(serving.engine, model.arch))
             elif isinstance(serving.engine, VLLMEngine):
                 lines += runner.run(_check_vllm_servers(serving.engine, model.arch, bool(request.sampling.stop)))
-            outcome = [lines, runner.run(_probe(serving.engine, request))]
+            outcome = [lines, runner.run(_probe(serving.engine, request, renderer))]
         except Exception as error:  # noqa: BLE001 - whatever stops rank 0 must reach every rank
             outcome = str(error) if isinstance(error, PreflightError) else f"pre-flight failed: {error!r}"
     lines, probes = _agree(outcome)
@@ -392,7 +443,7 @@ def check_services(
                     if isinstance(engine, SGLangEngine)
                     else _check_vllm_servers(engine, arch, bool(request.sampling.stop))
                 )
-                for url, result in runner.run(_probe(engine, request)):
+                for url, result in runner.run(_probe(engine, request, renderer)):
                     _check_prompt_tokens(url, request, result)
                     lines.append(f"{url}: a probe turn's prompt length matches the trainer's rendering")
             finally:

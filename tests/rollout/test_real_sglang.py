@@ -14,6 +14,7 @@ import dataclasses
 import re
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -40,6 +41,7 @@ from osvl.trainer.checkpoint import latest_checkpoint, step_dir
 from osvl.trainer.export import PolicyDefaults, model_files
 from osvl.trainer.policy import policy_arch, policy_image_config
 from osvl.trainer.stage import stage_inputs
+from tests.rollout.killed_server import CountingTransport, mark_preflight, wait_for_marks
 from tests.sglang_server import SGLangRouter, SGLangServer
 from tests.trainer.ranks import run_ranks
 from tests.trainer.test_grpo import grpo_overrides
@@ -303,10 +305,11 @@ def test_two_servers_behind_a_real_router(served, two_steps):
         second.close()
 
 
-def crash_body(rank: int, world: int, overrides: list[str], url: str) -> None:
+def crash_body(rank: int, world: int, overrides: list[str], url: str, marks: Path) -> None:
     from osvl.trainer import run_grpo
     from tests.trainer.grpo_fixtures import echo_environment
 
+    mark_preflight(marks, rank)
     try:
         run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
     except EngineError as error:  # every rank, with the dead server named
@@ -329,37 +332,38 @@ def test_a_killed_server_fails_the_step_and_a_relaunch_resumes(served, two_steps
     _, _, requests = _requests(root, 0.7)
     before = (root / "run" / "metrics.jsonl").read_text()
     outcomes: list = []
-    log = server.log
-    pushes = log.read_text(errors="replace").count("POST /update_weights_from_disk")
+    log, marks = server.log, root / "preflight-done"
+    marks.mkdir()
 
     def kill_during_rollouts() -> None:
-        """Kills the server once the resumed stage has pushed its weights and its pre-flight probe has
-        come back (step-3 rollouts start then), with requests of its own in flight."""
-        deadline = time.monotonic() + 600
-        while True:
-            text = log.read_text(errors="replace")
-            if (
-                text.count("POST /update_weights_from_disk") > pushes
-                and "POST /generate" in text[text.rfind("POST /update_weights_from_disk") :]
-            ):
-                break
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.05)
-        engine = SGLangEngine(SGLangConfig((server.url,), timeout_s=120, reconnect_s=RECONNECT_S))
+        """Kills the server once both ranks' pre-flights are done (their probe turns answered; step-3
+        rollouts start then), with requests of its own in flight: they run to 1500 tokens (EOS ignored), and
+        the kill comes once they were sent and the server logged a prefill since they were made (at the
+        latest theirs), when none of them can have decoded that many."""
+        if not wait_for_marks(marks, 2):
+            return
+        transport = CountingTransport(ignore_eos=True)
+        client = httpx.AsyncClient(transport=transport, timeout=120, trust_env=False)
+        engine = SGLangEngine(SGLangConfig((server.url,), timeout_s=120, reconnect_s=RECONNECT_S), client)
         long = [
             GenerationRequest(r.input_ids, [], SamplingParams(temperature=0.7, max_new_tokens=1500, stop=()))
             for r in requests
         ]
 
+        def prefilled_since(seen: int) -> bool:
+            return "Prefill batch" in log.read_text(errors="replace")[seen:]
+
         async def crash():
+            seen = len(log.read_text(errors="replace"))
             tasks = [asyncio.create_task(engine.generate(r)) for r in long]
-            await asyncio.sleep(0.5)
-            inflight = [t for t in tasks if not t.done()]
-            outcomes.append(bool(inflight))
-            server.kill()  # in this loop turn: nothing it has not yet seen completes before the kill
-            outcomes.extend(await asyncio.gather(*inflight, return_exceptions=True))
-            await asyncio.gather(*tasks, return_exceptions=True)
+            give_up = time.monotonic() + 60
+            while (transport.sent < len(long) or not prefilled_since(seen)) and time.monotonic() < give_up:
+                if any(t.done() for t in tasks):
+                    break
+                await asyncio.sleep(0.005)
+            outcomes.append(sum(not t.done() for t in tasks))  # in flight
+            server.kill()  # none of them can have been answered: each has ~1500 tokens to go
+            outcomes.extend(await asyncio.gather(*tasks, return_exceptions=True))
             await engine.aclose()
 
         asyncio.run(crash())
@@ -373,10 +377,10 @@ def test_a_killed_server_fails_the_step_and_a_relaunch_resumes(served, two_steps
         f"rollout.server_reconnect_s={RECONNECT_S}",  # a restart is not coming: fail after a short wait
     ]
     try:
-        run_ranks(crash_body, 2, overrides, server.url)
+        run_ranks(crash_body, 2, overrides, server.url, marks)
     finally:
         killer.join(120)
-    assert server.process.poll() is not None and outcomes and outcomes[0] is True
+    assert server.process.poll() is not None and outcomes and outcomes[0] == len(requests), outcomes  # all in flight
     assert all(isinstance(o, EngineError) and server.url in str(o) for o in outcomes[1:]), outcomes
     assert (root / "run" / "metrics.jsonl").read_text() == before  # steps 1-2 as they were; no step 3
     assert latest_checkpoint(root / "run" / "checkpoints") == step_dir(root / "run" / "checkpoints", 2)

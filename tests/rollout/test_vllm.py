@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -46,6 +46,7 @@ from osvl.trainer.checkpoint import latest_checkpoint, step_dir
 from osvl.trainer.export import PolicyDefaults, model_files
 from osvl.trainer.policy import policy_arch, policy_image_config
 from osvl.trainer.stage import stage_inputs
+from tests.rollout.killed_server import CountingTransport, mark_preflight, wait_for_marks
 from tests.trainer.ranks import run_ranks
 from tests.trainer.test_grpo import grpo_overrides
 from tests.vllm_server import vllm_server
@@ -228,20 +229,17 @@ def test_grpo_stage_serves_every_optimizer_step_through_vllm(served, two_steps):
         assert steps and {s.policy_version for s in steps} == {version}  # the server's word, per token span
 
 
-def crash_body(rank: int, world: int, overrides: list[str], url: str) -> None:
+def crash_body(rank: int, world: int, overrides: list[str], url: str, marks: Path) -> None:
     from osvl.trainer import run_grpo
     from tests.trainer.grpo_fixtures import echo_environment
 
+    mark_preflight(marks, rank)
     try:
         run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
     except EngineError as error:  # every rank, with the dead server named
         assert url in str(error), error
         return
     raise AssertionError("step 3 went through with its vLLM server dead")
-
-
-def _log_count(log, needle: str) -> int:
-    return log.read_text(errors="replace").count(needle)
 
 
 def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothing(served, two_steps, env):
@@ -253,22 +251,20 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
     before = (root / "run" / "metrics.jsonl").read_text()
     outcomes: list = []
 
-    log, pushes = root / "vllm.log", _log_count(root / "vllm.log", "/update_weight_version")
-
-    def generated_since_the_push() -> int:
-        text = log.read_text(errors="replace")
-        return text[text.rfind("/update_weight_version") :].count("POST /inference/v1/generate")
+    marks = root / "preflight-done"
+    marks.mkdir()
 
     def kill_during_rollouts() -> None:
-        """Kills the server once the resumed stage has pushed its weights and its pre-flight probe turn
-        has come back (the first generation after the push: step-3 rollouts start then, and its training
-        keeps step 3's weight sync seconds away), with requests of its own in flight."""
-        deadline = time.monotonic() + 600
-        while _log_count(log, "/update_weight_version") <= pushes or not generated_since_the_push():
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.05)
-        engine = VLLMEngine(VLLMConfig((server.url,), timeout_s=120))
+        """Kills the server once both ranks' pre-flights are done (their probe turns answered; step-3
+        rollouts start then, and their training keeps step 3's weight sync seconds away), with requests of
+        its own in flight: the kill comes as soon as they were written to the server, and each runs to 1500
+        tokens (the client ignores EOS), so none can have been answered. (vLLM logs no request before it
+        answers, and its /metrics gauges lag by seconds: measured, 0 running while these ran.)"""
+        if not wait_for_marks(marks, 2):
+            return
+        transport = CountingTransport()
+        client = httpx.AsyncClient(transport=transport, timeout=120, trust_env=False)
+        engine = VLLMEngine(VLLMConfig((server.url,), timeout_s=120), client)
         long = [
             GenerationRequest(r.input_ids, [], SamplingParams(temperature=0.7, max_new_tokens=1500, stop=(), seed=i))
             for i, r in enumerate(requests)
@@ -276,12 +272,11 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
 
         async def crash():
             requests = [asyncio.create_task(engine.generate(r)) for r in long]
-            await asyncio.sleep(0.5)
-            inflight = [t for t in requests if not t.done()]  # still generating when the node dies
-            outcomes.append(bool(inflight))
-            server.kill()  # in this loop turn: nothing it has not yet seen completes before the kill
-            outcomes.extend(await asyncio.gather(*inflight, return_exceptions=True))
-            await asyncio.gather(*requests, return_exceptions=True)
+            while transport.sent < len(long) and not any(t.done() for t in requests):
+                await asyncio.sleep(0.005)
+            outcomes.append(sum(not t.done() for t in requests))  # in flight when the node dies
+            server.kill()  # none of them can have been answered: each has ~1500 tokens to go
+            outcomes.extend(await asyncio.gather(*requests, return_exceptions=True))
             await engine.aclose()
 
         asyncio.run(crash())
@@ -298,10 +293,10 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
         "rollout.text_only_export=true",
     ]
     try:
-        run_ranks(crash_body, 2, overrides, server.url)
+        run_ranks(crash_body, 2, overrides, server.url, marks)
     finally:
         killer.join(120)
-    assert server.process.poll() is not None and outcomes and outcomes[0] is True
+    assert server.process.poll() is not None and outcomes and outcomes[0] == len(requests), outcomes  # all in flight
     assert all(isinstance(o, EngineError) and server.url in str(o) for o in outcomes[1:]), outcomes
     assert (root / "run" / "metrics.jsonl").read_text() == before  # steps 1-2 as they were; no step 3
     assert latest_checkpoint(root / "run" / "checkpoints") == step_dir(root / "run" / "checkpoints", 2)

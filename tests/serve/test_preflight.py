@@ -19,11 +19,11 @@ from osvl.data.chat import ChatRenderer
 from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.model import save_pretrained
 from osvl.rl.loopback_judge import LoopbackJudgeServer
-from osvl.rollout import LocalEngine, SGLangConfig, SGLangEngine
+from osvl.rollout import GenerationRequest, GenerationResult, LocalEngine, SGLangConfig, SGLangEngine
 from osvl.rollout.loopback import LoopbackServer
 from osvl.rollout.weight_sync import InProcessSync
 from osvl.serve.engines import Serving
-from osvl.serve.preflight import PreflightError, preflight
+from osvl.serve.preflight import PROBE_ATTEMPTS, PreflightError, preflight
 from osvl.tools import ToolEnvironment, ToolRegistry
 from osvl.train import dry_run
 from osvl.trainer.grpo_data import stage_scorer
@@ -103,6 +103,50 @@ def test_an_unreachable_engine_is_named(tmp_path):
         serving = Serving(client, InProcessSync(LocalEngine(tiny_model(0), tokenizer(), IMAGE_CONFIG)))
         with pytest.raises(PreflightError, match="rollout.sglang_urls: .*127.0.0.1:9"):
             _run(_recipe(), serving, runner)
+
+
+class SamplesImagePads:
+    """A served policy that samples ``<|image_pad|>``, as a remote engine may (only the local engine
+    masks it out): the local engine's turn cut after an image pad put at ``at[i]`` on the i-th call, the
+    last one kept for later calls, as a server stopping at it answers."""
+
+    def __init__(self, at: list[int]) -> None:
+        self.engine = LocalEngine(tiny_model(0), tokenizer(), IMAGE_CONFIG)
+        self.at, self.calls = at, 0
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result = await self.engine.generate(request)
+        at = self.at[min(self.calls, len(self.at) - 1)]
+        self.calls += 1
+        assert len(result.token_ids) > at, result
+        ids = [*result.token_ids[:at], tokenizer().special.image_pad]
+        return dataclasses.replace(result, token_ids=ids, logprobs=result.logprobs[: at + 1])
+
+
+@pytest.mark.parametrize("at", [[5], [0, 3]], ids=["mid-turn", "first-token-then-resampled"])
+def test_a_probe_that_samples_an_image_pad_is_compared_before_it(at):
+    """A probe turn with an image pad has no pixels for the trainer's forward: it is compared up to the
+    pad, and one that starts with a pad is sampled again."""
+    engine = SamplesImagePads(at)
+    with asyncio.Runner() as runner:
+        lines = _run(_recipe(), Serving(engine, InProcessSync(engine.engine)), runner)
+    assert f"local engine: probe of {at[-1]} tokens" in "\n".join(lines), lines
+    assert engine.calls == len(at)
+
+
+def test_a_probe_that_always_starts_with_an_image_pad_is_named():
+    engine = SamplesImagePads([0])
+    with asyncio.Runner() as runner, pytest.raises(PreflightError) as refused:
+        _run(_recipe(), Serving(engine, InProcessSync(engine.engine)), runner)
+    assert engine.calls == PROBE_ATTEMPTS
+    assert str(refused.value).startswith(
+        f"local engine: none of {PROBE_ATTEMPTS} probe turns has a token the trainer can score "
+        f"(first ids {[tokenizer().special.image_pad] * PROBE_ATTEMPTS}"
+    )
 
 
 def test_the_dry_run_refuses_what_the_stage_refuses():

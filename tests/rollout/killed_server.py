@@ -1,0 +1,66 @@
+"""What the real-server tests that kill their server mid-step share: a mark each rank's stage leaves once
+its pre-flight is done, and a transport that counts the request bodies written to the server.
+
+The killer strikes only after every rank's mark (a probe turn in flight would fail the pre-flight, a
+``PreflightError``, instead of the step) and once its own requests are provably in flight: written to
+the server, and too long (1500 tokens, only the length ends them) to be answered before the kill.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+
+
+def mark_preflight(marks: Path, rank: int) -> None:
+    """From here on this process's stage touches ``marks/preflight-<rank>`` once its pre-flight returns
+    (every probe turn answered and compared); called in the rank's own process, before ``run_grpo``."""
+    import osvl.trainer.grpo as stage
+
+    checked = stage.preflight
+
+    def preflight_then_mark(*args, **kwargs):
+        lines = checked(*args, **kwargs)
+        (marks / f"preflight-{rank}").touch()
+        return lines
+
+    stage.preflight = preflight_then_mark
+
+
+def wait_for_marks(marks: Path, ranks: int, timeout_s: float = 600) -> bool:
+    """Whether every rank's pre-flight mark appeared within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not all((marks / f"preflight-{rank}").exists() for rank in range(ranks)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class CountingTransport(httpx.AsyncBaseTransport):
+    """An HTTP transport that counts in ``sent`` the request bodies written to the server; with
+    ``ignore_eos`` it adds ``ignore_eos`` to each body's ``sampling_params`` (SGLang's client does not
+    send it, so a turn there also ends at the checkpoint's EOS)."""
+
+    def __init__(self, ignore_eos: bool = False) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.ignore_eos = ignore_eos
+        self.sent = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        async def trace(event: str, _) -> None:
+            self.sent += event == "http11.send_request_body.complete"
+
+        body = json.loads(request.content)
+        if self.ignore_eos:
+            body["sampling_params"]["ignore_eos"] = True
+        request = httpx.Request(
+            request.method, request.url, json=body, extensions={**request.extensions, "trace": trace}
+        )
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
