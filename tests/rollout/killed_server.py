@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from osvl.rollout import EngineError, GenerationResult
+
 
 def mark_preflight(marks: Path, rank: int) -> None:
     """From here on this process's stage touches ``marks/preflight-<rank>`` once its pre-flight returns
@@ -64,3 +66,12 @@ class CountingTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def check_killed_requests(outcomes: list, url: str) -> None:
+    """The killer's requests: each was answered before the kill (a server answers a turn only once it ended,
+    so a fast server may finish one between the last body written and the kill) or failed with an
+    ``EngineError`` naming the dead server; at least one failed, so the kill found requests in flight."""
+    failed = [o for o in outcomes if isinstance(o, EngineError)]
+    assert failed and all(url in str(o) for o in failed), outcomes
+    assert all(isinstance(o, EngineError | GenerationResult) for o in outcomes), outcomes

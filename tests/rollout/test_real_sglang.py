@@ -41,7 +41,7 @@ from osvl.trainer.checkpoint import latest_checkpoint, step_dir
 from osvl.trainer.export import PolicyDefaults, model_files
 from osvl.trainer.policy import policy_arch, policy_image_config
 from osvl.trainer.stage import stage_inputs
-from tests.rollout.killed_server import CountingTransport, mark_preflight, wait_for_marks
+from tests.rollout.killed_server import CountingTransport, check_killed_requests, mark_preflight, wait_for_marks
 from tests.sglang_server import SGLangRouter, SGLangServer
 from tests.trainer.ranks import run_ranks
 from tests.trainer.test_grpo import grpo_overrides
@@ -339,7 +339,7 @@ def test_a_killed_server_fails_the_step_and_a_relaunch_resumes(served, two_steps
         """Kills the server once both ranks' pre-flights are done (their probe turns answered; step-3
         rollouts start then), with requests of its own in flight: they run to 1500 tokens (EOS ignored), and
         the kill comes once they were sent and the server logged a prefill since they were made (at the
-        latest theirs), when none of them can have decoded that many."""
+        latest theirs). On a loaded machine one may still finish first."""
         if not wait_for_marks(marks, 2):
             return
         transport = CountingTransport(ignore_eos=True)
@@ -361,8 +361,7 @@ def test_a_killed_server_fails_the_step_and_a_relaunch_resumes(served, two_steps
                 if any(t.done() for t in tasks):
                     break
                 await asyncio.sleep(0.005)
-            outcomes.append(sum(not t.done() for t in tasks))  # in flight
-            server.kill()  # none of them can have been answered: each has ~1500 tokens to go
+            server.kill()
             outcomes.extend(await asyncio.gather(*tasks, return_exceptions=True))
             await engine.aclose()
 
@@ -380,8 +379,8 @@ def test_a_killed_server_fails_the_step_and_a_relaunch_resumes(served, two_steps
         run_ranks(crash_body, 2, overrides, server.url, marks)
     finally:
         killer.join(120)
-    assert server.process.poll() is not None and outcomes and outcomes[0] == len(requests), outcomes  # all in flight
-    assert all(isinstance(o, EngineError) and server.url in str(o) for o in outcomes[1:]), outcomes
+    assert server.process.poll() is not None
+    check_killed_requests(outcomes, server.url)
     assert (root / "run" / "metrics.jsonl").read_text() == before  # steps 1-2 as they were; no step 3
     assert latest_checkpoint(root / "run" / "checkpoints") == step_dir(root / "run" / "checkpoints", 2)
 

@@ -46,7 +46,7 @@ from osvl.trainer.checkpoint import latest_checkpoint, step_dir
 from osvl.trainer.export import PolicyDefaults, model_files
 from osvl.trainer.policy import policy_arch, policy_image_config
 from osvl.trainer.stage import stage_inputs
-from tests.rollout.killed_server import CountingTransport, mark_preflight, wait_for_marks
+from tests.rollout.killed_server import CountingTransport, check_killed_requests, mark_preflight, wait_for_marks
 from tests.trainer.ranks import run_ranks
 from tests.trainer.test_grpo import grpo_overrides
 from tests.vllm_server import vllm_server
@@ -257,9 +257,9 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
     def kill_during_rollouts() -> None:
         """Kills the server once both ranks' pre-flights are done (their probe turns answered; step-3
         rollouts start then, and their training keeps step 3's weight sync seconds away), with requests of
-        its own in flight: the kill comes as soon as they were written to the server, and each runs to 1500
-        tokens (the client ignores EOS), so none can have been answered. (vLLM logs no request before it
-        answers, and its /metrics gauges lag by seconds: measured, 0 running while these ran.)"""
+        its own in flight: the kill comes as soon as they were written to the server, each running to 1500
+        tokens (the client ignores EOS). On a loaded machine one may still finish first (seen: 1 of 3).
+        (vLLM logs no request before it answers, and its /metrics gauges lag by seconds.)"""
         if not wait_for_marks(marks, 2):
             return
         transport = CountingTransport()
@@ -274,8 +274,7 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
             requests = [asyncio.create_task(engine.generate(r)) for r in long]
             while transport.sent < len(long) and not any(t.done() for t in requests):
                 await asyncio.sleep(0.005)
-            outcomes.append(sum(not t.done() for t in requests))  # in flight when the node dies
-            server.kill()  # none of them can have been answered: each has ~1500 tokens to go
+            server.kill()
             outcomes.extend(await asyncio.gather(*requests, return_exceptions=True))
             await engine.aclose()
 
@@ -296,8 +295,8 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
         run_ranks(crash_body, 2, overrides, server.url, marks)
     finally:
         killer.join(120)
-    assert server.process.poll() is not None and outcomes and outcomes[0] == len(requests), outcomes  # all in flight
-    assert all(isinstance(o, EngineError) and server.url in str(o) for o in outcomes[1:]), outcomes
+    assert server.process.poll() is not None
+    check_killed_requests(outcomes, server.url)
     assert (root / "run" / "metrics.jsonl").read_text() == before  # steps 1-2 as they were; no step 3
     assert latest_checkpoint(root / "run" / "checkpoints") == step_dir(root / "run" / "checkpoints", 2)
     recorder = RolloutRecorder(root / "run" / "rollouts")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -13,7 +15,8 @@ import pytest
 from osvl.rl.trajectory import ToolStatus
 from osvl.tools import Job, PoolConfig, ToolBackendsConfig, ToolPool
 from osvl.tools.python_interpreter import python_interpreter_spec
-from osvl.tools.sandbox import SandboxConfig, SandboxLimits, run_sandboxed
+from osvl.tools.sandbox import SandboxConfig, SandboxLimits, kill_session, run_sandboxed
+from osvl.tools.sandbox import process as sandbox_process
 from osvl.tools.sandbox.unsafe import SCRATCH_PREFIX, sweep_stale_scratch
 from tests.tools.proctree import cmdline, descendants, still_alive, wait_for
 
@@ -113,6 +116,60 @@ def test_workers_killed_while_their_sandbox_starts_leave_no_process_of_it():
             result = future.result(timeout=60)
             assert result.status is ToolStatus.INFRA_ERROR and "died" in result.error, result
     assert wait_for(lambda: not _live_processes_naming(marker), 10.0), _live_processes_naming(marker)
+
+
+# A session leader that puts two sleepers in process groups of their own, reports, and sleeps itself.
+SESSION = """
+import os, sys, time
+for _ in range(2):
+    if os.fork() == 0:
+        os.setpgid(0, 0)
+        time.sleep(60)
+        os._exit(0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _session_of_sleepers() -> tuple[subprocess.Popen, dict[int, int]]:
+    leader = subprocess.Popen([sys.executable, "-c", SESSION], stdout=subprocess.PIPE, start_new_session=True)
+    assert leader.stdout.readline() == b"ready\n"
+    members = {leader.pid: 0, **descendants(leader.pid)}
+    assert len(members) == 3, members
+    return leader, members
+
+
+def test_kill_session_kills_every_process_group_of_the_session():
+    leader, members = _session_of_sleepers()
+    try:
+        assert kill_session(leader.pid) == 3
+        assert wait_for(lambda: not still_alive({pid: t for pid, t in members.items() if pid != leader.pid}), 10.0)
+        assert leader.wait(10) == -signal.SIGKILL
+    finally:
+        leader.kill()
+        leader.wait()
+
+
+def test_kill_session_does_not_stop_at_one_empty_scan(monkeypatch):
+    """A scan can miss a live member (its parent forked it and exited while the scan read /proc: bubblewrap's
+    monitor and the PID namespace's init, in CI); here the first scan is made to miss everything."""
+    scans = []
+    real = sandbox_process._session_members
+
+    def missing_once(sid: int) -> list[int]:
+        scans.append(sid)
+        return [] if len(scans) == 1 else real(sid)
+
+    monkeypatch.setattr(sandbox_process, "_session_members", missing_once)
+    leader, members = _session_of_sleepers()
+    try:
+        assert kill_session(leader.pid) == 3
+        assert leader.wait(10) == -signal.SIGKILL
+        assert wait_for(lambda: not still_alive({pid: t for pid, t in members.items() if pid != leader.pid}), 10.0)
+        assert len(scans) >= 4  # the missed scan, the one that killed, two empty ones
+    finally:
+        leader.kill()
+        leader.wait()
 
 
 def test_a_passed_deadline_kills_every_process_of_the_run():

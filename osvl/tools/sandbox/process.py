@@ -47,12 +47,21 @@ def _session_members(sid: int) -> list[int]:
 
 
 def kill_session(sid: int, timeout_s: float = 5.0) -> int:
-    """SIGKILL every process of session ``sid`` until none is left (or ``timeout_s`` passed); returns how many
-    were signalled. The session's leader must not be reaped yet, so that ``sid`` cannot name a newer session.
-    Signals from the host reach a PID namespace's init too, and its death takes its namespace along."""
+    """SIGKILL every process of session ``sid`` until two scans in a row find none (or ``timeout_s`` passed);
+    returns how many were signalled. The session's leader must not be reaped yet, so that ``sid`` cannot
+    name a newer session. Signals from the host reach a PID namespace's init too, and its death takes its
+    namespace along.
+
+    One empty scan proves nothing: a process listed when the scan read /proc can fork and exit before its
+    own entry is read, and its child is in neither (seen under load: bubblewrap's monitor cloned the PID
+    namespace's init and exited within one scan, and the init lived on). A child forked before its parent
+    was read is listed by the next scan."""
     signalled: set[int] = set()
     deadline = time.monotonic() + timeout_s
-    while (members := _session_members(sid)) and time.monotonic() < deadline:
+    empty_scans = 0
+    while empty_scans < 2 and time.monotonic() < deadline:
+        members = _session_members(sid)
+        empty_scans = 0 if members else empty_scans + 1
         for pid in members:
             try:
                 os.kill(pid, signal.SIGKILL)
