@@ -163,7 +163,13 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             drills = name_drills(world, args.count, args.seed)
         elif args.held_out_prompts:
             prompts = held_out_prompts(
-                world, anchors, args.count, args.seed, args.search_top_k, max_guess_rate=args.max_guess_rate
+                world,
+                anchors,
+                args.count,
+                args.seed,
+                args.search_top_k,
+                max_hops=args.max_hops,
+                max_guess_rate=args.max_guess_rate,
             )
         else:
             drills = lookup_drills(
@@ -172,6 +178,7 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
                 args.seed,
                 rl_nodes,
                 args.search_top_k,
+                max_hops=args.max_hops,
                 max_guess_rate=args.max_guess_rate,
                 caption_link_fraction=args.caption_links,
             )
@@ -250,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         "--curation-seed", type=int, default=0, help="the seed `osvl.synth run` curated --data with (its RL split)"
     )
     drills.add_argument("--search-top-k", type=int, default=1)
+    drills.add_argument(
+        "--max-hops",
+        type=int,
+        default=2,
+        help="relation hops before the attribute lookup: each drill or question draws 1..this many",
+    )
     drills.add_argument(
         "--max-guess-rate",
         type=float,

@@ -324,3 +324,26 @@ def test_cli_pilot_anchors_cut_the_training_side_in_two_that_share_nothing(world
     assert sizes["train-fit"] + sizes["train-val"] == len(train) and min(sizes.values()) > 0
     assert starts["train-fit"] | starts["train-val"] <= set(train)  # never an evaluation entity
     assert not starts["train-fit"] & starts["train-val"]
+
+
+def test_cli_max_hops_bounds_the_relation_hops_of_drills_and_questions(world, curated, tmp_path, capsys):
+    out, _ = curated
+    argv = ["drills", "--world", str(world.root), "--data", str(out), "--count", "30"]
+
+    def hops(path):  # relation lookups before the attribute's
+        return {
+            sum(s.tool_call is not None and s.tool_call.name == "text_search" for s in d.steps) - 1
+            for d in read_jsonl(path)
+        }
+
+    for max_hops, expected in ((1, {1}), (2, {1, 2})):
+        target = tmp_path / f"drills{max_hops}.jsonl"
+        assert main([*argv, "--max-hops", str(max_hops), "--out", str(target)]) == 0
+        assert hops(target) == expected
+    questions = tmp_path / "questions.jsonl"
+    assert main([*argv[:-1], "12", "--held-out-prompts", "--max-hops", "1", "--out", str(questions)]) == 0
+    assert {p.question.count(" of the ") for p in read_prompts(questions)} == {2}  # attribute, relation, "shown"
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([*argv, "--max-hops", "0", "--out", str(tmp_path / "bad.jsonl")])
+    assert "max_hops >= 1" in capsys.readouterr().err and not (tmp_path / "bad.jsonl").exists()
