@@ -134,6 +134,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _shares(text: str, parser: argparse.ArgumentParser) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        parser.error(f"--hop-shares takes comma-separated numbers (e.g. 0.75,0.25), got {text!r}")
+
+
 def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     rl_nodes: set[str] = set()
     anchors: set[str] = set()
@@ -151,6 +158,10 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         parser.error("--anchors splits the anchors of --held-out-prompts")
     if args.names and args.held_out_prompts:
         parser.error("--names writes SFT drills; it does not combine with --held-out-prompts")
+    if args.hop_shares is not None and (args.names or args.held_out_prompts):
+        parser.error("--hop-shares shapes lookup drills; it does not combine with --names or --held-out-prompts")
+    hop_shares = _shares(args.hop_shares, parser) if args.hop_shares is not None else None
+    max_hops = args.max_hops if args.max_hops is not None else len(hop_shares) if hop_shares else 2
     try:
         if args.anchors != "all":
             train, held = split_anchors(anchors, args.eval_anchor_fraction)
@@ -168,7 +179,7 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
                 args.count,
                 args.seed,
                 args.search_top_k,
-                max_hops=args.max_hops,
+                max_hops=max_hops,
                 max_guess_rate=args.max_guess_rate,
             )
         else:
@@ -178,9 +189,10 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
                 args.seed,
                 rl_nodes,
                 args.search_top_k,
-                max_hops=args.max_hops,
+                max_hops=max_hops,
                 max_guess_rate=args.max_guess_rate,
                 caption_link_fraction=args.caption_links,
+                hop_shares=hop_shares,
             )
     except ValueError as error:
         parser.error(str(error))
@@ -260,8 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     drills.add_argument(
         "--max-hops",
         type=int,
-        default=2,
-        help="relation hops before the attribute lookup: each drill or question draws 1..this many",
+        help="relation hops before the attribute lookup: each drill or question draws 1..this many (default 2, "
+        "or the number of --hop-shares)",
+    )
+    drills.add_argument(
+        "--hop-shares",
+        help="lookup drills only: the exact share of drills with 1, 2, ... hops, comma-separated (0.75,0.25: "
+        "a quarter of 2-hop drills); without it each drill draws its hop count uniformly, and the longer "
+        "chains, rejected more often, end up fewer",
     )
     drills.add_argument(
         "--max-guess-rate",

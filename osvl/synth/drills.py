@@ -18,7 +18,7 @@ import dataclasses
 import random
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from osvl.rl.trajectory import FinishReason, Prompt, ToolCall, ToolResult, Trajectory
 from osvl.synth.expert import WorldTools, answer_step, expert_step, read_passages, top_match_page
@@ -155,13 +155,17 @@ def lookup_drills(
     anchors: Iterable[str] | None = None,
     max_guess_rate: float = 1.0,
     caption_link_fraction: float = 0.0,
+    hop_shares: Sequence[float] | None = None,
 ) -> list[Trajectory]:
     """``count`` distinct drills of 1..``max_hops`` relation hops plus one attribute lookup; a
     ``visual_fraction`` of them start from the anchor's image, as curated questions do. Chains
     start from ``anchors`` (default: every entity) and never touch an ``excluded`` one. An answer
     that a blind guess would get right more often than ``max_guess_rate`` (``guess_rates``: a
     country's area when the world has three countries) is never asked. A ``caption_link_fraction`` of
-    the visual drills see their image's caption state a drawn true link (``with_caption_link``)."""
+    the visual drills see their image's caption state a drawn true link (``with_caption_link``).
+    ``hop_shares`` (one share per hop count, 1..``max_hops``): exactly that share of the drills has that
+    many hops (largest remainders), where otherwise each attempt draws its hop count uniformly and the
+    longer chains, rejected more often, end up fewer."""
     if (
         count < 0
         or max_hops < 1
@@ -176,6 +180,7 @@ def lookup_drills(
             f"max_guess_rate in (0, 1], got {max_guess_rate}; caption_link_fraction in [0, 1], got "
             f"{caption_link_fraction})"
         )
+    quota = hop_quota(count, max_hops, hop_shares)
     excluded = set(excluded)
     pool = {p.id for p in world.graph.entities()} if anchors is None else set(anchors)
     unknown = sorted(a for a in pool if a not in world.graph)
@@ -195,11 +200,12 @@ def lookup_drills(
                 f"lookup_drills: only {len(drills)} distinct drills of {count} after {attempts - 1} "
                 "attempts; the world is too small or too excluded"
             )
+        hops = rng.randint(1, max_hops) if quota is None else rng.choice([h for h, n in quota.items() if n])
         drill = _drill(
             world,
             tools,
             rng.choice(anchors),
-            rng.randint(1, max_hops),
+            hops,
             rng,
             excluded,
             search_top_k,
@@ -210,7 +216,27 @@ def lookup_drills(
         )
         if drill is not None and drill.prompt.id not in drills:
             drills[drill.prompt.id] = drill
+            if quota is not None:
+                quota[hops] -= 1
     return list(drills.values())
+
+
+def hop_quota(count: int, max_hops: int, hop_shares: Sequence[float] | None) -> dict[int, int] | None:
+    """How many of ``count`` drills get 1..``max_hops`` hops under ``hop_shares`` (largest remainders, so
+    the counts add up to ``count``); None without shares."""
+    if hop_shares is None:
+        return None
+    shares = [float(x) for x in hop_shares]
+    if len(shares) != max_hops or any(not 0.0 <= x <= 1.0 for x in shares) or abs(sum(shares) - 1.0) > 1e-6:
+        raise ValueError(
+            f"hop_shares needs one share in [0, 1] per hop count 1..{max_hops}, summing to 1; got {shares}"
+        )
+    exact = [count * x for x in shares]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(max_hops), key=lambda i: (counts[i] - exact[i], i))
+    for i in by_remainder[: count - sum(counts)]:
+        counts[i] += 1
+    return {hops: n for hops, n in enumerate(counts, start=1)}
 
 
 def name_drills(world: World, count: int, seed: int = 0, names: tuple[int, int] = (3, 6)) -> list[Trajectory]:

@@ -7,6 +7,7 @@ import itertools
 import json
 import random
 import re
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from osvl.synth.__main__ import main
 from osvl.synth.drills import (
     guess_rates,
     held_out_prompts,
+    hop_quota,
     lookup_drills,
     name_drills,
     split_anchors,
@@ -347,3 +349,44 @@ def test_cli_max_hops_bounds_the_relation_hops_of_drills_and_questions(world, cu
     with pytest.raises(SystemExit):
         main([*argv, "--max-hops", "0", "--out", str(tmp_path / "bad.jsonl")])
     assert "max_hops >= 1" in capsys.readouterr().err and not (tmp_path / "bad.jsonl").exists()
+
+
+def test_hop_quota_splits_the_count_exactly_by_largest_remainders():
+    assert hop_quota(6000, 2, (0.75, 0.25)) == {1: 4500, 2: 1500}
+    assert hop_quota(10, 3, (1 / 3, 1 / 3, 1 / 3)) == {1: 4, 2: 3, 3: 3}
+    assert hop_quota(7, 2, (0.5, 0.5)) == {1: 4, 2: 3} and hop_quota(5, 2, None) is None
+    for bad in ((0.5,), (0.5, 0.6), (1.2, -0.2)):
+        with pytest.raises(ValueError, match="one share in"):
+            hop_quota(10, 2, bad)
+
+
+def test_hop_shares_give_exact_hop_counts(world):
+    drills = lookup_drills(world, 20, seed=1, hop_shares=(0.75, 0.25))
+    counts = Counter(
+        sum(s.tool_call is not None and s.tool_call.name == "text_search" for s in d.steps) - 1 for d in drills
+    )
+    assert counts == {1: 15, 2: 5}
+    assert len({d.prompt.id for d in drills}) == 20
+
+
+def test_cli_hop_shares_write_exact_hop_counts_and_refuse_bad_shares(world, curated, tmp_path, capsys):
+    out, _ = curated
+    argv = ["drills", "--world", str(world.root), "--data", str(out), "--count", "16"]
+    target = tmp_path / "drills.jsonl"
+    assert main([*argv, "--hop-shares", "0.5,0.5", "--out", str(target)]) == 0
+    hops = Counter(
+        sum(s.tool_call is not None and s.tool_call.name == "text_search" for s in d.steps) - 1
+        for d in read_jsonl(target)
+    )
+    assert hops == {1: 8, 2: 8}
+    capsys.readouterr()
+    for extra, message in (
+        (["--hop-shares", "0.5,x"], "comma-separated numbers"),
+        (["--hop-shares", "0.6,0.6"], "summing to 1"),
+        (["--hop-shares", "0.5,0.5", "--max-hops", "3"], "per hop count 1..3"),
+        (["--hop-shares", "1", "--held-out-prompts"], "does not combine"),
+    ):
+        with pytest.raises(SystemExit):
+            main([*argv, *extra, "--out", str(tmp_path / "bad.jsonl")])
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad.jsonl").exists()
