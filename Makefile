@@ -81,8 +81,8 @@ test-fast: install
 # start at entities no GRPO question starts at. Half the visual lookup drills see a caption that states a link drawn
 # for that drill (--caption-links 0.5), so SFT learns to search the image's match rather than, per entity, which
 # name its caption gives. A quarter of the lookup drills take 2 hops (--hop-shares 0.75,0.25; a uniform draw gave 44%):
-# with SFT at lr 3e-3 the policy samples the right second hop on a third of the validation entities' 2-hop questions
-# (on the evaluation's, 0.13), a choice left for GRPO. Why each step and setting is there: docs/demo.md.
+# with SFT at lr 3e-3 about a third of the policy's samples answer the validation entities' 2-hop questions right
+# (the evaluation's: 0.13), a choice left for GRPO. Why each step and setting is there: docs/demo.md.
 DEMO_DATA := runs/demo/data
 DEMO_EVAL := $(BIN)/python -m osvl.demo evaluate --recipe tiny_grpo --set model.preset=small \
 	--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --set rollout.max_in_flight=64

@@ -328,20 +328,19 @@ def test_cli_pilot_anchors_cut_the_training_side_in_two_that_share_nothing(world
     assert not starts["train-fit"] & starts["train-val"]
 
 
+def _relation_hops(drill) -> int:
+    """The relation lookups before the attribute's: every text search but the last."""
+    return sum(s.tool_call is not None and s.tool_call.name == "text_search" for s in drill.steps) - 1
+
+
 def test_cli_max_hops_bounds_the_relation_hops_of_drills_and_questions(world, curated, tmp_path, capsys):
     out, _ = curated
     argv = ["drills", "--world", str(world.root), "--data", str(out), "--count", "30"]
 
-    def hops(path):  # relation lookups before the attribute's
-        return {
-            sum(s.tool_call is not None and s.tool_call.name == "text_search" for s in d.steps) - 1
-            for d in read_jsonl(path)
-        }
-
     for max_hops, expected in ((1, {1}), (2, {1, 2})):
         target = tmp_path / f"drills{max_hops}.jsonl"
         assert main([*argv, "--max-hops", str(max_hops), "--out", str(target)]) == 0
-        assert hops(target) == expected
+        assert {_relation_hops(d) for d in read_jsonl(target)} == expected
     questions = tmp_path / "questions.jsonl"
     assert main([*argv[:-1], "12", "--held-out-prompts", "--max-hops", "1", "--out", str(questions)]) == 0
     assert {p.question.count(" of the ") for p in read_prompts(questions)} == {2}  # attribute, relation, "shown"
@@ -362,10 +361,7 @@ def test_hop_quota_splits_the_count_exactly_by_largest_remainders():
 
 def test_hop_shares_give_exact_hop_counts(world):
     drills = lookup_drills(world, 20, seed=1, hop_shares=(0.75, 0.25))
-    counts = Counter(
-        sum(s.tool_call is not None and s.tool_call.name == "text_search" for s in d.steps) - 1 for d in drills
-    )
-    assert counts == {1: 15, 2: 5}
+    assert Counter(_relation_hops(d) for d in drills) == {1: 15, 2: 5}
     assert len({d.prompt.id for d in drills}) == 20
 
 
@@ -374,11 +370,7 @@ def test_cli_hop_shares_write_exact_hop_counts_and_refuse_bad_shares(world, cura
     argv = ["drills", "--world", str(world.root), "--data", str(out), "--count", "16"]
     target = tmp_path / "drills.jsonl"
     assert main([*argv, "--hop-shares", "0.5,0.5", "--out", str(target)]) == 0
-    hops = Counter(
-        sum(s.tool_call is not None and s.tool_call.name == "text_search" for s in d.steps) - 1
-        for d in read_jsonl(target)
-    )
-    assert hops == {1: 8, 2: 8}
+    assert Counter(_relation_hops(d) for d in read_jsonl(target)) == {1: 8, 2: 8}
     capsys.readouterr()
     for extra, message in (
         (["--hop-shares", "0.5,x"], "comma-separated numbers"),
