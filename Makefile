@@ -82,10 +82,16 @@ test-fast: install
 # for that drill (--caption-links 0.5), so SFT learns to search the image's match rather than, per entity, which
 # name its caption gives. A quarter of the lookup drills take 2 hops (--hop-shares 0.75,0.25; a uniform draw gave 44%):
 # with SFT at lr 3e-3 about a third of the policy's samples answer the validation entities' 2-hop questions right
-# (the evaluation's: 0.13), a choice left for GRPO. Why each step and setting is there: docs/demo.md.
+# (the evaluation's: 0.13), a choice left for GRPO. One tool call in a hundred of the lookup drills fails first and the
+# expert makes it again (--tool-faults 0.01): without them SFT never shows an error and the policy answers an injected
+# fault by moving on as if the call had worked. GRPO counts only the tools' own failures toward the fatal rule
+# (grpo.fatal_errors=execution): with the policy's unparsable turns counted, the one-sided clamp taught it to answer a
+# fault with two of them (a fatal rollout is never pushed down). Each policy is also evaluated with the training
+# environment's faults (--faults). Why each step and setting is there: docs/demo.md.
 DEMO_DATA := runs/demo/data
+DEMO_FATAL := --set grpo.fatal_errors=execution
 DEMO_EVAL := $(BIN)/python -m osvl.demo evaluate --recipe tiny_grpo --set model.preset=small \
-	--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --set rollout.max_in_flight=64
+	--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --set rollout.max_in_flight=64 $(DEMO_FATAL)
 # SFT in the demo: one process (for this 4-layer width-128 model FSDP's gloo collectives cost more than a second
 # rank gains: 0.107 s a step against 0.171 s on 2 ranks), two epochs (one left the policy at 0.09-0.24 on the
 # validation questions, two at 0.28-0.57: docs/demo.md), at lr 3e-3 (at tiny_sft's 6e-3 two draws sampled the right
@@ -95,14 +101,15 @@ DEMO_SFT := --set model.preset=small --set sft.epochs=2 --set optimizer.lr=3e-3 
 # 24 steps at lr 3e-4 (on the validation questions 12 steps at 1e-4 changed 2 answers of 96, 24 at 3e-4 gained 12
 # and lost 1 from the caption-link SFT policy: docs/demo.md)
 DEMO_GRPO := --set grpo.group_size=8 --set grpo.batch_prompts=8 --set grpo.mini_batch_prompts=4 \
-	--set rollout.max_in_flight=32 --set metrics.tensorboard=false --set optimizer.lr=3e-4 --set grpo.max_steps=24
+	--set rollout.max_in_flight=32 --set metrics.tensorboard=false --set optimizer.lr=3e-4 --set grpo.max_steps=24 \
+	$(DEMO_FATAL)
 DEMO_SEEDS := 1 2
 demo: install
 	rm -rf runs/demo runs/tiny_sft runs/tiny_grpo
 	$(BIN)/python -m osvl.world build --out runs/demo/world --seed 0 --scale 3
 	$(BIN)/python -m osvl.synth run --world runs/demo/world --out $(DEMO_DATA) --expert-search-top-k 1 > runs/demo/curation.json
 	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --count 6000 --caption-links 0.5 \
-		--hop-shares 0.75,0.25 --out $(DEMO_DATA)/sft/drills.jsonl
+		--hop-shares 0.75,0.25 --tool-faults 0.01 --out $(DEMO_DATA)/sft/drills.jsonl
 	$(BIN)/python -m osvl.synth drills --world runs/demo/world --names --count 1500 --out $(DEMO_DATA)/sft/names.jsonl
 	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --held-out-prompts --anchors train \
 		--count 160 --seed 1 --max-guess-rate 0.15 --out $(DEMO_DATA)/rl_short/prompts.jsonl
@@ -117,14 +124,17 @@ demo: install
 	$(BIN)/python -m osvl.train --recipe tiny_sft $(DEMO_SFT)
 	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --out runs/demo/eval/sft.json
 	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --samples 4 --out runs/demo/eval/sft_k4.json
+	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --faults --out runs/demo/eval/sft_faults.json
 	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo $(DEMO_GRPO)
 	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --out runs/demo/eval/grpo.json
 	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --samples 4 --out runs/demo/eval/grpo_k4.json
+	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --faults --out runs/demo/eval/grpo_faults.json
 	$(BIN)/python -m osvl.report runs/tiny_sft > /dev/null
 	$(BIN)/python -m osvl.report runs/tiny_grpo > /dev/null
 	$(BIN)/python -m osvl.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 3 \
 		--evals init=runs/demo/eval/init.json sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json \
-		--sampled sft=runs/demo/eval/sft_k4.json grpo=runs/demo/eval/grpo_k4.json --prior runs/demo/eval/prior.json
+		--sampled sft=runs/demo/eval/sft_k4.json grpo=runs/demo/eval/grpo_k4.json --prior runs/demo/eval/prior.json \
+		--faulted sft=runs/demo/eval/sft_faults.json grpo=runs/demo/eval/grpo_faults.json
 
 # More GRPO seeds from `make demo`'s SFT checkpoint (its GRPO run is seed 0), each evaluated on the same 128
 # held-out questions, then each seed's paired difference against SFT and the pooled interval (docs/demo.md).

@@ -1,9 +1,10 @@
 """``make demo`` helpers: the demo tokenizer, the greedy evaluation and the before/after summary.
 
 ``python -m osvl.demo tokenizer --data DIR``   byte-level BPE over the curated set
-``python -m osvl.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE [--samples K] [--rollouts F]``
+``python -m osvl.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE [--samples K] [--faults]``
     greedy Pass@1 on a prompt file (the recipe's data.train_path), rendered and tool-served exactly as in
-    GRPO, no faults; `grounded`: answers stated word for word by one of the rollout's observations;
+    GRPO, no faults (``--faults``: the recipe's injected ones, as in training); `grounded`: answers stated
+    word for word by one of the rollout's observations;
     `chains`: at which lookup chain questions stopped following their evidence; each prompt's result is
     kept for paired comparisons; ``--samples K``: K rollouts a prompt at the GRPO temperature instead, for
     pass@k; ``--rollouts F``: every rollout as JSONL, to read what the policy did
@@ -91,11 +92,18 @@ def demo_tokenizer(
 
 
 def evaluation_rollouts(
-    recipe: Recipe, checkpoint: str, limit: int = 0, engine_wrapper: Callable | None = None, samples: int = 0
+    recipe: Recipe,
+    checkpoint: str,
+    limit: int = 0,
+    engine_wrapper: Callable | None = None,
+    samples: int = 0,
+    faults: bool = False,
 ) -> list[Trajectory]:
     """Greedy rollouts of a policy on ``data.train_path``'s prompts under the GRPO stage's prompt,
-    tools and turn budget (faults and outages off), scored as in training; with ``samples`` > 0,
-    that many rollouts a prompt at the GRPO stage's temperature and top-p instead (for pass@k).
+    tools and turn budget, scored as in training; with ``samples`` > 0, that many rollouts a prompt at
+    the GRPO stage's temperature and top-p instead (for pass@k). Faults and outages are off unless
+    ``faults``: then the recipe's injected ones strike, as in training, on the same calls for every
+    checkpoint (each decision is fixed by the job seed and the call's prompt, sample and turn).
 
     ``checkpoint`` is an HF directory, or ``init`` for the recipe's seeded initialization (what
     the SFT stage starts from).
@@ -115,7 +123,7 @@ def evaluation_rollouts(
     recipe = dataclasses.replace(
         recipe,
         model=dataclasses.replace(recipe.model, pretrained=pretrained),
-        tools=dataclasses.replace(recipe.tools, fault_rate=0.0, outage_rate=0.0),
+        tools=recipe.tools if faults else dataclasses.replace(recipe.tools, fault_rate=0.0, outage_rate=0.0),
     )
     tokenizer = load_tokenizer(recipe.data.tokenizer or pretrained)
     arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
@@ -161,13 +169,15 @@ def evaluate_policy(
     engine_wrapper: Callable | None = None,
     samples: int = 0,
     rollouts: str | Path | None = None,
+    faults: bool = False,
 ) -> dict:
     """Greedy Pass@1 summary of :func:`evaluation_rollouts`, so before/after numbers differ only by the
     weights, with each prompt's accuracy (``per_prompt``, for paired comparisons) and where chains broke
     (``chains``, :func:`chain_breaks`); with ``samples`` = n, the means are over all n x prompts rollouts,
     ``per_prompt`` holds each prompt's n accuracies and ``pass_at_k`` the unbiased pass@k for every k <= n.
     ``rollouts``: a JSONL file (replaced) that receives every scored rollout, its images in ``images/``
-    beside it, for reading what the policy did (:func:`osvl.rl.trajectory.read_jsonl`)."""
+    beside it, for reading what the policy did (:func:`osvl.rl.trajectory.read_jsonl`). ``faults``: with
+    the recipe's injected tool faults (``tool_faults`` in the result says which rates struck)."""
     from osvl.eval.interval import pass_at_k
     from osvl.rl.trajectory import append_jsonl
     from osvl.trainer.validation import summary_means, summary_sums
@@ -175,7 +185,7 @@ def evaluate_policy(
     if rollouts is not None and Path(rollouts).is_dir():  # before the rollouts, not after them
         raise ValueError(f"rollouts: {rollouts} is a directory; give a JSONL file path")
     started = time.perf_counter()
-    scored = evaluation_rollouts(recipe, checkpoint, limit, engine_wrapper, samples)
+    scored = evaluation_rollouts(recipe, checkpoint, limit, engine_wrapper, samples, faults)
     if rollouts is not None:
         Path(rollouts).unlink(missing_ok=True)
         append_jsonl(rollouts, scored)
@@ -191,6 +201,10 @@ def evaluate_policy(
         "scored": int(sums["scored"]),
         **summary_means(sums),
         "tool_statuses": dict(statuses),
+        "tool_faults": {
+            "fault_rate": recipe.tools.fault_rate if faults else 0.0,
+            "outage_rate": recipe.tools.outage_rate if faults else 0.0,
+        },
         "chains": chain_breaks(scored),
         "wall_s": time.perf_counter() - started,
     }
@@ -299,6 +313,30 @@ def _sampled_row(label: str, result: dict) -> str:
     )
 
 
+def _faults_said(results: Sequence[tuple[str, dict]]) -> str:
+    """The tool faults the compared evaluations ran under; they must be the same for a paired comparison."""
+    settings = {json.dumps(result.get("tool_faults", {"fault_rate": 0.0, "outage_rate": 0.0})) for _, result in results}
+    if len(settings) > 1:
+        raise ValueError(
+            f"the evaluations ran under different tool faults ({', '.join(sorted(settings))}): not comparable"
+        )
+    faults = json.loads(settings.pop())
+    if not faults["fault_rate"] and not faults["outage_rate"]:
+        return "no faults"
+    return f"tool faults as in training: {faults['fault_rate']:g} of calls, outages {faults['outage_rate']:g}"
+
+
+def _compared(results: Sequence[tuple[str, dict]]) -> list[str]:
+    """Greedy evaluations of the stages on the same prompts and faults: each with its interval, where its
+    chains broke, and each stage against the one before, paired by prompt."""
+    lines = [
+        f"greedy Pass@1 on the evaluation prompts (GRPO's prompt, tools and turn budget; {_faults_said(results)}):"
+    ]
+    lines += [_eval_row(label, result) for label, result in results]
+    lines += [row for label, result in results if (row := _chain_row(label, result)) is not None]
+    return lines + [_paired_row(before, after) for before, after in itertools.pairwise(results)]
+
+
 def summary_lines(
     sft_dir: str | Path,
     grpo_dir: str | Path,
@@ -307,12 +345,15 @@ def summary_lines(
     other_evals: Sequence[tuple[str, str | Path]] = (),
     prior: str | Path | None = None,
     sampled: Sequence[tuple[str, str | Path]] = (),
+    faulted: Sequence[tuple[str, str | Path]] = (),
 ) -> list[str]:
     """Held-out greedy evaluations (``evals``: label, JSON from ``evaluate``) at each stage, each with
     its 95% Wilson interval, each stage against the one before it by the paired bootstrap (paired by
     prompt: the stages answered the same questions), and the last against the no-tool answer ``prior``
     (JSON from ``prior``) when given; pass@k of sampled evaluations (``sampled``, from ``evaluate
-    --samples k``: does GRPO sharpen what the policy could already do, or widen it?); ``other_evals``
+    --samples k``: does GRPO sharpen what the policy could already do, or widen it?); ``faulted``: the
+    same comparison for evaluations with the training environment's tool faults (``evaluate --faults``:
+    does the policy recover from a failed call?); ``other_evals``
     (other prompt sets) reported beside them; then GRPO's rollout metrics: first ``width`` steps vs
     last ``width``."""
     from osvl.trainer.metrics import read_metrics
@@ -320,11 +361,8 @@ def summary_lines(
     sft, grpo = read_metrics(sft_dir), read_metrics(grpo_dir)
     lines = []
     if evals:
-        lines.append("greedy Pass@1 on the evaluation prompts (GRPO's prompt, tools and turn budget; no faults):")
         results = [(label, json.loads(Path(path).read_text())) for label, path in evals]
-        lines += [_eval_row(label, result) for label, result in results]
-        lines += [row for label, result in results if (row := _chain_row(label, result)) is not None]
-        lines += [_paired_row(before, after) for before, after in itertools.pairwise(results)]
+        lines += _compared(results)
         if prior is not None:
             last = results[-1]
             floor = json.loads(Path(prior).read_text())["accuracy"]
@@ -336,6 +374,8 @@ def summary_lines(
                 f"accuracy {floor:.3f}; {last[0]} is {verdict} it (the prior is {where} {last[0]}'s 95% "
                 f"interval)"
             )
+    if faulted:
+        lines += _compared([(label, json.loads(Path(path).read_text())) for label, path in faulted])
     if sampled:
         lines.append("pass@k: the share of prompts that k samples answer at least once (unbiased estimate):")
         lines += [_sampled_row(label, json.loads(Path(path).read_text())) for label, path in sampled]
@@ -430,6 +470,11 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument(
         "--rollouts", help="also write every rollout (JSONL, replaced; images in images/ beside it) to read what it did"
     )
+    ev.add_argument(
+        "--faults",
+        action="store_true",
+        help="with the recipe's injected tool faults and outages, as in training (default: off)",
+    )
     ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     summ = sub.add_parser("summary")
     summ.add_argument("--sft", required=True)
@@ -446,6 +491,13 @@ def main(argv: list[str] | None = None) -> int:
     summ.add_argument("--prior", help="JSON from the prior command: the no-tool accuracy floor")
     summ.add_argument(
         "--sampled", nargs="*", default=[], metavar="LABEL=FILE", help="evaluations with --samples k: their pass@k"
+    )
+    summ.add_argument(
+        "--faulted",
+        nargs="*",
+        default=[],
+        metavar="LABEL=FILE",
+        help="evaluations with --faults, compared stage by stage as --evals are",
     )
     seeds = sub.add_parser("seeds", help="GRPO runs of several seeds against their common starting checkpoint")
     seeds.add_argument("--before", required=True, metavar="LABEL=FILE", help="the starting checkpoint's evaluation")
@@ -474,14 +526,17 @@ def main(argv: list[str] | None = None) -> int:
             from osvl.config.loader import load_recipe
 
             recipe = load_recipe(args.recipe, args.set)
-            result = evaluate_policy(recipe, args.checkpoint, args.limit, samples=args.samples, rollouts=args.rollouts)
+            result = evaluate_policy(
+                recipe, args.checkpoint, args.limit, samples=args.samples, rollouts=args.rollouts, faults=args.faults
+            )
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
             print(json.dumps(result))
         elif args.command == "summary":
             evals, others = _labelled(args.evals, "--evals"), _labelled(args.other_evals, "--other-evals")
-            sampled = _labelled(args.sampled, "--sampled")
-            print("\n".join(summary_lines(args.sft, args.grpo, args.window, evals, others, args.prior, sampled)))
+            sampled, faulted = _labelled(args.sampled, "--sampled"), _labelled(args.faulted, "--faulted")
+            lines = summary_lines(args.sft, args.grpo, args.window, evals, others, args.prior, sampled, faulted)
+            print("\n".join(lines))
         elif args.command == "seeds":
             (before,) = _labelled([args.before], "--before")
             print("\n".join(seed_lines(before, _labelled(args.after, "--after"))))

@@ -84,6 +84,22 @@ def test_accuracy_counts_right_answers_and_faults_are_off(setup, tmp_path):
     assert result["grounded"] == pytest.approx(0.75)  # the wrong answer is stated by no observation
     assert result["turns_mean"] == 2.0 and result["fatal_rate"] == 0.0
     assert result["tool_statuses"] == {"ok": 4}  # tools.fault_rate=0.5 in the recipe is switched off
+    assert result["tool_faults"] == {"fault_rate": 0.0, "outage_rate": 0.0}
+
+
+def test_evaluation_with_faults_strikes_the_same_calls_for_every_checkpoint(setup, tmp_path):
+    recipe, _ = setup
+    first = evaluate_policy(recipe, "init", engine_wrapper=answering({"0", "1", "2", "3"}), faults=True)
+    again = evaluate_policy(
+        recipe, "init", engine_wrapper=answering({"0", "1"}), faults=True, rollouts=tmp_path / "r.jsonl"
+    )
+    assert first["tool_faults"] == {"fault_rate": 0.5, "outage_rate": 0.0}
+    assert first["tool_statuses"] == again["tool_statuses"]
+    assert 0 < first["tool_statuses"]["tool_error"] < 4  # recipe's 0.5: some of the 4 searches fail, not all
+    failed = [t for t in read_jsonl(tmp_path / "r.jsonl") if not t.steps[0].tool_result.ok]
+    assert failed and all(t.steps[0].observation_text == "Error (tool_error): injected fault" for t in failed)
+    # the scripted answer follows any observation: a faulted search still answers, so accuracy is as scripted
+    assert first["accuracy"] == 1.0 and again["accuracy"] == 0.5
 
 
 def test_sampled_evaluation_keeps_every_sample_and_reports_pass_at_k(setup):
@@ -209,6 +225,7 @@ def test_summary_compares_each_stage_with_the_one_before_by_prompt(tmp_path):
         for label, r in right.items()
     ]
     lines = summary_lines(sft, grpo, 1, evals)
+    assert lines[0].endswith("(GRPO's prompt, tools and turn budget; no faults):")
     assert lines[1].startswith("  init  accuracy 0.000 [0.000, 0.161]")  # Wilson 95%, 0 of 20
     assert lines[3].startswith("  grpo  accuracy 0.100 [0.028, 0.301]")  # 2 of 20
     assert lines[4].startswith("  sft - init: +0.050 [+0.000, +0.150]")  # one prompt turned right: not apart
@@ -235,6 +252,35 @@ def test_summary_compares_each_stage_with_the_one_before_by_prompt(tmp_path):
     with pytest.raises(SystemExit):
         main(common + ["--other-evals", str(curated)])  # no LABEL=
     assert main(common + [f"grpo={curated}", "--other-evals", f"curated={curated}"]) == 0
+
+
+def test_summary_names_the_faults_its_evaluations_ran_under_and_refuses_a_mix(tmp_path):
+    sft = fake_run(tmp_path / "sft", "fatal_clamp", [0.0, 0.0])
+    grpo = fake_run(tmp_path / "grpo", "fatal_clamp", [0.1, 0.3])
+    faults = {"tool_faults": {"fault_rate": 0.1, "outage_rate": 0.0}}
+    evals = [(label, _write_eval(tmp_path / f"{label}.json", 0.5, **faults)) for label in ("sft", "grpo")]
+    header = summary_lines(sft, grpo, 1, evals)[0]
+    assert header.endswith(
+        "(GRPO's prompt, tools and turn budget; tool faults as in training: 0.1 of calls, outages 0):"
+    )
+    evals[0] = ("sft", _write_eval(tmp_path / "clean.json", 0.5))  # no tool_faults: an evaluation without faults
+    with pytest.raises(ValueError, match="different tool faults"):
+        summary_lines(sft, grpo, 1, evals)
+    # --faulted: a second block, compared stage by stage, after the clean one
+    prompts = [f"q{i}" for i in range(10)]
+    before = _write_eval(
+        tmp_path / "f_sft.json", 0.2, per_prompt={p: float(p in {"q0", "q1"}) for p in prompts}, **faults
+    )
+    after = _write_eval(tmp_path / "f_grpo.json", 0.9, per_prompt={p: float(p != "q9") for p in prompts}, **faults)
+    clean = [("sft", tmp_path / "clean.json"), ("grpo", tmp_path / "clean.json")]
+    lines = summary_lines(sft, grpo, 1, clean, faulted=[("sft", before), ("grpo", after)])
+    start = next(i for i, line in enumerate(lines) if "tool faults as in training: 0.1" in line)
+    assert start > 0 and lines[0].endswith("no faults):")
+    assert lines[start + 1].split()[:3] == ["sft", "accuracy", "0.200"]
+    assert lines[start + 2].split()[:3] == ["grpo", "accuracy", "0.900"]
+    assert lines[start + 3].startswith("  grpo - sft: +0.700") and lines[start + 3].endswith("grpo is higher than sft")
+    argv = ["summary", "--sft", str(sft), "--grpo", str(grpo), "--faulted", f"sft={before}", f"grpo={after}"]
+    assert main(argv) == 0
 
 
 def test_summary_says_where_each_stage_stopped_following_its_evidence(tmp_path):

@@ -14,7 +14,7 @@ from osvl.config.parallel import ParallelConfig
 
 Stage = Literal["sft", "grpo"]
 FatalMode = Literal["vanilla", "hard_mask", "fatal_mask", "fatal_clamp"]
-FatalErrors = Literal["policy", "all"]
+FatalErrors = Literal["policy", "all", "execution"]
 InfraRollouts = Literal["drop", "keep"]
 Estimator = Literal["grpo", "rloo", "drgrpo"]
 LossAgg = Literal["seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm"]
@@ -173,7 +173,8 @@ class GRPOConfig:
     fatal_mode: FatalMode = "fatal_clamp"
     fatal_k: int = 3  # consecutive counted tool errors that make a step fatal
     # which errors count: the policy's own (default), or every tool-execution failure, infra_error
-    # (a back-end's 5xx / 429 / timeout) included, as the paper counts "cascading tool-execution failures"
+    # (a back-end's 5xx / 429 / timeout) included, as the paper counts "cascading tool-execution failures",
+    # or "execution": only calls a tool ran and failed, nothing the policy writes alone (osvl.rl.fatal)
     fatal_errors: FatalErrors = "policy"
     # a rollout that met a tool's infra_error: drop (retried, else out of the loss and its group's
     # statistics) or keep (scored like any other; the fatal rule decides its mask). "all" needs "keep".

@@ -117,6 +117,12 @@ class ToolResult:
     def ok(self) -> bool:
         return self.status is ToolStatus.OK
 
+    @property
+    def observation(self) -> str:
+        """What the agent reads back: the text, or the failure typed by its status (rollouts, experts
+        and drills write it the same way, so a policy meets in RL the error text SFT showed it)."""
+        return self.text if self.ok else f"Error ({self.status.value}): {self.error}"
+
 
 @dataclass
 class ToolCall:

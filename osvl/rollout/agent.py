@@ -60,10 +60,6 @@ class AgentConfig:
             )
 
 
-def _observation_text(result: ToolResult) -> str:
-    return result.text if result.ok else f"Error ({result.status.value}): {result.error}"
-
-
 async def _act(
     action: Action, env: ToolEnvironment, context: VisualContext, config: AgentConfig
 ) -> tuple[ToolCall | None, ToolResult]:
@@ -180,7 +176,7 @@ async def run_trajectory(
             step.tool_call, step.tool_result = await _act(action, env, context, config)
         finally:
             current_call.reset(token)
-        step.observation_text = _observation_text(step.tool_result)
+        step.observation_text = step.tool_result.observation
         step.observation_images = list(step.tool_result.images) if step.tool_result.ok else []
         if find_fatal_step([s.status for s in steps], config.fatal.k, config.fatal.anchor, config.fatal.errors) != -1:
             finish = FinishReason.FATAL

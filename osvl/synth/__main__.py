@@ -160,6 +160,8 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         parser.error("--names writes SFT drills; it does not combine with --held-out-prompts")
     if args.hop_shares is not None and (args.names or args.held_out_prompts):
         parser.error("--hop-shares shapes lookup drills; it does not combine with --names or --held-out-prompts")
+    if args.tool_faults and (args.names or args.held_out_prompts):
+        parser.error("--tool-faults shapes lookup drills; it does not combine with --names or --held-out-prompts")
     hop_shares = _shares(args.hop_shares, parser) if args.hop_shares is not None else None
     max_hops = args.max_hops if args.max_hops is not None else len(hop_shares) if hop_shares else 2
     try:
@@ -193,6 +195,7 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
                 max_guess_rate=args.max_guess_rate,
                 caption_link_fraction=args.caption_links,
                 hop_shares=hop_shares,
+                tool_fault_rate=args.tool_faults,
             )
     except ValueError as error:
         parser.error(str(error))
@@ -294,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="share of the visual lookup drills whose image caption states a true link drawn for that drill, so "
         "the linked name varies and only the match's title is the one to search",
+    )
+    drills.add_argument(
+        "--tool-faults",
+        type=float,
+        default=0.0,
+        help="lookup drills only: share of tool calls that fail first as GRPO's injected faults do "
+        "('Error (tool_error): injected fault'), the expert making the same call again",
     )
     reading = sub.add_parser("reading", help="plain-text reading comprehension over worlds (base pretraining)")
     reading.add_argument("--world", required=True, action="append", help="a world directory (repeatable)")

@@ -66,10 +66,6 @@ def image_content_part(image: np.ndarray) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
 
 
-def _observation_text(result: ToolResult) -> str:
-    return result.text if result.ok else f"Error ({result.status.value}): {result.error}"
-
-
 @dataclass
 class ChatExpert:
     client: ChatCompletionsClient
@@ -116,7 +112,7 @@ class ChatExpert:
                     think=action.think,
                     tool_call=call,
                     tool_result=result,
-                    observation_text=_observation_text(result),
+                    observation_text=result.observation,
                     observation_images=produced,
                 )
             )
@@ -127,7 +123,7 @@ class ChatExpert:
                 != -1
             ):
                 return ExpertEpisode(steps, FinishReason.FATAL)
-            messages.append(self._user(f"<tool_response>\n{_observation_text(result)}\n</tool_response>", produced))
+            messages.append(self._user(f"<tool_response>\n{result.observation}\n</tool_response>", produced))
         return ExpertEpisode(steps, FinishReason.MAX_TURNS)
 
     def rollout(self, item: QAItem, image: np.ndarray, rng: random.Random) -> list[Step]:

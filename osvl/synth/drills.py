@@ -20,13 +20,15 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from osvl.rl.trajectory import FinishReason, Prompt, ToolCall, ToolResult, Trajectory
+from osvl.rl.trajectory import FinishReason, Prompt, ToolCall, ToolResult, ToolStatus, Trajectory
 from osvl.synth.expert import WorldTools, answer_step, expert_step, read_passages, top_match_page
+from osvl.tools.faults import INJECTED
 from osvl.world.build import World
 from osvl.world.generate import CAPTION_RELATIONS, image_caption
 from osvl.world.graph import Page
 
 _TOP_CAPTION = re.compile(r"^Caption: .*$", re.MULTILINE)
+RETRY_THINK = "The call failed; make it again."
 
 
 def _stated(observation: str, pattern: re.Pattern[str]) -> list[str]:
@@ -47,6 +49,28 @@ def with_caption_link(result: ToolResult, page: Page, world: World, rng: random.
     named = link.anchor or world.graph[world.graph.resolve(link.target)].title
     caption = f"Caption: {image_caption(page, link.relation, named)}"
     return dataclasses.replace(result, text=_TOP_CAPTION.sub(lambda _: caption, result.text, count=1))
+
+
+def with_tool_faults(drill: Trajectory, rate: float, rng: random.Random, max_consecutive: int = 2) -> Trajectory:
+    """The ``drill`` with each tool call failing first with probability ``rate`` (again after a failed
+    retry, at most ``max_consecutive`` times in a row), as the GRPO stage's injected faults fail it
+    (``tool_error``, "injected fault"); the expert then makes the same call again.
+
+    Without such steps SFT never shows an error observation, and the policy answers one by moving on
+    as if the call had worked (it named a next entity it never read in 0 of 42 faults retried)."""
+    if not 0.0 <= rate <= 1.0 or max_consecutive < 0:
+        raise ValueError(
+            f"with_tool_faults needs rate in [0, 1] and max_consecutive >= 0, got {rate}, {max_consecutive}"
+        )
+    steps = []
+    for step in drill.steps:
+        failures = 0
+        while step.tool_call is not None and failures < max_consecutive and rng.random() < rate:
+            failed = ToolResult(status=ToolStatus.TOOL_ERROR, tool=step.tool_call.name, error=INJECTED)
+            steps.append(expert_step(step.think if not failures else RETRY_THINK, step.tool_call, failed))
+            failures += 1
+        steps.append(expert_step(RETRY_THINK, step.tool_call, step.tool_result) if failures else step)
+    return dataclasses.replace(drill, steps=steps)
 
 
 def guess_rates(world: World) -> dict[tuple[str, str], float]:
@@ -156,6 +180,7 @@ def lookup_drills(
     max_guess_rate: float = 1.0,
     caption_link_fraction: float = 0.0,
     hop_shares: Sequence[float] | None = None,
+    tool_fault_rate: float = 0.0,
 ) -> list[Trajectory]:
     """``count`` distinct drills of 1..``max_hops`` relation hops plus one attribute lookup; a
     ``visual_fraction`` of them start from the anchor's image, as curated questions do. Chains
@@ -165,7 +190,9 @@ def lookup_drills(
     the visual drills see their image's caption state a drawn true link (``with_caption_link``).
     ``hop_shares`` (one share per hop count, 1..``max_hops``): exactly that share of the drills has that
     many hops (largest remainders), where otherwise each attempt draws its hop count uniformly and the
-    longer chains, rejected more often, end up fewer."""
+    longer chains, rejected more often, end up fewer. A ``tool_fault_rate`` fails that share of the tool
+    calls once first, and the expert retries (``with_tool_faults``; drawn apart from the drills, which stay
+    the same)."""
     if (
         count < 0
         or max_hops < 1
@@ -173,12 +200,13 @@ def lookup_drills(
         or not 0.0 <= visual_fraction <= 1.0
         or not 0.0 < max_guess_rate <= 1.0
         or not 0.0 <= caption_link_fraction <= 1.0
+        or not 0.0 <= tool_fault_rate <= 1.0
     ):
         raise ValueError(
             f"lookup_drills needs count >= 0, max_hops >= 1, search_top_k >= 0; got "
             f"{count}, {max_hops}, {search_top_k} (and visual_fraction in [0, 1], got {visual_fraction}; "
             f"max_guess_rate in (0, 1], got {max_guess_rate}; caption_link_fraction in [0, 1], got "
-            f"{caption_link_fraction})"
+            f"{caption_link_fraction}; tool_fault_rate in [0, 1], got {tool_fault_rate})"
         )
     quota = hop_quota(count, max_hops, hop_shares)
     excluded = set(excluded)
@@ -218,7 +246,10 @@ def lookup_drills(
             drills[drill.prompt.id] = drill
             if quota is not None:
                 quota[hops] -= 1
-    return list(drills.values())
+    if not tool_fault_rate:
+        return list(drills.values())
+    fault_rng = random.Random(f"tool-faults/{seed}")
+    return [with_tool_faults(drill, tool_fault_rate, fault_rng) for drill in drills.values()]
 
 
 def hop_quota(count: int, max_hops: int, hop_shares: Sequence[float] | None) -> dict[int, int] | None:

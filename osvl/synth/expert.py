@@ -186,7 +186,7 @@ def expert_step(think: str, call: ToolCall | None, result: ToolResult | None, re
         tool_call=call,
         response=response,
         tool_result=result,
-        observation_text=result.text if result is not None else "",
+        observation_text=result.observation if result is not None else "",
         observation_images=list(result.images) if result is not None else [],
     )
 

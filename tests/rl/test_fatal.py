@@ -227,3 +227,34 @@ def test_infra_rollouts_decide_what_is_excluded() -> None:
     assert not infra_excluded(clean, "drop") and not infra_excluded(clean, "keep")
     with pytest.raises(ValueError, match="unknown infra_rollouts 'retry'"):
         infra_excluded(clean, "retry")
+
+
+# --- "execution": only the tools' failures; nothing the policy writes alone makes a rollout fatal -
+
+# (statuses, k, breach, onset) under "execution"
+EXECUTION_ERRORS = {
+    "a fault, then two unparsable turns": ([OK, E, P, P], 3, -1, -1),
+    "three faults in a row": ([OK, E, E, T], 3, 3, 1),
+    "unparsable turns neither count nor reset": ([E, P, E, "invalid_arguments", E], 3, 4, 0),
+    "infra neither counts nor resets": ([E, INF, E, INF, E], 3, 4, 0),
+    "ok resets": ([E, E, OK, E, E], 3, -1, -1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXECUTION_ERRORS))
+def test_execution_errors_count_only_the_tools_failures(name: str) -> None:
+    statuses, k, breach, onset = EXECUTION_ERRORS[name]
+    assert find_fatal_step(statuses, k=k, errors="execution") == breach
+    assert find_fatal_step(statuses, k=k, anchor="onset", errors="execution") == onset
+
+
+def test_under_execution_errors_a_rollout_without_response_is_not_fatal() -> None:
+    # the collapse GRPO learnt in the demo: a fault answered with unparsable turns until the rollout ends
+    collapsed = trajectory([OK, E, P, P], answer=None, finish=FinishReason.FATAL)
+    assert trajectory_fatal_step(collapsed) == 3  # "policy": a cascade, so the clamp protects it
+    assert trajectory_fatal_step(collapsed, FatalConfig(errors="execution")) == -1
+    out_of_turns = trajectory([OK, OK, OK], answer=None)
+    assert trajectory_fatal_step(out_of_turns) == 3
+    assert trajectory_fatal_step(out_of_turns, FatalConfig(errors="execution")) == -1
+    faults = trajectory([OK, E, E, E], answer=None, finish=FinishReason.FATAL)
+    assert trajectory_fatal_step(faults, FatalConfig(errors="execution")) == 3

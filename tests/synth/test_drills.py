@@ -12,9 +12,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from osvl.rl.fatal import is_fatal, trajectory_fatal_step
 from osvl.rl.trajectory import ToolResult, ToolStatus, read_jsonl
 from osvl.synth.__main__ import main
 from osvl.synth.drills import (
+    RETRY_THINK,
     guess_rates,
     held_out_prompts,
     hop_quota,
@@ -22,6 +24,7 @@ from osvl.synth.drills import (
     name_drills,
     split_anchors,
     with_caption_link,
+    with_tool_faults,
 )
 from osvl.synth.pipeline import CurationConfig, is_rl
 from osvl.synth.records import read_items, read_prompts
@@ -381,4 +384,83 @@ def test_cli_hop_shares_write_exact_hop_counts_and_refuse_bad_shares(world, cura
         with pytest.raises(SystemExit):
             main([*argv, *extra, "--out", str(tmp_path / "bad.jsonl")])
         assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad.jsonl").exists()
+
+
+def _sound_steps(drill) -> list[tuple]:
+    """What a drill does with the failed attempts taken out: calls, observations, answer."""
+    return [
+        (s.tool_call, s.observation_text, s.response) for s in drill.steps if s.tool_result is None or s.tool_result.ok
+    ]
+
+
+def test_tool_faults_fail_a_call_first_and_the_expert_makes_the_same_call_again(world):
+    plain = lookup_drills(world, 30, seed=2)
+    faulted = lookup_drills(world, 30, seed=2, tool_fault_rate=0.3)
+    # the faults are drawn apart from the drills: the same questions
+    assert [(d.prompt.id, d.prompt.question) for d in faulted] == [(d.prompt.id, d.prompt.question) for d in plain]
+    retried = 0
+    for before, after in zip(plain, faulted, strict=True):
+        assert _sound_steps(after) == _sound_steps(before)
+        run = 0
+        for step, following in itertools.pairwise(after.steps):
+            if step.tool_result is not None and not step.tool_result.ok:
+                run += 1
+                # the text a rollout shows after an injected fault (tests/test_demo.py checks the same text)
+                assert step.tool_result.status is ToolStatus.TOOL_ERROR
+                assert step.observation_text == "Error (tool_error): injected fault"
+                assert following.tool_call == step.tool_call and following.think == RETRY_THINK
+                assert following.text == step.text.replace(
+                    f"<think>{step.think}</think>", f"<think>{RETRY_THINK}</think>"
+                )
+                assert run <= 2
+            else:
+                run = 0
+        retried += len(after.steps) > len(before.steps)
+        assert not is_fatal(trajectory_fatal_step(after))  # two failures in a row at most: K=3 never fires
+    assert 0 < retried < len(plain)
+
+
+def test_with_tool_faults_at_the_edges(world):
+    (drill,) = lookup_drills(world, 1, seed=4)
+    calls = [s for s in drill.steps if s.tool_call is not None]
+    assert with_tool_faults(drill, 0.0, random.Random(0)).steps == drill.steps
+    every = with_tool_faults(drill, 1.0, random.Random(0), max_consecutive=2)
+    assert len(every.steps) == len(drill.steps) + 2 * len(calls)
+    assert [s.tool_result.ok for s in every.steps[:3]] == [False, False, True]
+    assert every.steps[0].think == drill.steps[0].think and every.steps[1].think == RETRY_THINK
+    assert every.steps[-1] is drill.steps[-1]  # the answer is untouched
+    for rate, consecutive in ((1.5, 2), (0.5, -1)):
+        with pytest.raises(ValueError, match="rate in \\[0, 1\\] and max_consecutive >= 0"):
+            with_tool_faults(drill, rate, random.Random(0), consecutive)
+    with pytest.raises(ValueError, match="tool_fault_rate in \\[0, 1\\], got -0.1"):
+        lookup_drills(world, 1, tool_fault_rate=-0.1)
+
+
+def test_cli_tool_faults_write_the_same_drills_with_retries(world, curated, tmp_path, capsys):
+    out, _ = curated
+    argv = ["drills", "--world", str(world.root), "--data", str(out), "--count", "20"]
+    assert main([*argv, "--out", str(tmp_path / "plain.jsonl")]) == 0
+    assert main([*argv, "--tool-faults", "0.5", "--out", str(tmp_path / "faulted.jsonl")]) == 0
+    plain, faulted = list(read_jsonl(tmp_path / "plain.jsonl")), list(read_jsonl(tmp_path / "faulted.jsonl"))
+    assert [d.prompt.id for d in plain] == [d.prompt.id for d in faulted]
+    assert [_sound_steps(d) for d in plain] == [_sound_steps(d) for d in faulted]
+    assert sum(s.think == RETRY_THINK for d in faulted for s in d.steps) > 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "drills",
+                "--world",
+                str(world.root),
+                "--names",
+                "--count",
+                "2",
+                "--tool-faults",
+                "0.5",
+                "--out",
+                str(tmp_path / "bad.jsonl"),
+            ]
+        )
+    assert "--tool-faults shapes lookup drills" in capsys.readouterr().err
     assert not (tmp_path / "bad.jsonl").exists()
