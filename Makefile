@@ -92,7 +92,7 @@ DEMO_DATA := runs/demo/data
 DEMO_FATAL := --set grpo.fatal_errors=execution
 DEMO_EVAL := $(BIN)/python -m osvl.demo evaluate --recipe tiny_grpo --set model.preset=small \
 	--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --set rollout.max_in_flight=64 $(DEMO_FATAL)
-# SFT in the demo: one process (for this 4-layer width-128 model FSDP's gloo collectives cost more than a second
+# SFT in the demo: one process (for this 2-layer width-128 model FSDP's gloo collectives cost more than a second
 # rank gains: 0.107 s a step against 0.171 s on 2 ranks), two epochs (one left the policy at 0.09-0.24 on the
 # validation questions, two at 0.28-0.57: docs/demo.md), at lr 3e-3 (at tiny_sft's 6e-3 two draws sampled the right
 # second hop in 0.14-0.16 of their samples, at 3e-3 in 0.31-0.40: choices GRPO can sharpen; docs/demo.md)
