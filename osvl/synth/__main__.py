@@ -158,10 +158,9 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         parser.error("--anchors splits the anchors of --held-out-prompts")
     if args.names and args.held_out_prompts:
         parser.error("--names writes SFT drills; it does not combine with --held-out-prompts")
-    if args.hop_shares is not None and (args.names or args.held_out_prompts):
-        parser.error("--hop-shares shapes lookup drills; it does not combine with --names or --held-out-prompts")
-    if args.tool_faults and (args.names or args.held_out_prompts):
-        parser.error("--tool-faults shapes lookup drills; it does not combine with --names or --held-out-prompts")
+    for flag, given in (("--hop-shares", args.hop_shares is not None), ("--tool-faults", bool(args.tool_faults))):
+        if given and (args.names or args.held_out_prompts):
+            parser.error(f"{flag} shapes lookup drills; it does not combine with --names or --held-out-prompts")
     hop_shares = _shares(args.hop_shares, parser) if args.hop_shares is not None else None
     max_hops = args.max_hops if args.max_hops is not None else len(hop_shares) if hop_shares else 2
     try:

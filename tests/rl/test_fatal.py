@@ -184,23 +184,36 @@ def test_infra_error_flags() -> None:
     assert not has_infra_error(trajectory([OK, E, T]))
 
 
-# --- which errors count: policy errors only, or every tool-execution failure ------------------
+# --- which errors count: policy errors only, every tool-execution failure, or the tools' own ----
 
-# (statuses, k, breach under "all", onset under "all"); under "policy" the same lists follow WORKED_EXAMPLES
-ALL_ERRORS = {
-    "an outage after a good call": ([OK, INF, INF, INF], 3, 3, 1),
-    "outage and policy errors mix": ([OK, E, INF, T, OK], 3, 3, 1),
-    "ok resets an outage": ([INF, INF, OK, INF, INF], 3, -1, -1),
-    "only infra": ([INF, INF, INF, INF], 1, 0, 0),
-    "infra interleaved": ([E, INF, E, INF, INF, T], 3, 2, 0),
+# errors choice -> {name: (statuses, k, breach, onset)}; under "policy" the lists follow WORKED_EXAMPLES.
+# "all" counts infra errors too; "execution" only the tools' failures (tool_error, timeout): the policy's
+# unparsable or invalid calls and infra errors neither count nor reset.
+ERROR_CHOICES = {
+    "all": {
+        "an outage after a good call": ([OK, INF, INF, INF], 3, 3, 1),
+        "outage and policy errors mix": ([OK, E, INF, T, OK], 3, 3, 1),
+        "ok resets an outage": ([INF, INF, OK, INF, INF], 3, -1, -1),
+        "only infra": ([INF, INF, INF, INF], 1, 0, 0),
+        "infra interleaved": ([E, INF, E, INF, INF, T], 3, 2, 0),
+    },
+    "execution": {
+        "a fault, then two unparsable turns": ([OK, E, P, P], 3, -1, -1),
+        "three faults in a row": ([OK, E, E, T], 3, 3, 1),
+        "unparsable turns neither count nor reset": ([E, P, E, "invalid_arguments", E], 3, 4, 0),
+        "infra neither counts nor resets": ([E, INF, E, INF, E], 3, 4, 0),
+        "ok resets": ([E, E, OK, E, E], 3, -1, -1),
+    },
 }
 
 
-@pytest.mark.parametrize("name", sorted(ALL_ERRORS))
-def test_all_errors_count_infra_errors(name: str) -> None:
-    statuses, k, breach, onset = ALL_ERRORS[name]
-    assert find_fatal_step(statuses, k=k, errors="all") == breach
-    assert find_fatal_step(statuses, k=k, anchor="onset", errors="all") == onset
+@pytest.mark.parametrize(
+    ("errors", "name"), [(errors, name) for errors, cases in ERROR_CHOICES.items() for name in sorted(cases)]
+)
+def test_error_choices_count_their_errors(errors: str, name: str) -> None:
+    statuses, k, breach, onset = ERROR_CHOICES[errors][name]
+    assert find_fatal_step(statuses, k=k, errors=errors) == breach
+    assert find_fatal_step(statuses, k=k, anchor="onset", errors=errors) == onset
 
 
 def test_policy_errors_leave_an_outage_alone() -> None:
@@ -227,25 +240,6 @@ def test_infra_rollouts_decide_what_is_excluded() -> None:
     assert not infra_excluded(clean, "drop") and not infra_excluded(clean, "keep")
     with pytest.raises(ValueError, match="unknown infra_rollouts 'retry'"):
         infra_excluded(clean, "retry")
-
-
-# --- "execution": only the tools' failures; nothing the policy writes alone makes a rollout fatal -
-
-# (statuses, k, breach, onset) under "execution"
-EXECUTION_ERRORS = {
-    "a fault, then two unparsable turns": ([OK, E, P, P], 3, -1, -1),
-    "three faults in a row": ([OK, E, E, T], 3, 3, 1),
-    "unparsable turns neither count nor reset": ([E, P, E, "invalid_arguments", E], 3, 4, 0),
-    "infra neither counts nor resets": ([E, INF, E, INF, E], 3, 4, 0),
-    "ok resets": ([E, E, OK, E, E], 3, -1, -1),
-}
-
-
-@pytest.mark.parametrize("name", sorted(EXECUTION_ERRORS))
-def test_execution_errors_count_only_the_tools_failures(name: str) -> None:
-    statuses, k, breach, onset = EXECUTION_ERRORS[name]
-    assert find_fatal_step(statuses, k=k, errors="execution") == breach
-    assert find_fatal_step(statuses, k=k, anchor="onset", errors="execution") == onset
 
 
 def test_under_execution_errors_a_rollout_without_response_is_not_fatal() -> None:

@@ -448,19 +448,6 @@ def test_cli_tool_faults_write_the_same_drills_with_retries(world, curated, tmp_
     assert sum(s.think == RETRY_THINK for d in faulted for s in d.steps) > 0
     capsys.readouterr()
     with pytest.raises(SystemExit):
-        main(
-            [
-                "drills",
-                "--world",
-                str(world.root),
-                "--names",
-                "--count",
-                "2",
-                "--tool-faults",
-                "0.5",
-                "--out",
-                str(tmp_path / "bad.jsonl"),
-            ]
-        )
+        main([*argv, "--names", "--tool-faults", "0.5", "--out", str(tmp_path / "bad.jsonl")])
     assert "--tool-faults shapes lookup drills" in capsys.readouterr().err
     assert not (tmp_path / "bad.jsonl").exists()
