@@ -313,6 +313,17 @@ def _sampled_row(label: str, result: dict) -> str:
     )
 
 
+def _room_row(label: str, greedy: dict, sampled: dict) -> str:
+    from osvl.eval.interval import sharpening_room
+
+    room = sharpening_room(greedy["per_prompt"], sampled["per_prompt"])
+    return (
+        f"  {label:<5} greedy misses {room.greedy_wrong}/{room.prompts}; {room.wrong_sampled_right} of them answered "
+        f"by at least one of its {sampled['samples']} samples (the most that sharpening can add); "
+        f"{room.right_sampled_minority} of its {room.greedy_right} greedy answers given by fewer than half"
+    )
+
+
 def _faults_said(results: Sequence[tuple[str, dict]]) -> str:
     """The tool faults the compared evaluations ran under; they must be the same for a paired comparison."""
     settings = {json.dumps(result.get("tool_faults", {"fault_rate": 0.0, "outage_rate": 0.0})) for _, result in results}
@@ -351,7 +362,8 @@ def summary_lines(
     its 95% Wilson interval, each stage against the one before it by the paired bootstrap (paired by
     prompt: the stages answered the same questions), and the last against the no-tool answer ``prior``
     (JSON from ``prior``) when given; pass@k of sampled evaluations (``sampled``, from ``evaluate
-    --samples k``: does GRPO sharpen what the policy could already do, or widen it?); ``faulted``: the
+    --samples k``: does GRPO sharpen what the policy could already do, or widen it?), and for a stage
+    evaluated both ways its room for sharpening (:func:`osvl.eval.interval.sharpening_room`); ``faulted``: the
     same comparison for evaluations with the training environment's tool faults (``evaluate --faults``:
     does the policy recover from a failed call?); ``other_evals``
     (other prompt sets) reported beside them; then GRPO's rollout metrics: first ``width`` steps vs
@@ -360,8 +372,8 @@ def summary_lines(
 
     sft, grpo = read_metrics(sft_dir), read_metrics(grpo_dir)
     lines = []
-    if evals:
-        results = [(label, json.loads(Path(path).read_text())) for label, path in evals]
+    results = [(label, json.loads(Path(path).read_text())) for label, path in evals]
+    if results:
         lines += _compared(results)
         if prior is not None:
             last = results[-1]
@@ -377,8 +389,14 @@ def summary_lines(
     if faulted:
         lines += _compared([(label, json.loads(Path(path).read_text())) for label, path in faulted])
     if sampled:
+        samples = [(label, json.loads(Path(path).read_text())) for label, path in sampled]
         lines.append("pass@k: the share of prompts that k samples answer at least once (unbiased estimate):")
-        lines += [_sampled_row(label, json.loads(Path(path).read_text())) for label, path in sampled]
+        lines += [_sampled_row(label, result) for label, result in samples]
+        greedy = dict(results)
+        paired = [(label, greedy[label], result) for label, result in samples if label in greedy]
+        if paired:
+            lines.append("room for sharpening: greedy misses that a sample answers, per stage:")
+            lines += [_room_row(*triple) for triple in paired]
     if other_evals:
         lines.append("the same greedy evaluation on other prompt sets (reported, not compared):")
         lines += [_eval_row(label, json.loads(Path(path).read_text())) for label, path in other_evals]

@@ -322,6 +322,27 @@ def test_summary_reports_pass_at_k_of_sampled_evaluations(tmp_path, capsys):
     assert "pass@2 0.400" in capsys.readouterr().out
 
 
+def test_summary_says_how_many_greedy_misses_a_sample_answers(tmp_path):
+    sft = fake_run(tmp_path / "sft", "fatal_clamp", [0.0, 0.0])
+    grpo = fake_run(tmp_path / "grpo", "fatal_clamp", [0.1, 0.3])
+    greedy = {"q0": 0.0, "q1": 0.0, "q2": 1.0, "q3": 1.0}
+    evals = [("sft", _write_eval(tmp_path / "sft.json", 0.5, scored=4, per_prompt=greedy))]
+    per_prompt = {"q0": [0.0, 1.0], "q1": [0.0, 0.0], "q2": [0.0, 0.0], "q3": [1.0, 0.0]}
+    extra = {"samples": 2, "prompts": 4, "pass_at_k": {"1": 0.25, "2": 0.5}, "temperature": 0.7, "top_p": 1.0}
+    sampled = [
+        ("sft", _write_eval(tmp_path / "sft_k.json", 0.25, scored=8, per_prompt=per_prompt, **extra)),
+        ("grpo", _write_eval(tmp_path / "grpo_k.json", 0.25, scored=8, per_prompt=per_prompt, **extra)),
+    ]
+    lines = summary_lines(sft, grpo, 1, evals, sampled=sampled)
+    start = lines.index("room for sharpening: greedy misses that a sample answers, per stage:")
+    assert lines[start + 1] == (
+        "  sft   greedy misses 2/4; 1 of them answered by at least one of its 2 samples (the most that sharpening "
+        "can add); 1 of its 2 greedy answers given by fewer than half"
+    )
+    assert not any(line.startswith("  grpo  greedy misses") for line in lines)  # no greedy grpo evaluation to pair
+    assert not any(line.startswith("room for") for line in summary_lines(sft, grpo, 1, sampled=sampled))
+
+
 def test_tokenizer_learns_the_data_and_the_first_text_documents(tmp_path):
     import shutil
 

@@ -135,6 +135,46 @@ def pass_at_k(samples: Iterable[Sequence[float | None]], k: int) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
+@dataclass(frozen=True)
+class SharpeningRoom:
+    """How far sharpening a policy's samples could move its greedy answers (:func:`sharpening_room`)."""
+
+    prompts: int  # scored greedily and by at least one sample
+    greedy_wrong: int
+    wrong_sampled_right: int  # greedy misses that at least one sample answers: the most sharpening can add
+    greedy_right: int
+    right_sampled_minority: int  # greedy answers that fewer than half the samples give: what it can lose
+
+
+def sharpening_room(
+    greedy: Mapping[str, float | None], sampled: Mapping[str, Sequence[float | None]]
+) -> SharpeningRoom:
+    """Greedy answers (prompt id -> accuracy) against samples of the same policy (prompt id -> their
+    accuracies). RL that raises the probability of sampled right answers turns a greedy miss into a
+    greedy answer only where some sample already answers it: a bound on the greedy gain to expect,
+    measured before training. Right means accuracy >= 0.5, as in :func:`pass_at_k`; prompts unscored
+    greedily or in every sample are left out."""
+    if set(greedy) != set(sampled):
+        differ = sorted(set(greedy) ^ set(sampled))
+        raise ValueError(
+            f"greedy and sampled evaluations need the same prompts; {len(differ)} differ, e.g. {differ[:3]}"
+        )
+    wrong = wrong_sampled = right = right_minority = 0
+    for prompt, accuracy in greedy.items():
+        samples = [a >= 0.5 for a in sampled[prompt] if a is not None]
+        if accuracy is None or not samples:
+            continue
+        if accuracy >= 0.5:
+            right += 1
+            right_minority += 2 * sum(samples) < len(samples)
+        else:
+            wrong += 1
+            wrong_sampled += any(samples)
+    if not wrong + right:
+        raise ValueError("no prompt is scored both greedily and in a sample")
+    return SharpeningRoom(wrong + right, wrong, wrong_sampled, right, right_minority)
+
+
 def paired_difference(
     after: Mapping[str, float | None], before: Mapping[str, float | None], **bootstrap: Any
 ) -> Estimate:

@@ -8,7 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from osvl.eval.interval import bootstrap_interval, paired_difference, pass_at_k, wilson_interval
+from osvl.eval.interval import (
+    SharpeningRoom,
+    bootstrap_interval,
+    paired_difference,
+    pass_at_k,
+    sharpening_room,
+    wilson_interval,
+)
 
 
 @pytest.mark.parametrize(
@@ -132,6 +139,30 @@ def test_pass_at_k_leaves_out_unscored_samples_and_short_prompts():
     assert math.isnan(pass_at_k([[None, None]], 1))
     with pytest.raises(ValueError, match="k must be >= 1"):
         pass_at_k([[1]], 0)
+
+
+def test_sharpening_room_counts_greedy_misses_a_sample_answers_and_shaky_greedy_answers():
+    greedy = {"a": 0.0, "b": 0.0, "c": 1.0, "d": 1.0, "e": 1.0, "f": 0.0}
+    sampled = {
+        "a": [0, 1, 0, 0],  # a miss one sample answers: sharpening could turn it
+        "b": [0, 0, 0, 0],  # a miss no sample answers: out of reach
+        "c": [1, 0, 0, 0],  # a greedy answer one sample in four gives: at risk
+        "d": [1, 1, 0, 0],  # half is not fewer than half
+        "e": [1, 1, 1, 1],
+        "f": [None, 1, None, 0],  # unscored samples are left out; one right of two
+    }
+    assert sharpening_room(greedy, sampled) == SharpeningRoom(6, 3, 2, 3, 1)
+
+
+def test_sharpening_room_leaves_out_unscored_prompts_and_refuses_mismatched_sets():
+    room = sharpening_room({"a": None, "b": 0.0, "c": 1.0}, {"a": [1, 1], "b": [None, None], "c": [0, 0]})
+    assert room == SharpeningRoom(
+        prompts=1, greedy_wrong=0, wrong_sampled_right=0, greedy_right=1, right_sampled_minority=1
+    )
+    with pytest.raises(ValueError, match="same prompts; 1 differ"):
+        sharpening_room({"a": 1.0}, {"a": [1], "b": [0]})
+    with pytest.raises(ValueError, match="no prompt is scored"):
+        sharpening_room({"a": None}, {"a": [1]})
 
 
 def test_paired_difference_pairs_by_prompt_id_and_sees_a_consistent_gain():
