@@ -318,9 +318,9 @@ def _room_row(label: str, greedy: dict, sampled: dict) -> str:
 
     room = sharpening_room(greedy["per_prompt"], sampled["per_prompt"])
     return (
-        f"  {label:<5} greedy misses {room.greedy_wrong}/{room.prompts}; {room.wrong_sampled_right} of them answered "
-        f"by at least one of its {sampled['samples']} samples (the most that sharpening can add); "
-        f"{room.right_sampled_minority} of its {room.greedy_right} greedy answers given by fewer than half"
+        f"  {label:<5} greedy misses {room.greedy_wrong}/{room.prompts}, {room.wrong_sampled_right} of them answered "
+        f"by at least one of its {sampled['samples']} samples; {room.right_sampled_minority} of its "
+        f"{room.greedy_right} greedy answers given by fewer than half"
     )
 
 

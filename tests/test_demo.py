@@ -336,8 +336,8 @@ def test_summary_says_how_many_greedy_misses_a_sample_answers(tmp_path):
     lines = summary_lines(sft, grpo, 1, evals, sampled=sampled)
     start = lines.index("room for sharpening: greedy misses that a sample answers, per stage:")
     assert lines[start + 1] == (
-        "  sft   greedy misses 2/4; 1 of them answered by at least one of its 2 samples (the most that sharpening "
-        "can add); 1 of its 2 greedy answers given by fewer than half"
+        "  sft   greedy misses 2/4, 1 of them answered by at least one of its 2 samples; 1 of its 2 greedy answers "
+        "given by fewer than half"
     )
     assert not any(line.startswith("  grpo  greedy misses") for line in lines)  # no greedy grpo evaluation to pair
     assert not any(line.startswith("room for") for line in summary_lines(sft, grpo, 1, sampled=sampled))
