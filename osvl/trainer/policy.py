@@ -56,8 +56,9 @@ CPU_SIZES = {
 }
 
 
-def tiny_arch(vocab_size: int, special: SpecialTokens, size: str = "tiny") -> Qwen3VLConfig:
-    """A CPU-sized Qwen3-VL whose vocabulary and vision ids follow the tokenizer.
+def tiny_arch(vocab_size: int, special: SpecialTokens, size: str = "tiny", layers: int = 0) -> Qwen3VLConfig:
+    """A CPU-sized Qwen3-VL whose vocabulary and vision ids follow the tokenizer; ``layers`` > 0
+    replaces the size's depth (a deeper ``small`` copies what it reads far better: docs/demo.md).
 
     RoPE base 1e4, not Qwen3-VL's 5e6: with 16-dim heads only 8 frequencies exist, and at 5e6 all
     but the first two barely turn over a few thousand tokens, leaving little to tell positions apart.
@@ -69,7 +70,7 @@ def tiny_arch(vocab_size: int, special: SpecialTokens, size: str = "tiny") -> Qw
         vocab_size=vocab_size,
         hidden_size=shape.hidden,
         intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
+        num_hidden_layers=layers or shape.layers,
         num_attention_heads=shape.heads,
         num_key_value_heads=shape.kv_heads,
         head_dim=shape.head_dim,
@@ -107,8 +108,11 @@ def policy_arch(recipe: Recipe, vocab_size: int, special: SpecialTokens) -> Qwen
         if not config_file.is_file():
             raise ValueError(f"model.pretrained: {config_file} does not exist")
         arch = config_from_hf(json.loads(config_file.read_text()))
+        depth = arch.text.num_hidden_layers
+        if recipe.model.layers and recipe.model.layers != depth:
+            raise ValueError(f"model.layers = {recipe.model.layers}, but {config_file} has {depth} layers")
     elif recipe.model.preset in CPU_SIZES:
-        arch = tiny_arch(vocab_size, special, recipe.model.preset)
+        arch = tiny_arch(vocab_size, special, recipe.model.preset, recipe.model.layers)
     else:
         arch = preset(recipe.model.preset)
     if arch.text.vocab_size < vocab_size:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
 
 from osvl.config import load_recipe
 from osvl.config.recipe import TINY_PRESETS
+from osvl.model.config import config_to_hf
 from osvl.trainer.policy import CPU_SIZES, build_policy, policy_arch
 from tests.data.helpers import tiny_tokenizer
 
@@ -46,3 +48,30 @@ def test_small_is_the_demo_size_and_wider_than_tiny():
     with pytest.raises(ValueError, match="preset must be one of"):
         load_recipe("tiny_sft", ["model.preset=medium"])
     assert dataclasses.asdict(load_recipe("tiny_sft", ["model.preset=small"]).model)["preset"] == "small"
+
+
+def test_layers_deepens_a_cpu_preset_and_must_match_a_checkpoint(tmp_path):
+    tokenizer = tiny_tokenizer()
+    recipe = load_recipe("tiny_sft", ["model.preset=small", "model.layers=4"])
+    arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
+    assert arch.text.num_hidden_layers == 4 and CPU_SIZES["small"].layers == 2  # the preset itself is unchanged
+    default = policy_arch(load_recipe("tiny_sft", ["model.preset=small"]), tokenizer.vocab_size, tokenizer.special)
+    assert dataclasses.replace(arch.text, num_hidden_layers=2) == default.text  # depth is the only difference
+    model = build_policy(recipe, arch, world_size=1)
+    assert len(model.layers) == 4
+    checkpoint = tmp_path / "hf"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(config_to_hf(arch)))
+    pretrained = f"model.pretrained={checkpoint}"
+    assert (
+        policy_arch(
+            load_recipe("tiny_sft", [pretrained]), tokenizer.vocab_size, tokenizer.special
+        ).text.num_hidden_layers
+        == 4
+    )
+    with pytest.raises(ValueError, match="model.layers = 2, but .* has 4 layers"):
+        policy_arch(load_recipe("tiny_sft", [pretrained, "model.layers=2"]), tokenizer.vocab_size, tokenizer.special)
+    with pytest.raises(ValueError, match="layers must be >= 0"):
+        load_recipe("tiny_sft", ["model.layers=-1"])
+    with pytest.raises(ValueError, match="layers applies to the CPU presets"):
+        load_recipe("grpo_8b", ["model.layers=4"])
