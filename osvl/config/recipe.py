@@ -73,8 +73,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.preset not in PAPER_PRESETS + TINY_PRESETS:
             raise ValueError(f"preset must be one of {PAPER_PRESETS + TINY_PRESETS}, got {self.preset!r}")
-        if self.layers < 0:
-            raise ValueError(f"layers must be >= 0, got {self.layers}")
+        _non_negative(self, "layers")
         if self.layers and self.preset not in TINY_PRESETS:
             raise ValueError(
                 f"layers applies to the CPU presets {TINY_PRESETS}; {self.preset} has the released model's depth"

@@ -118,6 +118,15 @@ def bootstrap_interval(
     return Estimate(value, float(low), float(high))
 
 
+RIGHT = 0.5  # an answer is right at accuracy >= RIGHT (exact-match and LLM judges give 0 or 1)
+
+
+def _check_same_prompts(first: Mapping[str, Any], second: Mapping[str, Any], what: str) -> None:
+    if set(first) != set(second):
+        differ = sorted(set(first) ^ set(second))
+        raise ValueError(f"{what} need the same prompts; {len(differ)} differ, e.g. {differ[:3]}")
+
+
 def pass_at_k(samples: Iterable[Sequence[float | None]], k: int) -> float:
     """Unbiased pass@k (Chen et al. 2021) averaged over prompts: for a prompt with c right answers
     among its n scored samples, 1 - C(n - c, k) / C(n, k), the chance that k of them drawn without
@@ -129,7 +138,7 @@ def pass_at_k(samples: Iterable[Sequence[float | None]], k: int) -> float:
     values = []
     for accuracies in samples:
         scored = [a for a in accuracies if a is not None]
-        n, right = len(scored), sum(a >= 0.5 for a in scored)
+        n, right = len(scored), sum(a >= RIGHT for a in scored)
         if n >= k:
             values.append(1.0 - math.comb(n - right, k) / math.comb(n, k))
     return float(np.mean(values)) if values else math.nan
@@ -156,17 +165,13 @@ def sharpening_room(
     undercount the open misses (in three 96-question pilots with 4 samples, 2 of GRPO's 9 greedy gains
     were among them: docs/demo.md). Right means accuracy >= 0.5, as in :func:`pass_at_k`; prompts
     unscored greedily or in every sample are left out."""
-    if set(greedy) != set(sampled):
-        differ = sorted(set(greedy) ^ set(sampled))
-        raise ValueError(
-            f"greedy and sampled evaluations need the same prompts; {len(differ)} differ, e.g. {differ[:3]}"
-        )
+    _check_same_prompts(greedy, sampled, "greedy and sampled evaluations")
     wrong = wrong_sampled = right = right_minority = 0
     for prompt, accuracy in greedy.items():
-        samples = [a >= 0.5 for a in sampled[prompt] if a is not None]
+        samples = [a >= RIGHT for a in sampled[prompt] if a is not None]
         if accuracy is None or not samples:
             continue
-        if accuracy >= 0.5:
+        if accuracy >= RIGHT:
             right += 1
             right_minority += 2 * sum(samples) < len(samples)
         else:
@@ -183,9 +188,7 @@ def paired_difference(
     """Mean accuracy of ``after`` minus ``before`` on the same prompts (prompt id -> accuracy), with the
     paired percentile bootstrap over prompts (:func:`bootstrap_interval` with one seed each). Prompts
     either side left unscored (None) are left out of both."""
-    if set(after) != set(before):
-        missing = sorted(set(after) ^ set(before))
-        raise ValueError(f"paired evaluations need the same prompts; {len(missing)} differ, e.g. {missing[:3]}")
+    _check_same_prompts(after, before, "paired evaluations")
     prompts = sorted(p for p in after if after[p] is not None and before[p] is not None)
     if not prompts:
         raise ValueError("no prompt is scored in both evaluations")

@@ -63,12 +63,8 @@ def test_layers_deepens_a_cpu_preset_and_must_match_a_checkpoint(tmp_path):
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text(json.dumps(config_to_hf(arch)))
     pretrained = f"model.pretrained={checkpoint}"
-    assert (
-        policy_arch(
-            load_recipe("tiny_sft", [pretrained]), tokenizer.vocab_size, tokenizer.special
-        ).text.num_hidden_layers
-        == 4
-    )
+    from_checkpoint = policy_arch(load_recipe("tiny_sft", [pretrained]), tokenizer.vocab_size, tokenizer.special)
+    assert from_checkpoint.text.num_hidden_layers == 4
     with pytest.raises(ValueError, match="model.layers = 2, but .* has 4 layers"):
         policy_arch(load_recipe("tiny_sft", [pretrained, "model.layers=2"]), tokenizer.vocab_size, tokenizer.special)
     with pytest.raises(ValueError, match="layers must be >= 0"):
