@@ -158,7 +158,11 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         parser.error("--anchors splits the anchors of --held-out-prompts")
     if args.names and args.held_out_prompts:
         parser.error("--names writes SFT drills; it does not combine with --held-out-prompts")
-    for flag, given in (("--hop-shares", args.hop_shares is not None), ("--tool-faults", bool(args.tool_faults))):
+    for flag, given in (
+        ("--hop-shares", args.hop_shares is not None),
+        ("--tool-faults", bool(args.tool_faults)),
+        ("--recall", bool(args.recall)),
+    ):
         if given and (args.names or args.held_out_prompts):
             parser.error(f"{flag} shapes lookup drills; it does not combine with --names or --held-out-prompts")
     hop_shares = _shares(args.hop_shares, parser) if args.hop_shares is not None else None
@@ -195,6 +199,7 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
                 caption_link_fraction=args.caption_links,
                 hop_shares=hop_shares,
                 tool_fault_rate=args.tool_faults,
+                recall_fraction=args.recall,
             )
     except ValueError as error:
         parser.error(str(error))
@@ -303,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="lookup drills only: share of tool calls that fail first as GRPO's injected faults do "
         "('Error (tool_error): injected fault'), the expert making the same call again",
+    )
+    drills.add_argument(
+        "--recall",
+        type=float,
+        default=0.0,
+        help="lookup drills only: share of the longest (--max-hops) drills the expert answers from its own "
+        "knowledge, without looking the asked value up (a guess for a policy that never saw the entity)",
     )
     reading = sub.add_parser("reading", help="plain-text reading comprehension over worlds (base pretraining)")
     reading.add_argument("--world", required=True, action="append", help="a world directory (repeatable)")

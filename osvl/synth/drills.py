@@ -73,6 +73,19 @@ def with_tool_faults(drill: Trajectory, rate: float, rng: random.Random, max_con
     return dataclasses.replace(drill, steps=steps)
 
 
+def with_recalled_answer(drill: Trajectory) -> Trajectory:
+    """The ``drill`` answered from the expert's own knowledge: the attribute lookup dropped, the same
+    answer step (it restates the fact, now read nowhere) right after the last relation hop.
+
+    A teacher that knows the world answers some questions without the last lookup; a policy cloned from
+    it learns to state a value it has not read, which is a guess on an entity SFT never showed it. The
+    outcome reward is what can teach the policy to look the value up instead."""
+    lookup, answer = drill.steps[-2:]
+    if lookup.tool_call is None or lookup.tool_call.name != "text_search" or answer.response is None:
+        raise ValueError(f"with_recalled_answer needs a drill ending in a lookup and its answer: {drill.prompt.id}")
+    return dataclasses.replace(drill, steps=[*drill.steps[:-2], answer])
+
+
 def guess_rates(world: World) -> dict[tuple[str, str], float]:
     """For each (entity kind, attribute): the share of that kind's entities that hold its most
     common value, i.e. how often answering that value blindly would be right."""
@@ -181,6 +194,7 @@ def lookup_drills(
     caption_link_fraction: float = 0.0,
     hop_shares: Sequence[float] | None = None,
     tool_fault_rate: float = 0.0,
+    recall_fraction: float = 0.0,
 ) -> list[Trajectory]:
     """``count`` distinct drills of 1..``max_hops`` relation hops plus one attribute lookup; a
     ``visual_fraction`` of them start from the anchor's image, as curated questions do. Chains
@@ -192,7 +206,8 @@ def lookup_drills(
     many hops (largest remainders), where otherwise each attempt draws its hop count uniformly and the
     longer chains, rejected more often, end up fewer. A ``tool_fault_rate`` fails that share of the tool
     calls once first, and the expert retries (``with_tool_faults``; drawn apart from the drills, which stay
-    the same)."""
+    the same). A ``recall_fraction`` of the ``max_hops`` drills answer without the attribute lookup
+    (``with_recalled_answer``; drawn apart too)."""
     if (
         count < 0
         or max_hops < 1
@@ -201,12 +216,14 @@ def lookup_drills(
         or not 0.0 < max_guess_rate <= 1.0
         or not 0.0 <= caption_link_fraction <= 1.0
         or not 0.0 <= tool_fault_rate <= 1.0
+        or not 0.0 <= recall_fraction <= 1.0
     ):
         raise ValueError(
             f"lookup_drills needs count >= 0, max_hops >= 1, search_top_k >= 0; got "
             f"{count}, {max_hops}, {search_top_k} (and visual_fraction in [0, 1], got {visual_fraction}; "
             f"max_guess_rate in (0, 1], got {max_guess_rate}; caption_link_fraction in [0, 1], got "
-            f"{caption_link_fraction}; tool_fault_rate in [0, 1], got {tool_fault_rate})"
+            f"{caption_link_fraction}; tool_fault_rate in [0, 1], got {tool_fault_rate}; recall_fraction in "
+            f"[0, 1], got {recall_fraction})"
         )
     quota = hop_quota(count, max_hops, hop_shares)
     excluded = set(excluded)
@@ -220,6 +237,7 @@ def lookup_drills(
     guessable = {key for key, rate in guess_rates(world).items() if rate > max_guess_rate}
     rng, tools = random.Random(seed), WorldTools(world)
     drills: dict[str, Trajectory] = {}
+    hops_of: dict[str, int] = {}
     attempts = 0
     while len(drills) < count:
         attempts += 1
@@ -244,12 +262,18 @@ def lookup_drills(
         )
         if drill is not None and drill.prompt.id not in drills:
             drills[drill.prompt.id] = drill
+            hops_of[drill.prompt.id] = hops
             if quota is not None:
                 quota[hops] -= 1
+    recall_rng = random.Random(f"recall/{seed}")
+    shaped = [
+        with_recalled_answer(d) if hops_of[i] == max_hops and recall_rng.random() < recall_fraction else d
+        for i, d in drills.items()
+    ]
     if not tool_fault_rate:
-        return list(drills.values())
+        return shaped
     fault_rng = random.Random(f"tool-faults/{seed}")
-    return [with_tool_faults(drill, tool_fault_rate, fault_rng) for drill in drills.values()]
+    return [with_tool_faults(drill, tool_fault_rate, fault_rng) for drill in shaped]
 
 
 def hop_quota(count: int, max_hops: int, hop_shares: Sequence[float] | None) -> dict[int, int] | None:

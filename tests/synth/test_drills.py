@@ -24,6 +24,7 @@ from osvl.synth.drills import (
     name_drills,
     split_anchors,
     with_caption_link,
+    with_recalled_answer,
     with_tool_faults,
 )
 from osvl.synth.pipeline import CurationConfig, is_rl
@@ -450,4 +451,62 @@ def test_cli_tool_faults_write_the_same_drills_with_retries(world, curated, tmp_
     with pytest.raises(SystemExit):
         main([*argv, "--names", "--tool-faults", "0.5", "--out", str(tmp_path / "bad.jsonl")])
     assert "--tool-faults shapes lookup drills" in capsys.readouterr().err
+    assert not (tmp_path / "bad.jsonl").exists()
+
+
+def _texts(drill) -> list[tuple[str, str]]:
+    return [(s.text, s.observation_text) for s in drill.steps]
+
+
+def test_recall_answers_that_share_of_the_longest_drills_without_the_lookup(world):
+    plain = lookup_drills(world, 40, seed=2, hop_shares=(0.5, 0.5))
+    every = lookup_drills(world, 40, seed=2, hop_shares=(0.5, 0.5), recall_fraction=1.0)
+    half = lookup_drills(world, 40, seed=2, hop_shares=(0.5, 0.5), recall_fraction=0.5)
+    # drawn apart from the drills: the same questions, answers and hop counts
+    questions = [(d.prompt.id, d.prompt.question, d.prompt.answer) for d in plain]
+    assert [(d.prompt.id, d.prompt.question, d.prompt.answer) for d in every] == questions
+    assert [(d.prompt.id, d.prompt.question, d.prompt.answer) for d in half] == questions
+    recalled = 0
+    for before, after, some in zip(plain, every, half, strict=True):
+        if _relation_hops(before) == 1:
+            assert _texts(after) == _texts(before) == _texts(some)
+            continue
+        lookup = before.steps[-2]
+        assert lookup.tool_call.name == "text_search" and after.prompt.answer in lookup.observation_text
+        assert _texts(after) == [*_texts(before)[:-2], _texts(before)[-1]]  # the lookup gone, the same answer
+        assert not any(after.prompt.answer in s.observation_text for s in after.steps)  # read nowhere now
+        assert _texts(some) in (_texts(before), _texts(after))
+        recalled += _texts(some) == _texts(after)
+    assert 0 < recalled < 20  # 20 two-hop drills, about half of them recalled
+
+
+def test_recall_then_tool_faults_retry_only_the_calls_left(world):
+    recalled = lookup_drills(world, 20, seed=5, recall_fraction=1.0, hop_shares=(0.0, 1.0))
+    faulted = lookup_drills(world, 20, seed=5, recall_fraction=1.0, hop_shares=(0.0, 1.0), tool_fault_rate=0.5)
+    assert [_sound_steps(d) for d in faulted] == [_sound_steps(d) for d in recalled]
+    assert all(d.steps[-1].response == d.prompt.answer for d in faulted)
+
+
+def test_with_recalled_answer_refuses_a_drill_without_a_final_lookup(world):
+    (drill,) = lookup_drills(world, 1, seed=4)
+    once = with_recalled_answer(drill)
+    with pytest.raises(ValueError, match="ending in a lookup and its answer"):
+        with_recalled_answer(dataclasses.replace(drill, steps=drill.steps[:-1]))
+    assert once.steps[-1] is drill.steps[-1]
+    with pytest.raises(ValueError, match="recall_fraction in \\[0, 1\\], got 1.5"):
+        lookup_drills(world, 1, recall_fraction=1.5)
+
+
+def test_cli_recall_writes_recalled_drills_and_refuses_other_outputs(world, curated, tmp_path, capsys):
+    out, _ = curated
+    argv = ["drills", "--world", str(world.root), "--data", str(out), "--count", "16", "--hop-shares", "0.5,0.5"]
+    assert main([*argv, "--out", str(tmp_path / "plain.jsonl")]) == 0
+    assert main([*argv, "--recall", "1", "--out", str(tmp_path / "recalled.jsonl")]) == 0
+    plain, recalled = list(read_jsonl(tmp_path / "plain.jsonl")), list(read_jsonl(tmp_path / "recalled.jsonl"))
+    assert [d.prompt.id for d in plain] == [d.prompt.id for d in recalled]
+    assert sum(len(a.steps) - len(b.steps) for a, b in zip(plain, recalled, strict=True)) == 8  # 8 lookups dropped
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([*argv[:-2], "--names", "--recall", "0.5", "--out", str(tmp_path / "bad.jsonl")])
+    assert "--recall shapes lookup drills" in capsys.readouterr().err
     assert not (tmp_path / "bad.jsonl").exists()
