@@ -38,10 +38,12 @@ if TYPE_CHECKING:  # imports stay light: the tool workers `evaluate` spawns re-i
     from osvl.rl.trajectory import Prompt, Trajectory
 
 # GRPO's per-step metrics the summary compares first vs last: the rollouts' reward and accuracy, the
-# share of groups that carry a gradient (any reward spread / right and wrong answers), the fatal rule
+# share of answers read from a tool observation, the share of groups that carry a gradient (any reward
+# spread / right and wrong answers), the fatal rule
 SUMMARY_KEYS = (
     "reward",
     "accuracy",
+    "grounded",
     "signal_groups",
     "accuracy_signal_groups",
     "fatal_rate",

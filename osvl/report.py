@@ -21,7 +21,7 @@ from osvl.trainer.metrics import read_metrics
 PANELS: dict[str, tuple[str, ...]] = {
     "loss": ("loss", "grad_norm"),
     "reward": ("reward", "reward_fmt", "reward_acc", "reward_query"),
-    "accuracy": ("accuracy",),
+    "accuracy": ("accuracy", "grounded"),
     "signal": ("signal_groups", "accuracy_signal_groups"),
     "fatal": ("fatal_rate", "clamped_frac"),
     "policy": ("clip_frac", "kl", "entropy", "logprob_abs_diff"),

@@ -53,7 +53,7 @@ from osvl.trainer.rollouts import GroupRoller, stage_generator
 from osvl.trainer.router_losses import RouterLosses
 from osvl.trainer.stage import Stage, StageResult, all_reduce_max, all_reduce_sums, stage_inputs, start_stage
 from osvl.trainer.tool_env import EnvironmentFactory, stage_environment
-from osvl.trainer.validation import Validator
+from osvl.trainer.validation import Validator, answer_is_grounded
 from osvl_kernels import RolloutCorrection, linear_grpo_loss
 
 __all__ = ["run_grpo"]
@@ -356,6 +356,7 @@ def step_record(
         "reward_acc": _mean(p.acc for p in parts),
         "reward_query": _mean(p.query for p in parts),
         "accuracy": _mean(p.acc for p in parts),
+        "grounded": _mean(map(answer_is_grounded, rolled.scored)),  # answers read from a tool, right or wrong
         **group_signal(rolled.scored).as_metrics(),
         "fatal_rate": stats.fatal_fraction or 0.0,
         "clamped_frac": stats.clamped_fraction or 0.0,

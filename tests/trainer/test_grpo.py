@@ -14,6 +14,7 @@ from osvl.model import read_hf_tensors, save_pretrained
 from osvl.rollout import RolloutRecorder
 from osvl.trainer import read_metrics, run_grpo
 from osvl.trainer.policy import build_policy, policy_arch
+from osvl.trainer.validation import answer_is_grounded
 from tests.trainer.fixtures import write_sft_data
 from tests.trainer.grpo_fixtures import echo_environment, scripted, write_prompts_file
 from tests.trainer.ranks import grpo_body, run_ranks
@@ -79,6 +80,10 @@ def test_metrics_written_and_finite(two_rank_run):
     # step 1 trains on the weights that generated it: the engine's logprobs are the trainer's
     assert metrics[0]["logprob_abs_diff"] < 1e-4
     assert 0 < metrics[0]["accuracy"] < 1 and metrics[0]["entropy"] > 0
+    # the share of answers a tool observation states, over the step's recorded rollouts (both ranks')
+    for step, m in enumerate(metrics, start=1):
+        rollouts = RolloutRecorder(root / "run" / "rollouts").read(step)
+        assert m["grounded"] == pytest.approx(sum(map(answer_is_grounded, rollouts)) / len(rollouts))
 
 
 def test_fatal_masking_and_clamp_exercised(two_rank_run):

@@ -22,6 +22,7 @@ def fake_run(path, mode: str, accuracy: list[float]):
                 "loss": 1.0 / step,
                 "reward": acc * 0.8,
                 "accuracy": acc,
+                "grounded": 1.0 - acc,
                 "fatal_rate": 0.5 / step,
                 "clamped_frac": 0.9,
                 "time_train_s": 0.1,
@@ -58,6 +59,7 @@ def test_summary_reports_before_and_after_honestly(tmp_path):
     sft = fake_run(tmp_path / "sft", "fatal_clamp", [0.0, 0.0])
     up = summary_lines(sft, fake_run(tmp_path / "up", "fatal_clamp", [0.1, 0.3]))
     assert f"{'accuracy':<22} before 0.100  after 0.300" in "\n".join(up) and "accuracy improved" in up[-2]
+    assert f"{'grounded':<22} before 0.900  after 0.700" in "\n".join(up)  # the share of answers read from a tool
     assert not any("signal_groups" in line for line in up)  # a run that did not log them
     down = summary_lines(sft, fake_run(tmp_path / "down", "fatal_clamp", [0.5, 0.25]))
     assert "did NOT improve" in down[-2]
