@@ -33,8 +33,15 @@ COMMIT_PATTERN = r"[0-9a-f]{7,40}"
 
 
 def git_info(repo: Path) -> dict:
-    """The commit measured: git's HEAD, else $OSVL_COMMIT, else none ('nogit'). Never raises: a
+    """The commit measured: $OSVL_COMMIT when the run command names one, else git's HEAD, else none
+    ('nogit'). The name given wins because the GPU machine's copy of the tree may hold a stale .git (a
+    device check there once named its results after the previous session's commit). Never raises: a
     machine without git must not lose a stage's measurement to the lookup of its name."""
+    named = os.environ.get(COMMIT_ENV, "")
+    if re.fullmatch(COMMIT_PATTERN, named):
+        return {"commit": named, "short": named[:8], "dirty": None, "source": COMMIT_ENV}
+    if named:
+        print(f"{COMMIT_ENV}={named!r} ignored: not 7-40 lowercase hex digits", file=sys.stderr)
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60)
@@ -47,11 +54,6 @@ def git_info(repo: Path) -> dict:
             return {"commit": commit, "short": commit[:8], "dirty": dirty, "source": "git"}
     except (OSError, subprocess.SubprocessError):  # no git binary, or git hung
         pass
-    named = os.environ.get(COMMIT_ENV, "")
-    if re.fullmatch(COMMIT_PATTERN, named):
-        return {"commit": named, "short": named[:8], "dirty": None, "source": COMMIT_ENV}
-    if named:
-        print(f"{COMMIT_ENV}={named!r} ignored: not 7-40 lowercase hex digits", file=sys.stderr)
     return {"commit": None, "short": "nogit", "dirty": None, "source": None}
 
 

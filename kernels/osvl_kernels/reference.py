@@ -108,6 +108,7 @@ def reference_grpo_loss(
                 clamp_fatal=clamp_fatal,
             ),
             dtype=torch.float64,
+            device=z.device,
         )
         per_token_adv = False
 
@@ -137,7 +138,7 @@ def reference_grpo_loss(
 
     logp_all = torch.log_softmax(z, dim=-1)
     probs = logp_all.exp()
-    logprobs = torch.zeros(T, dtype=torch.float64)
+    logprobs = torch.zeros(T, dtype=torch.float64, device=z.device)
     seq_sums: list[torch.Tensor] = []
     seq_counts: list[int] = []
     for i in range(S):

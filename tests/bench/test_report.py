@@ -91,13 +91,16 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def test_commit_comes_from_the_run_command_without_git_or_dot_git(tmp_path, monkeypatch, capsys):
-    """The GPU machine's copy of the tree has no .git and perhaps no git binary: the commit comes from
-    $OSVL_COMMIT, and a missing git never raises (it used to kill the stages before they measured)."""
+    """The GPU machine's copy of the tree may have no .git, a stale one, or no git binary: the commit comes
+    from $OSVL_COMMIT when it names one, and a missing git never raises (it used to kill the stages)."""
     monkeypatch.setenv("OSVL_COMMIT", COMMIT)
     named = {"commit": COMMIT, "short": COMMIT[:8], "dirty": None, "source": "OSVL_COMMIT"}
     assert git_info(tmp_path) == named  # git present, no .git
     monkeypatch.setenv("PATH", str(tmp_path / "no-binaries-here"))
     assert git_info(Path(__file__).resolve().parents[2]) == named  # no git binary at all
+    monkeypatch.undo()
+    monkeypatch.setenv("OSVL_COMMIT", COMMIT)
+    assert git_info(Path(__file__).resolve().parents[2]) == named  # a .git there (maybe stale): the named commit wins
     monkeypatch.setenv("OSVL_COMMIT", "../../etc")
     assert git_info(tmp_path) == {"commit": None, "short": "nogit", "dirty": None, "source": None}
     assert "OSVL_COMMIT='../../etc' ignored" in capsys.readouterr().err
