@@ -109,6 +109,8 @@ DEMO_GRPO := --set grpo.group_size=8 --set grpo.batch_prompts=8 --set grpo.mini_
 DEMO_SUMMARY := $(BIN)/python -m osvl.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 3 \
 	--sampled sft=runs/demo/eval/sft_k4.json grpo=runs/demo/eval/grpo_k4.json --prior runs/demo/eval/prior.json
 DEMO_SEEDS := 1 2
+# the targets that start from `make demo`'s checkpoints and evaluations
+DEMO_DONE := @test -f runs/demo/eval/sft.json -a -f runs/demo/eval/grpo.json || { echo "run make demo first"; exit 2; }
 demo: install
 	rm -rf runs/demo runs/tiny_sft runs/tiny_grpo
 	$(BIN)/python -m osvl.world build --out runs/demo/world --seed 0 --scale 3
@@ -139,7 +141,7 @@ demo: install
 # random-init policy, and the SFT and GRPO policies with the training's injected tool faults; then the summary
 # with them.
 demo-more: install
-	@test -f runs/demo/eval/sft.json -a -f runs/demo/eval/grpo.json || { echo "run make demo first"; exit 2; }
+	$(DEMO_DONE)
 	$(DEMO_EVAL) --checkpoint init --out runs/demo/eval/init.json
 	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --faults --out runs/demo/eval/sft_faults.json
 	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --faults --out runs/demo/eval/grpo_faults.json
@@ -150,7 +152,7 @@ demo-more: install
 # More GRPO seeds from `make demo`'s SFT checkpoint (its GRPO run is seed 0), each evaluated on the same 128
 # held-out questions, then each seed's paired difference against SFT and the pooled interval (docs/demo.md).
 demo-seeds: install
-	@test -f runs/demo/eval/sft.json -a -f runs/demo/eval/grpo.json || { echo "run make demo first"; exit 2; }
+	$(DEMO_DONE)
 	for seed in $(DEMO_SEEDS); do \
 		$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo $(DEMO_GRPO) \
 			--set job.seed=$$seed --set job.run_dir=runs/tiny_grpo_seed$$seed || exit 1; \
