@@ -2,6 +2,7 @@
 
 import osvl.model.version_shims  # noqa: F401  installed before torchtitan loads
 from osvl.model.checkpoint import (
+    CheckpointError,
     HFTensorSpec,
     ShardFile,
     from_hf_state_dict,
@@ -11,6 +12,7 @@ from osvl.model.checkpoint import (
     read_hf_tensors,
     save_pretrained,
     shard_plan,
+    stored_tensors,
     to_hf_state_dict,
 )
 from osvl.model.config import (
@@ -20,9 +22,10 @@ from osvl.model.config import (
     config_from_hf,
     config_to_hf,
 )
-from osvl.model.model import Qwen3VLModel, build_model, model_config, text_position_ids
+from osvl.model.model import Qwen3VLModel, build_model, materialize, model_config, text_position_ids
 
 __all__ = [
+    "CheckpointError",
     "HFTensorSpec",
     "Qwen3VLConfig",
     "Qwen3VLModel",
@@ -37,9 +40,11 @@ __all__ = [
     "hf_tensor_specs",
     "iter_hf_tensors",
     "read_hf_tensors",
+    "materialize",
     "model_config",
     "save_pretrained",
     "shard_plan",
+    "stored_tensors",
     "text_position_ids",
     "to_hf_state_dict",
 ]

@@ -28,7 +28,8 @@ from torch.distributed.tensor import DTensor
 
 from osvl.model.attention import AttentionBackend
 from osvl.model.config import Qwen3VLConfig, config_from_hf, config_to_hf
-from osvl.model.model import Qwen3VLModel, build_model
+from osvl.model.init import init_rules, local_box
+from osvl.model.model import Qwen3VLModel, build_model, materialize
 from osvl.model.text_export import text_config_to_hf, to_text_hf
 
 _TEXT = "model.language_model."
@@ -55,59 +56,82 @@ _UNIT_KEY = re.compile(r"^(layers\.\d+|visual\.blocks\.\d+)\.")
 INDEX_FILE = "model.safetensors.index.json"
 
 
+@dataclass(frozen=True)
+class HFSource:
+    """Where an osvl parameter lives in an HF checkpoint: the tensor's name and how its layout differs
+    (``same``; ``patch_embed``: stored 5-D; ``gate``/``up``: one half of the fused ``gate_up_proj``;
+    ``down``: ``down_proj``; both expert tensors in either layout)."""
+
+    name: str
+    kind: str = "same"
+
+
+def hf_source(key: str, config: Qwen3VLConfig) -> HFSource:
+    """The HF tensor an osvl parameter (canonical name) is stored in."""
+    if key == "visual.patch_embed.proj.weight":
+        return HFSource(_VISUAL + key[len("visual.") :], "patch_embed")
+    if key.startswith("visual."):
+        return HFSource(_VISUAL + key[len("visual.") :])
+    if key == "tok_embeddings.weight" or (key == "lm_head.weight" and config.tie_word_embeddings):
+        return HFSource(_TEXT + "embed_tokens.weight")
+    if key == "norm.weight":
+        return HFSource(_TEXT + "norm.weight")
+    if key == "lm_head.weight":
+        return HFSource("lm_head.weight")
+    if m := _LAYER_KEY.match(key):
+        layer, rest = m.groups()
+        prefix = f"{_TEXT}layers.{layer}."
+        experts = {
+            "w1_EFD": ("gate_up_proj", "gate"),
+            "w3_EFD": ("gate_up_proj", "up"),
+            "w2_EDF": ("down_proj", "down"),
+        }
+        if rest.startswith(_EXPERTS) and rest[len(_EXPERTS) :] in experts:
+            name, kind = experts[rest[len(_EXPERTS) :]]
+            return HFSource(prefix + "mlp.experts." + name, kind)
+        if rest in _LAYER_RENAMES_BACK:
+            return HFSource(prefix + _LAYER_RENAMES_BACK[rest])
+    raise ValueError(f"no HF name for parameter {key!r}")
+
+
 def to_hf_state_dict(state: dict[str, torch.Tensor], config: Qwen3VLConfig) -> dict[str, torch.Tensor]:
     """osvl names/layouts -> HF on-disk names/layouts (released expert layout)."""
     v = config.vision
     out: dict[str, torch.Tensor] = {}
     for key, t in state.items():
-        if key.startswith("visual."):
-            name = _VISUAL + key[len("visual.") :]
-            if key == "visual.patch_embed.proj.weight":
-                t = t.reshape(v.hidden_size, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
-            out[name] = t
-        elif key == "tok_embeddings.weight":
-            out[_TEXT + "embed_tokens.weight"] = t
-        elif key == "norm.weight":
-            out[_TEXT + "norm.weight"] = t
-        elif key == "lm_head.weight":
-            if not config.tie_word_embeddings:
-                out["lm_head.weight"] = t
-        elif m := _LAYER_KEY.match(key):
-            layer, rest = m.groups()
-            prefix = f"{_TEXT}layers.{layer}."
-            if rest == _EXPERTS + "w1_EFD":
-                w3 = state[f"layers.{layer}.{_EXPERTS}w3_EFD"]
-                out[prefix + "mlp.experts.gate_up_proj"] = torch.cat([t, w3], dim=1).transpose(1, 2).contiguous()
-            elif rest == _EXPERTS + "w2_EDF":
-                out[prefix + "mlp.experts.down_proj"] = t.transpose(1, 2).contiguous()
-            elif rest == _EXPERTS + "w3_EFD":
-                continue
-            elif rest in _LAYER_RENAMES_BACK:
-                out[prefix + _LAYER_RENAMES_BACK[rest]] = t
-            else:
-                raise ValueError(f"no HF name for parameter {key!r}")
-        else:
-            raise ValueError(f"no HF name for parameter {key!r}")
+        if key == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        source = hf_source(key, config)
+        if source.kind == "patch_embed":
+            t = t.reshape(v.hidden_size, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+        elif source.kind == "gate":
+            up = state[key.replace("w1_EFD", "w3_EFD")]
+            t = torch.cat([t, up], dim=1).transpose(1, 2).contiguous()
+        elif source.kind == "down":
+            t = t.transpose(1, 2).contiguous()
+        elif source.kind == "up":
+            continue
+        out[source.name] = t
     return out
+
+
+def released_expert_layout(name: str, shape: tuple[int, ...], E: int, D: int, F: int) -> bool:
+    """Whether a stored ``gate_up_proj`` / ``down_proj`` is in the released layout ([E, D, 2F] / [E, F, D]),
+    else transformers >= 5's ([E, 2F, D] / [E, D, F]). A shape both could have (D = 2F, or D = F) is read
+    as released: what Qwen ships and osvl writes."""
+    released, v5 = ((E, D, 2 * F), (E, 2 * F, D)) if name.endswith("gate_up_proj") else ((E, F, D), (E, D, F))
+    if shape not in (released, v5):
+        raise ValueError(f"{name} has shape {shape}; expected {released} or {v5}")
+    return shape == released
 
 
 def _experts_from_hf(gate_up: torch.Tensor, down: torch.Tensor, config: Qwen3VLConfig, key: str):
     t = config.text
     E, D, F = t.num_experts, t.hidden_size, t.moe_intermediate_size
-    if gate_up.shape == (E, 2 * F, D):
-        gate_up_EFD = gate_up
-    elif gate_up.shape == (E, D, 2 * F):
-        gate_up_EFD = gate_up.transpose(1, 2)
-    else:
-        raise ValueError(
-            f"{key}gate_up_proj has shape {tuple(gate_up.shape)}; expected ({E}, {D}, {2 * F}) or ({E}, {2 * F}, {D})"
-        )
-    if down.shape == (E, D, F):
-        down_EDF = down
-    elif down.shape == (E, F, D):
-        down_EDF = down.transpose(1, 2)
-    else:
-        raise ValueError(f"{key}down_proj has shape {tuple(down.shape)}; expected ({E}, {F}, {D}) or ({E}, {D}, {F})")
+    released = released_expert_layout(key + "gate_up_proj", tuple(gate_up.shape), E, D, F)
+    gate_up_EFD = gate_up.transpose(1, 2) if released else gate_up
+    released = released_expert_layout(key + "down_proj", tuple(down.shape), E, D, F)
+    down_EDF = down.transpose(1, 2) if released else down
     w1, w3 = gate_up_EFD.split(F, dim=1)
     return w1.contiguous(), down_EDF.contiguous(), w3.contiguous()
 
@@ -171,6 +195,155 @@ def read_hf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot give the model its weights; names the file and the tensor."""
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """One tensor of a safetensors checkpoint, as its file's header describes it (nothing read)."""
+
+    file: Path
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # the safetensors dtype name, e.g. "BF16"
+
+
+def checkpoint_files(path: str | Path) -> dict[str, list[str]]:
+    """File name -> the tensors the index says it holds (``[]`` when there is no index)."""
+    path = Path(path)
+    index = path / INDEX_FILE
+    if not index.exists():
+        files = sorted(p.name for p in path.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"no safetensors files in {path}")
+        return {name: [] for name in files}
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{index}: not a safetensors index ({error})") from None
+    files: dict[str, list[str]] = {}
+    for tensor, name in weight_map.items():
+        files.setdefault(name, []).append(tensor)
+    return dict(sorted(files.items()))
+
+
+def stored_tensors(path: str | Path) -> dict[str, StoredTensor]:
+    """Every tensor of an HF checkpoint directory from the file headers alone: a missing shard file, a
+    truncated one, or a tensor the index places in a file that lacks it is a :class:`CheckpointError`
+    naming the file (and the tensor)."""
+    path = Path(path)
+    out: dict[str, StoredTensor] = {}
+    for name, indexed in checkpoint_files(path).items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(
+                f"{file} is missing; the index places {len(indexed)} tensors in it, e.g. {indexed[0]!r}"
+            )
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    view = f.get_slice(key)
+                    out[key] = StoredTensor(file, key, tuple(view.get_shape()), view.get_dtype())
+        except Exception as error:  # safetensors raises its own error type for a truncated or garbled file
+            raise CheckpointError(f"{file} cannot be read ({error}); is it truncated?") from None
+        absent = [t for t in indexed if out.get(t) is None or out[t].file != file]
+        if absent:
+            raise CheckpointError(f"{file} lacks {absent[0]!r}, which the index places in it")
+    return out
+
+
+def _expected_shapes(source: HFSource, shape: tuple[int, ...], config: Qwen3VLConfig) -> list[tuple[int, ...]]:
+    """The stored shapes an osvl parameter of ``shape`` may come from (both expert layouts)."""
+    v = config.vision
+    if source.kind == "patch_embed":
+        return [(v.hidden_size, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)]
+    if source.kind in ("gate", "up"):
+        E, F, D = shape
+        return [(E, D, 2 * F), (E, 2 * F, D)]
+    if source.kind == "down":
+        E, D, F = shape
+        return [(E, F, D), (E, D, F)]
+    return [shape]
+
+
+def checkpoint_sources(
+    model: torch.nn.Module, stored: dict[str, StoredTensor]
+) -> dict[str, tuple[HFSource, StoredTensor]]:
+    """Canonical parameter name -> (where it is stored, the stored tensor), after checking that
+    the checkpoint holds every parameter in a shape it can come from and nothing else (a tied model's
+    separate ``lm_head.weight`` is allowed and ignored). Reads headers only: call it on the meta model,
+    before anything is allocated."""
+    config: Qwen3VLConfig = model.arch
+    out = {}
+    problems = []
+    used = set()
+    for name, (_, param) in init_rules(model).items():
+        source = hf_source(name, config)
+        used.add(source.name)
+        found = stored.get(source.name)
+        if found is None:
+            problems.append(f"missing {source.name!r} (for {name}, shape {tuple(param.shape)})")
+            continue
+        accepted = _expected_shapes(source, tuple(param.shape), config)
+        if found.shape not in accepted:
+            problems.append(
+                f"{found.file.name}: {source.name!r} has shape {found.shape}, the architecture needs "
+                + " or ".join(map(str, accepted))
+            )
+            continue
+        out[name] = (source, found)
+    ignored = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    unexpected = sorted(set(stored) - used - ignored)
+    problems += [f"{stored[k].file.name}: unexpected tensor {k!r}" for k in unexpected]
+    problems = list(dict.fromkeys(problems))  # a fused expert tensor serves two parameters
+    if problems:
+        shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
+        directory = next(iter(stored.values())).file.parent if stored else "?"
+        raise CheckpointError(f"checkpoint {directory} does not match the architecture: {shown}")
+    return out
+
+
+def read_box(
+    view, source: HFSource, full_shape: tuple[int, ...], offset: tuple[int, ...], shape: tuple[int, ...]
+) -> torch.Tensor:
+    """The ``[offset, offset + shape)`` box of an osvl parameter of ``full_shape`` from a safetensors slice
+    ``view`` of the tensor it is stored in. Only the box is read: the fused expert halves and the
+    transposed expert layouts become index ranges of the stored tensor."""
+    box = [slice(o, o + n) for o, n in zip(offset, shape, strict=True)]
+    if source.kind == "same":
+        return view[tuple(box)]
+    if source.kind == "patch_embed":  # stored 5-D; the tower is small and sharded by rows only
+        return view[box[0]].reshape(shape[0], -1)[:, box[1]]
+    e, a, b = box
+    if source.kind in ("gate", "up"):  # osvl [E, F, D] from gate_up_proj [E, D, 2F] or [E, 2F, D]
+        E, F, D = full_shape
+        if source.kind == "up":
+            a = slice(a.start + F, a.stop + F)
+    else:  # osvl [E, D, F] from down_proj [E, F, D] or [E, D, F]
+        E, D, F = full_shape
+    released = released_expert_layout(source.name, tuple(view.get_shape()), E, D, F)
+    return view[e, b, a].permute(0, 2, 1) if released else view[e, a, b]
+
+
+@torch.no_grad()
+def load_checkpoint_shards(model: torch.nn.Module, sources: dict[str, tuple[HFSource, StoredTensor]]) -> None:
+    """Fills this rank's part of every parameter from the checkpoint (:func:`checkpoint_sources` of the
+    same model, taken before it was materialised). Each tensor's file is opened on its own and closed
+    before the next, so the pages read (memory-mapped) never add up beyond one box."""
+    for name, (_, param) in init_rules(model).items():
+        source, found = sources[name]
+        local = param.to_local() if isinstance(param, DTensor) else param
+        if local.numel() == 0:
+            continue
+        offset, shape = local_box(param)
+        try:
+            with safe_open(str(found.file), framework="pt") as f:
+                local.copy_(read_box(f.get_slice(found.name), source, tuple(param.shape), offset, shape))
+        except Exception as error:
+            raise CheckpointError(f"{found.file}: reading {found.name!r} for {name} failed: {error}") from error
+
+
 def from_pretrained(
     path: str | Path,
     *,
@@ -178,18 +351,15 @@ def from_pretrained(
     device: str | torch.device = "cpu",
     attn_backend: AttentionBackend = "sdpa",
 ) -> Qwen3VLModel:
-    """Load an HF Qwen3-VL / Qwen3-VL-MoE checkpoint directory."""
+    """Load an HF Qwen3-VL / Qwen3-VL-MoE checkpoint directory: built on the meta device, checked against
+    the files' headers, then allocated once on ``device`` and filled tensor by tensor."""
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ValueError(f"{path} has no config.json")
+        raise CheckpointError(f"{path} has no config.json")
     config = config_from_hf(json.loads((path / "config.json").read_text()))
-    model = build_model(config, attn_backend=attn_backend, device=device, dtype=dtype, init=False)
-    state = from_hf_state_dict(read_hf_tensors(path), config)
-    expected = set(model.state_dict())
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        raise ValueError(f"checkpoint mismatch: missing {missing[:8]}, unexpected {unexpected[:8]}")
-    model.load_state_dict({k: t.to(dtype) for k, t in state.items()}, strict=True)
+    model = build_model(config, attn_backend=attn_backend, device="meta", dtype=dtype)
+    sources = checkpoint_sources(model, stored_tensors(path))
+    load_checkpoint_shards(materialize(model, device), sources)
     return model
 
 
@@ -230,6 +400,11 @@ def _conversion_units(model: Qwen3VLModel, text_only: bool = False) -> list[dict
         unit = _UNIT_KEY.match(key)
         units.setdefault(unit.group(1) if unit else key, {})[key] = t
     return list(units.values())
+
+
+def largest_conversion_unit(model: Qwen3VLModel, dtype_bytes: int) -> int:
+    """Bytes of the largest unit :func:`iter_hf_tensors` gathers at once (whole, in a ``dtype_bytes`` dtype)."""
+    return max(sum(t.numel() for t in unit.values()) for unit in _conversion_units(model)) * dtype_bytes
 
 
 def _hf_unit(unit: dict[str, torch.Tensor], config: Qwen3VLConfig, text_only: bool) -> list[tuple[str, torch.Tensor]]:

@@ -26,6 +26,7 @@ from osvl.model.attention import (
 )
 from osvl.model.config import Qwen3VLConfig
 from osvl.model.experts import Qwen3VLExperts
+from osvl.model.init import init_buffers, init_weights
 from osvl.model.rope import PrecomputedRoPE, mrope_table
 from osvl.model.router import Qwen3VLRouter
 from osvl.model.vision import VisionTower
@@ -177,6 +178,16 @@ def model_config(config: Qwen3VLConfig, *, attn_backend: AttentionBackend = "sdp
     )
 
 
+def materialize(model: Qwen3VLModel, device: str | torch.device) -> Qwen3VLModel:
+    """Allocate a meta-device model (sharded or not) on ``device``, values unset: each rank allocates only
+    its own shards. The modules' buffers are initialised; the caller fills the parameters."""
+    model.to_empty(device=device)
+    if model.enable_weight_tying:  # to_empty may swap the parameter objects; the tie must survive
+        model.tok_embeddings.weight = model.lm_head.weight
+    init_buffers(model)
+    return model
+
+
 def build_model(
     config: Qwen3VLConfig,
     *,
@@ -184,12 +195,17 @@ def build_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     init: bool = True,
+    seed: int | None = None,
 ) -> Qwen3VLModel:
-    """Build (and on a real device, randomly initialise) a model; ``device="meta"`` allocates nothing."""
+    """Build on the meta device, then allocate once on ``device`` (``"meta"`` allocates nothing). With
+    ``init`` the weights get osvl's seeded init (:mod:`osvl.model.init`; ``seed`` None draws one from
+    torch's global generator), without it they are unset memory for a caller that loads them."""
     device = torch.device(device)
-    with torch.device(device):
-        model = model_config(config, attn_backend=attn_backend).build()
-    if init and device.type != "meta":
-        with torch.no_grad():
-            model.init_states()
-    return model.to(dtype=dtype)
+    with torch.device("meta"):
+        model = model_config(config, attn_backend=attn_backend).build().to(dtype=dtype)
+    if device.type == "meta":
+        return model
+    materialize(model, device)
+    if init:
+        init_weights(model, int(torch.randint(0, 2**62, ()).item()) if seed is None else seed)
+    return model

@@ -5,6 +5,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from osvl.model import (
+    CheckpointError,
     HFTensorSpec,
     build_model,
     config_from_hf,
@@ -15,6 +16,7 @@ from osvl.model import (
     iter_hf_tensors,
     save_pretrained,
     shard_plan,
+    stored_tensors,
     to_hf_state_dict,
 )
 from tests.model.tiny import tiny_config
@@ -72,34 +74,75 @@ def test_hf_layouts_of_patch_embed_and_experts():
             assert torch.equal(back[k], state[k]), k
 
 
-def test_bad_checkpoints_raise_value_error(tmp_path):
+def test_bad_checkpoints_name_the_file_and_tensor(tmp_path):
     config = tiny_config(moe=True)
-    torch.manual_seed(0)
-    model = build_model(config)
+    model = build_model(config, seed=0)
     save_pretrained(model, tmp_path)
     tensors = load_file(tmp_path / "model.safetensors")
     key = "model.language_model.layers.0.mlp.experts.gate_up_proj"
-    tensors[key] = tensors[key][:, :, :5].contiguous()
+    good = tensors[key]
+    tensors[key] = good[:, :, :5].contiguous()
     save_file(tensors, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match="gate_up_proj has shape"):
+    with pytest.raises(
+        CheckpointError, match=r"model.safetensors: '.*layers.0.mlp.experts.gate_up_proj' has shape \(4, 32, 5\)"
+    ):
         from_pretrained(tmp_path)
     del tensors[key]
-    save_file(tensors, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match="need both"):
-        from_pretrained(tmp_path)
-    tensors.pop("model.language_model.layers.0.mlp.experts.down_proj")
     tensors["model.language_model.layers.0.mlp.mystery.weight"] = torch.zeros(1)
     save_file(tensors, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match="unknown checkpoint tensor"):
+    with pytest.raises(CheckpointError) as error:
         from_pretrained(tmp_path)
-    tensors.pop("model.language_model.layers.0.mlp.mystery.weight")
-    save_file(tensors, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match="checkpoint mismatch: missing"):
-        from_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="no config.json"):
+    assert f"missing '{key}'" in str(error.value)
+    assert "model.safetensors: unexpected tensor 'model.language_model.layers.0.mlp.mystery.weight'" in str(error.value)
+    with pytest.raises(CheckpointError, match="no config.json"):
         from_pretrained(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="max_shard_bytes"):
         save_pretrained(model, tmp_path / "x", max_shard_bytes=0)
+
+
+def test_missing_or_truncated_shard_files_are_named(tmp_path):
+    model = build_model(tiny_config(), seed=0)
+    save_pretrained(model, tmp_path, max_shard_bytes=20_000)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    victim = sorted(set(index.values()))[1]
+    data = (tmp_path / victim).read_bytes()
+    (tmp_path / victim).write_bytes(data[: len(data) - 100])
+    with pytest.raises(CheckpointError, match=f"{victim} cannot be read .*truncated"):
+        stored_tensors(tmp_path)
+    (tmp_path / victim).unlink()
+    held = next(name for name, file in index.items() if file == victim)
+    with pytest.raises(CheckpointError, match=f"{victim} is missing; the index places .* e.g. '{held}'"):
+        stored_tensors(tmp_path)
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_a_box_reads_exactly_that_part_of_the_parameter(moe, tmp_path):
+    """Every parameter's boxes (rows, columns, expert ranges, in both expert layouts) equal the same
+    slices of the whole loaded tensor."""
+    from safetensors import safe_open
+
+    from osvl.model.checkpoint import checkpoint_sources, read_box
+    from osvl.model.init import init_rules
+
+    config = tiny_config(moe=moe)
+    model = build_model(config, seed=1)
+    save_pretrained(model, tmp_path)
+    sources = checkpoint_sources(model, stored_tensors(tmp_path))
+    for layout in ("released", "v5"):
+        if layout == "v5":  # transformers >= 5 stores the experts transposed
+            tensors = load_file(tmp_path / "model.safetensors")
+            for name in [k for k in tensors if ".mlp.experts." in k]:
+                tensors[name] = tensors[name].transpose(1, 2).contiguous()
+            save_file(tensors, tmp_path / "model.safetensors")
+        with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+            for name, (_, param) in init_rules(model).items():
+                source, found = sources[name]
+                shape = tuple(param.shape)
+                offset = tuple(n // 3 for n in shape)
+                size = tuple(max(1, n // 2) for n in shape)
+                box = read_box(f.get_slice(found.name), source, shape, offset, size)
+                expected = param.detach()[tuple(slice(o, o + n) for o, n in zip(offset, size))]
+                assert torch.equal(box, expected), (layout, name)
 
 
 def test_config_json_round_trip_and_errors():
