@@ -89,6 +89,7 @@ def _memory_plan(recipe: Recipe) -> list[str]:
         loss_chunk=chunk,
         stage=recipe.job.stage,
         gpu_memory_gib=recipe.job.gpu_memory_gib,
+        host=_host_terms(recipe),
     )
     lines = report.lines()
     source = (
@@ -107,6 +108,29 @@ def _memory_plan(recipe: Recipe) -> list[str]:
             f"{verdict} in one micro-batch (data.max_tokens {d.max_tokens})"
         )
     return lines
+
+
+def _host_terms(recipe: Recipe) -> dict:
+    """What the host side of the memory plan depends on, from the recipe (and the checkpoint's config)."""
+    import json
+    from pathlib import Path
+
+    sizes = {"bfloat16": 2, "float16": 2, "float32": 4}
+    config = Path(recipe.model.pretrained) / "config.json" if recipe.model.pretrained else None
+    stored = (
+        json.loads(config.read_text()).get("torch_dtype", "bfloat16") if config and config.is_file() else "bfloat16"
+    )
+    r = recipe.rollout
+    bucket = (
+        0 if recipe.job.stage != "grpo" else (r.weight_sync_bucket_mb << 20 if r.weight_sync == "distributed" else None)
+    )
+    return {
+        "pretrained": bool(recipe.model.pretrained),
+        "stored_bytes": sizes.get(stored, 2),
+        "export_bytes": sizes[recipe.checkpoint.export_dtype],
+        "sync_bytes": sizes[recipe.parallel.param_dtype],
+        "bucket_bytes": bucket,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,20 +179,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(recipe: Recipe, rank: int, world: int) -> int:
+    import torch
     import torch.distributed as dist
 
+    from osvl.model import CheckpointError
     from osvl.parallel import teardown, use_host_device
     from osvl.parallel._compat import default_backend
     from osvl.run_lock import RunDirError, own_run_dir
     from osvl.trainer import run_grpo, run_sft
 
     use_host_device()
+    if torch.cuda.is_available():  # each rank its own GPU; before the process group, which NCCL binds to it
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if world > 1:
         dist.init_process_group(default_backend(), rank=rank, world_size=world)
     try:
         with own_run_dir(recipe.job.run_dir, rank, recipe.job.name):
             result = (run_grpo if recipe.job.stage == "grpo" else run_sft)(recipe, rank, world)
-    except RunDirError as error:
+    except (RunDirError, CheckpointError) as error:  # every rank stops alike, before holding the model
         if rank == 0:
             print(f"python -m osvl.train: error: {error}", file=sys.stderr)
         return 2

@@ -68,16 +68,14 @@ class ModelConfig:
     pretrained: str = ""  # HF checkpoint directory; "" = random init (tiny recipes, dry runs)
     attn_backend: Literal["sdpa", "varlen"] = "sdpa"
     freeze_vision: bool = False  # the paper fine-tunes the vision tower and projector too
-    layers: int = 0  # CPU presets only: decoder layers of a model built from the preset; 0 = the preset's
+    layers: int = (
+        0  # decoder layers of a model built from the preset (random init; a checkpoint has its own); 0 = the preset's
+    )
 
     def __post_init__(self) -> None:
         if self.preset not in PAPER_PRESETS + TINY_PRESETS:
             raise ValueError(f"preset must be one of {PAPER_PRESETS + TINY_PRESETS}, got {self.preset!r}")
         _non_negative(self, "layers")
-        if self.layers and self.preset not in TINY_PRESETS:
-            raise ValueError(
-                f"layers applies to the CPU presets {TINY_PRESETS}; {self.preset} has the released model's depth"
-            )
 
 
 @dataclass(frozen=True)

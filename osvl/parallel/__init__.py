@@ -13,6 +13,7 @@ from osvl.parallel.parallelize import (
     parallel_dims,
     parallelize,
     sharded_model_config,
+    uneven_splits,
     validate_parallel,
 )
 
@@ -24,6 +25,7 @@ __all__ = [
     "parallelize",
     "sharded_model_config",
     "teardown",
+    "uneven_splits",
     "use_host_device",
     "use_partial_dtensor",
     "validate_parallel",

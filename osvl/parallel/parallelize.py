@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
@@ -132,6 +134,29 @@ def parallelize(model: Qwen3VLModel, dims: ParallelDims, parallel: ParallelConfi
     )
     force_sum_reduction_if_needed(model)
     return model
+
+
+_DATA_PARALLEL_DIMS = ("dp_replicate", "fsdp", "dp_shard", "efsdp")  # FSDP2 pads uneven shards; TP and EP do not
+
+
+def uneven_splits(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """``(parameter, what)`` for every tensor or expert dimension the plan splits unevenly: a TP or EP
+    degree must divide the dimension it shards (the fused loss and the attention heads need equal parts)."""
+    from osvl.model.init import init_rules
+
+    out = []
+    for name, (_, param) in init_rules(model).items():
+        if not isinstance(param, DTensor):
+            continue
+        names = param.device_mesh.mesh_dim_names or ()
+        for i, placement in enumerate(param.placements):
+            if not isinstance(placement, Shard | _StridedShard) or (i < len(names) and names[i] in _DATA_PARALLEL_DIMS):
+                continue
+            size, degree = param.shape[placement.dim], param.device_mesh.size(i)
+            if size % degree:
+                mesh = names[i] if i < len(names) else str(i)
+                out.append((name, f"dim {placement.dim} of shape {tuple(param.shape)} into {mesh}={degree} parts"))
+    return out
 
 
 def lm_head_weight(model: Qwen3VLModel) -> torch.Tensor:

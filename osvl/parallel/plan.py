@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 
@@ -25,9 +26,99 @@ from osvl.model.presets import PRESETS, preset
 from osvl.parallel.parallelize import parallel_dims, parallelize, sharded_model_config, validate_parallel
 
 _SHARDING_DIMS = ("fsdp", "efsdp", "dp_shard")
+DCP_COPY_AHEAD_BYTES = 10_000_000  # DCP's writer stages this much ahead of the file when the tensors are on a GPU
+# A conversion unit gathered on the host (gloo) peaks at about this many times its bytes: the shards'
+# all-gather output, its intermediate buffers and the HF conversion's copy (measured on 2 and 4 CPU ranks,
+# FSDP and FSDP x TP: tests/trainer/test_policy_startup.py).
+HOST_GATHER_FACTOR = 3
 _BYTES = {"bfloat16": 2, "float32": 4}
 GIB = 2**30
 USABLE_FRACTION = 0.9  # of the GPU's memory: CUDA context, NCCL buffers and allocator fragmentation take the rest
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """Rank 0's host memory (bytes) at the peak of each phase that moves its weights through the host:
+    what its resident shards take (none when they live on the GPU) plus what the phase stages there.
+
+    - start-up: the shards (built on meta, allocated once), plus the checkpoint pages one parameter's
+      slice touches (every row of its box, full width), or the seeded init's workspace;
+    - checkpoint save (DCP): the shards and AdamW state, plus one tensor staged (the largest local one);
+    - HF export: the shards and AdamW state, plus the file this rank fills (its byte share, at most
+      ``max_shard_bytes``) and, with the shards on the host, one conversion unit being gathered (a
+      decoder layer, the embedding; ``HOST_GATHER_FACTOR`` times its bytes);
+    - weight-sync bucket (``distributed``): the shards and AdamW state, plus, with the weights on the
+      host, one bucket (or the one tensor larger than it) and one unit being gathered (``disk`` sync
+      costs what the HF export does).
+    """
+
+    shards_on_host: bool
+    sync: str  # "distributed", "disk" (an HF export per sync) or "none" (SFT)
+    startup_bytes: int
+    save_bytes: int
+    export_bytes: int
+    sync_bytes: int
+
+    def lines(self) -> list[str]:
+        where = "shards in host memory" if self.shards_on_host else "shards on the GPU"
+        return [
+            f"host memory per rank ({where}):",
+            f"  start-up           {self.startup_bytes / GIB:10.2f} GiB",
+            f"  checkpoint save    {self.save_bytes / GIB:10.2f} GiB",
+            f"  HF export          {self.export_bytes / GIB:10.2f} GiB",
+        ] + (
+            []
+            if self.sync == "none"
+            else [
+                f"  weight-sync bucket {self.sync_bytes / GIB:10.2f} GiB"
+                + ("  (disk: an HF export)" if self.sync == "disk" else "")
+            ]
+        )
+
+
+def host_memory(
+    model: torch.nn.Module,
+    *,
+    world_size: int,
+    shards_on_host: bool,
+    pretrained: bool,
+    stored_bytes: int = 2,
+    export_bytes: int = 2,
+    sync_bytes: int = 2,
+    max_shard_bytes: int = 5 * GIB,
+    bucket_bytes: int | None = 512 * 2**20,
+) -> HostMemory:
+    """The host side of rank 0's plan from the sharded meta model (:class:`HostMemory`). ``stored_bytes``:
+    the checkpoint's element size; ``export_bytes`` / ``sync_bytes``: the export's and the sync's;
+    ``bucket_bytes``: the distributed sync's bucket, None for a sync from disk, 0 for no sync (SFT)."""
+    from osvl.model.checkpoint import largest_conversion_unit
+    from osvl.model.init import INIT_WORKSPACE_BYTES, init_rules, local_box
+
+    params = [param for _, param in init_rules(model).values()]
+    local = sum(math.prod(local_box(p)[1]) for p in params)
+    resident = 4 * local if shards_on_host else 0
+    with_optimizer = 3 * resident  # AdamW's two fp32 moments beside the fp32 weights
+    touched = max(local_box(p)[1][0] * math.prod(p.shape[1:]) * stored_bytes for p in params if p.dim())
+    largest_local = max(4 * math.prod(local_box(p)[1]) for p in params)
+    staged = largest_local if shards_on_host else largest_local + DCP_COPY_AHEAD_BYTES
+    total_export = sum(p.numel() for p in params) * export_bytes
+    file_buffer = min(max_shard_bytes, total_export // world_size + largest_conversion_unit(model, export_bytes))
+    unit_on_host = HOST_GATHER_FACTOR * largest_conversion_unit(model, export_bytes) if shards_on_host else 0
+    sync_unit = HOST_GATHER_FACTOR * largest_conversion_unit(model, sync_bytes)
+    total_sync = sum(p.numel() for p in params) * sync_bytes
+    bucket = max(
+        min(bucket_bytes or 0, total_sync), max(p.numel() for p in params) * sync_bytes
+    )  # a bigger tensor travels alone
+    bucketed = with_optimizer + (bucket + sync_unit if shards_on_host else 0)
+    export = with_optimizer + file_buffer + unit_on_host
+    return HostMemory(
+        shards_on_host=shards_on_host,
+        sync="none" if bucket_bytes == 0 else "disk" if bucket_bytes is None else "distributed",
+        startup_bytes=resident + (touched if pretrained else INIT_WORKSPACE_BYTES * shards_on_host),
+        save_bytes=with_optimizer + staged,
+        export_bytes=export,
+        sync_bytes=export if bucket_bytes is None else bucketed,
+    )
 
 
 @dataclass(frozen=True)
@@ -55,6 +146,7 @@ class PlanReport:
     gpu_memory_bytes: int = 0  # one GPU of the target cluster; 0 = no fit check
     max_tokens_fit: int = 0  # the most tokens per micro-batch that fit as planned (0: no fit check)
     max_tokens_fit_offload: int = 0  # the same with parallel.cpu_offload=true
+    host: HostMemory | None = None  # the host side: start-up, checkpoint save, HF export, weight-sync bucket
 
     @property
     def steady_state_bytes(self) -> int:
@@ -96,6 +188,8 @@ class PlanReport:
             f"lm_head grads)",
             f"total on GPU         {self.gpu_bytes / GIB:10.2f} GiB",
         ]
+        if self.host is not None:
+            out += self.host.lines()
         if self.fits is not None:
             budget = (
                 f"{self.usable_bytes / GIB:.1f} GiB usable ({USABLE_FRACTION:.0%} of "
@@ -214,10 +308,12 @@ def plan(
     loss_chunk: int = 4096,
     stage: str = "sft",
     gpu_memory_gib: float = 0.0,
+    host: dict | None = None,
 ) -> PlanReport:
     """Apply ``parallel`` to the meta model on a fake ``world_size`` group and measure rank 0; with
     ``gpu_memory_gib`` also say whether one micro-batch of ``tokens_per_rank`` tokens (``patches_per_rank``
-    vision patches among them) fits one GPU."""
+    vision patches among them) fits one GPU. ``host``: the keyword arguments of :func:`host_memory`
+    beyond the model and world size (``shards_on_host`` defaults to ``parallel.cpu_offload``)."""
     arch = preset(model) if isinstance(model, str) else model
     name = model if isinstance(model, str) else "custom"
     if world_size < 1 or tokens_per_rank < 1 or loss_chunk < 1:
@@ -240,6 +336,11 @@ def plan(
         parallelize(m, dims, parallel)
         local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in m.parameters())
         gather_name, gather_bytes = _largest_gather(m, _BYTES[parallel.param_dtype])
+        host_plan = None
+        if host is not None:
+            host_plan = host_memory(
+                m, world_size=world_size, **{"shards_on_host": parallel.cpu_offload, "pretrained": True, **host}
+            )
     finally:
         dist.destroy_process_group()
     dtype_bytes = _BYTES[parallel.param_dtype]
@@ -276,6 +377,7 @@ def plan(
         cpu_offload=parallel.cpu_offload,
         param_dtype_bytes=dtype_bytes,
         gpu_memory_bytes=int(gpu_memory_gib * GIB),
+        host=host_plan,
     )
     if not report.gpu_memory_bytes:
         return report

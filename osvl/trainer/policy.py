@@ -4,7 +4,7 @@ prompt renderer (system prompt, tool schema, image patching) it is trained and s
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +14,24 @@ from torch.distributed.fsdp import FSDPModule
 
 from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
+from osvl.data.distributed import rank_device
 from osvl.data.formats import checkpoint_image_config
 from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import SpecialTokens, Tokenizer
 from osvl.model import (
+    CheckpointError,
     Qwen3VLConfig,
     Qwen3VLModel,
     TextConfig,
     VisionConfig,
     config_from_hf,
-    from_pretrained,
+    materialize,
+    stored_tensors,
 )
+from osvl.model.checkpoint import checkpoint_sources, load_checkpoint_shards
+from osvl.model.init import init_weights
 from osvl.model.presets import preset
-from osvl.parallel import parallel_dims, parallelize, sharded_model_config
+from osvl.parallel import parallel_dims, parallelize, sharded_model_config, uneven_splits
 from osvl.trainer.rng import seed_generators
 from osvl.trainer.sft_data import read_system_prompt
 from osvl.trainer.tool_env import recipe_profile
@@ -114,12 +119,33 @@ def policy_arch(recipe: Recipe, vocab_size: int, special: SpecialTokens) -> Qwen
     elif recipe.model.preset in CPU_SIZES:
         arch = tiny_arch(vocab_size, special, recipe.model.preset, recipe.model.layers)
     else:
-        arch = preset(recipe.model.preset)
+        arch = released_width(preset(recipe.model.preset), special, recipe.model.layers)
     if arch.text.vocab_size < vocab_size:
         raise ValueError(f"tokenizer has {vocab_size} ids but the model's vocabulary is {arch.text.vocab_size}")
     if arch.image_token_id != special.image_pad:
         raise ValueError(f"model image_token_id {arch.image_token_id} != tokenizer <|image_pad|> {special.image_pad}")
     return arch
+
+
+def released_width(arch: Qwen3VLConfig, special: SpecialTokens, layers: int = 0) -> Qwen3VLConfig:
+    """A released architecture built from random init: its vision ids are the tokenizer's (a model that
+    was never trained has no ids of its own), and ``layers`` > 0 keeps that many decoder layers (a
+    GPU-sized cut of the released width, e.g. the device check's training loop) and the DeepStack
+    injections that still have a layer."""
+    if layers:
+        taps = arch.vision.deepstack_visual_indexes[:layers]
+        arch = replace(
+            arch,
+            text=replace(arch.text, num_hidden_layers=layers),
+            vision=replace(arch.vision, deepstack_visual_indexes=taps),
+        )
+    return replace(
+        arch,
+        image_token_id=special.image_pad,
+        video_token_id=special.video_pad,
+        vision_start_token_id=special.vision_start,
+        vision_end_token_id=special.vision_end,
+    )
 
 
 def policy_image_config(recipe: Recipe, arch: Qwen3VLConfig) -> ImageConfig:
@@ -163,28 +189,54 @@ def policy_renderer(recipe: Recipe, tokenizer: Tokenizer, arch: Qwen3VLConfig) -
     return ChatRenderer(tokenizer, policy_image_config(recipe, arch), tools, system_prompt)
 
 
-def build_policy(recipe: Recipe, arch: Qwen3VLConfig, world_size: int) -> Qwen3VLModel:
-    """Same weights on every rank (seeded init or the checkpoint), then the recipe's parallel plan.
+def policy_device(recipe: Recipe) -> torch.device:
+    """Where this rank's shards of the policy live: its GPU when there is one (the host with
+    ``parallel.cpu_offload``, which FSDP2 moves to the GPU one unit at a time), else the CPU."""
+    return torch.device("cpu") if recipe.parallel.cpu_offload else rank_device()
+
+
+def build_policy(recipe: Recipe, arch: Qwen3VLConfig, world_size: int, *, fill: bool = True) -> Qwen3VLModel:
+    """The policy on its parallel plan, each rank holding only its own shards.
+
+    Built on the meta device and sharded there; every check (the checkpoint's files against the
+    architecture, the plan's splits) runs before anything is allocated, so a bad input stops every
+    rank before it holds memory. Then each rank allocates its shards on its device and fills them:
+    from the checkpoint, reading only the slices it owns, or with the seeded init, which is the same
+    model whatever the world size and plan (:mod:`osvl.model.init`).
 
     Gradients are *summed* over data-parallel ranks (divide factor 1): the loss is already divided
     by the global token count, so a mean would shrink every step by the number of ranks.
     """
     seed_generators(recipe.job.seed)
-    model = sharded_model_config(arch, recipe.parallel, attn_backend=recipe.model.attn_backend).build()
-    with torch.no_grad():
-        if recipe.model.pretrained:
-            loaded = from_pretrained(recipe.model.pretrained, dtype=torch.float32)
-            model.load_state_dict(loaded.state_dict(), strict=True)
-            del loaded
-        else:
-            model.init_states()
+    with torch.device("meta"):
+        model = sharded_model_config(arch, recipe.parallel, attn_backend=recipe.model.attn_backend).build()
+    pretrained = recipe.model.pretrained if fill else ""
+    sources = checkpoint_sources(model, stored_tensors(pretrained)) if pretrained else {}
     if recipe.model.freeze_vision:
         model.visual.requires_grad_(False)
     if dist.is_initialized():
         dims = parallel_dims(recipe.parallel, world_size)
         dims.build_mesh()
         parallelize(model, dims, recipe.parallel)
+        uneven = uneven_splits(model)
+        if uneven:
+            raise CheckpointError(
+                "the parallel plan cannot split "
+                + "; ".join(_where(name, sources) + f": {problem}" for name, problem in uneven[:4])
+            )
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)
+    materialize(model, policy_device(recipe))
+    if sources:
+        load_checkpoint_shards(model, sources)
+    elif fill:
+        init_weights(model, recipe.job.seed)
     return model
+
+
+def _where(name: str, sources: dict) -> str:
+    if name not in sources:
+        return name
+    source, found = sources[name]
+    return f"{found.file}: {source.name!r} ({name})"

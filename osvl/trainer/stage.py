@@ -17,9 +17,10 @@ import torch.distributed as dist
 
 from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
+from osvl.data.distributed import rank_device
 from osvl.data.tokenizer import Tokenizer, load_tokenizer
 from osvl.model import Qwen3VLConfig, Qwen3VLModel
-from osvl.trainer.checkpoint import finish_stage, resume_state, save_checkpoint, stage_state
+from osvl.trainer.checkpoint import finish_stage, latest_checkpoint, resume_state, save_checkpoint, stage_state
 from osvl.trainer.flops import device_name, resolve_peak_tflops
 from osvl.trainer.index_stream import IndexStream
 from osvl.trainer.metrics import MetricsWriter, stage_metrics
@@ -132,13 +133,13 @@ def start_stage(
     checkpoint in ``job.run_dir`` when ``checkpoint.resume``."""
     stream = IndexStream(num_items, batch_size, recipe.job.seed, recipe.data.shuffle)
     total = max_steps or epochs * stream.steps_per_epoch
-    model = build_policy(recipe, arch, world_size)
+    checkpoints = Path(recipe.job.run_dir) / "checkpoints"
+    resuming = recipe.checkpoint.resume and latest_checkpoint(checkpoints) is not None
+    model = build_policy(recipe, arch, world_size, fill=not resuming)  # a resume loads every weight itself
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, recipe.optimizer)
     scheduler = build_scheduler(optimizer, total * updates_per_step, recipe.scheduler)
-    state = resume_state(
-        Path(recipe.job.run_dir) / "checkpoints", model, optimizer, scheduler, stream, resume=recipe.checkpoint.resume
-    )
+    state = resume_state(checkpoints, model, optimizer, scheduler, stream, resume=recipe.checkpoint.resume)
     step = state.get("step", 0)
     resumption = resume_records(recipe, rank, state, total)  # cuts the dead attempt's records first; says so
     return Stage(
@@ -164,15 +165,15 @@ def all_reduce_max(values: Mapping[str, float]) -> dict[str, float]:
     """The largest value of each key over all ranks, in one collective (what every rank saw alike, e.g. a
     service's restart, counts once)."""
     keys = list(values)
-    stacked = torch.tensor([float(v) for v in values.values()], dtype=torch.float64)
+    stacked = torch.tensor([float(v) for v in values.values()], dtype=torch.float64, device=rank_device())
     if dist.is_initialized():
         dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
     return dict(zip(keys, stacked.tolist()))
 
 
-def all_reduce_sums(values: Mapping[str, torch.Tensor | float], device: torch.device | str = "cpu") -> dict[str, float]:
+def all_reduce_sums(values: Mapping[str, torch.Tensor | float]) -> dict[str, float]:
     """Sums every value over all ranks in one collective and one host read (float64)."""
-    keys = list(values)
+    keys, device = list(values), rank_device()
     stacked = torch.stack(
         [
             v.detach().to(device=device, dtype=torch.float64).reshape(())

@@ -69,5 +69,11 @@ def test_layers_deepens_a_cpu_preset_and_must_match_a_checkpoint(tmp_path):
         policy_arch(load_recipe("tiny_sft", [pretrained, "model.layers=2"]), tokenizer.vocab_size, tokenizer.special)
     with pytest.raises(ValueError, match="layers must be >= 0"):
         load_recipe("tiny_sft", ["model.layers=-1"])
-    with pytest.raises(ValueError, match="layers applies to the CPU presets"):
-        load_recipe("grpo_8b", ["model.layers=4"])
+    cut = policy_arch(
+        load_recipe("sft_8b", ["model.layers=2", "model.pretrained="]), tokenizer.vocab_size, tokenizer.special
+    )
+    assert cut.text.num_hidden_layers == 2 and cut.text.hidden_size == 4096  # a released width, a few layers
+    assert (cut.image_token_id, cut.vision_start_token_id) == (
+        tokenizer.special.image_pad,
+        tokenizer.special.vision_start,
+    )
