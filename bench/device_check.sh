@@ -12,8 +12,8 @@
 # (default 100), for rehearsing the run on a slow or loaded CPU host. A stage killed by its limit
 # gets SIGABRT first, so Python prints where it was (faulthandler) before it dies.
 #
-# What comes back from the GPU machine is at most 8 files of $OUT, so the run writes 7 and no more:
-# the three result JSONs (each written whole, as it measures), and in device_check/ the one log of
+# What comes back from the GPU machine is at most 8 files of $OUT, so the run writes 8 and no more:
+# the four result JSONs (each written whole, as it measures), and in device_check/ the one log of
 # every stage (run.log, each stage's share capped), stages.jsonl (a line as each stage ends) and
 # the summary (summary.json, summary.md: bench/device_summary.py, which checks those limits).
 # The machine's copy of the tree has no .git: OSVL_COMMIT names the commit the results carry.
@@ -40,7 +40,7 @@ RUN_TIMEOUT_S=300
 LIMIT_PCT=${DEVICE_CHECK_LIMIT_PCT:-100}  # stage limits in percent of the plan's (a slow CPU host rehearsing the run)
 SUMMARY_RESERVE=15  # seconds kept for the summary at the end
 KILL_GRACE=5        # SIGKILL this long after a stage's SIGABRT
-STAGE_LOG_BYTES=$((2 * 1024 * 1024))  # each stage's share of run.log: 6 x 2 MiB stays under the 16 MiB a file may have
+STAGE_LOG_BYTES=$((2 * 1024 * 1024))  # each stage's share of run.log: 7 x 2 MiB stays under the 16 MiB a file may have
 LOGS="$OUT_DIR/device_check"
 LOG="$LOGS/run.log"
 WHEELS=${DEVICE_CHECK_WHEELS:-.whl}
@@ -60,6 +60,7 @@ PLAN=(
   "gpu_tests|100|40|pytest -m gpu (the files with gpu-marked tests): the compiled Triton kernels against float64"
   "logits|70|30|grpo_loss fwd+bwd T=16384 V=151936 bf16 vs Liger's Triton GRPO; 4·T·V bytes, % of HBM"
   "linear|110|45|linear_grpo_loss H=4096 vs Liger's fused-linear GRPO: time, max_memory_allocated; 6·T·H·V at the measured matmul rate"
+  "train_loop|100|45|the trainer's SFT + GRPO stages on the GPU (8B width, 2 layers, local engine, tool calls): step split, tokens/s, MFU, memory"
   "train_step|135|60|8B-width Qwen3-VL, 4 layers, 16k packed tokens with images, full AC: tokens/s, MFU, peak memory, loss share"
 )
 
@@ -80,8 +81,6 @@ if [ "$MODE" = dry ]; then
   if ! git diff --quiet HEAD 2> /dev/null; then
     echo "(the tree has uncommitted changes: they travel, but the results will name $commit)"
   fi
-  echo "not a stage: one tiny GRPO rollout+update step on the GPU (the trainer places the policy on the CPU" \
-       "and the tool stack needs OpenCV's contrib modules, which the GPU image lacks; see bench/README.md)"
   exit 0
 fi
 
@@ -226,7 +225,14 @@ else
     --cases osvl_linear_grpo_loss,liger_fused_linear_grpo --name device_linear --out-dir "$OUT_DIR"
 fi
 
-# --- 6. one trainer step of an 8B-width Qwen3-VL cut to 4 decoder layers ------------------------
+# --- 6. the trainer's own loop: SFT steps, then GRPO steps with rollouts through the local engine ----
+if [ "$MODE" = smoke ]; then
+  stage train_loop "$PY" bench/train_loop.py --smoke --name device_train_loop --out-dir "$OUT_DIR"
+else
+  stage train_loop "$PY" bench/train_loop.py --name device_train_loop --out-dir "$OUT_DIR"
+fi
+
+# --- 7. one trainer step of an 8B-width Qwen3-VL cut to 4 decoder layers ------------------------
 if [ "$MODE" = smoke ]; then
   stage train_step "$PY" bench/train_step.py --smoke --steps 2 --tokens 256 --name device_train_step --out-dir "$OUT_DIR"
 else

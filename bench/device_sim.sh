@@ -115,10 +115,10 @@ stages = {s["stage"]: s for s in summary["stages"]}
 results = {p.name: json.loads(p.read_text()) for p in out.glob("device_*.json")}
 checks = {
     "device_check.sh exited 0": rc == 0,
-    "every stage ran and passed (wheels installed, not skipped)": len(stages) == 6
+    "every stage ran and passed (wheels installed, not skipped)": len(stages) == 7
     and all(s.get("rc") == 0 for s in stages.values()),
     "$OUT within the return limits": return_problems(out, []) == [] and summary["return_problems"] == [],
-    "three results, each naming the commit from OSVL_COMMIT": len(results) == 3
+    "four results, each naming the commit from OSVL_COMMIT": len(results) == 4
     and all(r["git"] == {"commit": commit, "short": commit[:8], "dirty": None, "source": "OSVL_COMMIT"}
             for r in results.values()),
     "results measured on Python 3.12, torch 2.11, triton 3.6, the carried Liger": all(

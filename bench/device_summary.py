@@ -94,6 +94,45 @@ def shape_label(record: dict | None) -> str:
     return f"T={s['num_tokens']} V={s['vocab']} H={s['hidden']} {s['dtype']}" if s else "not run"
 
 
+def loop_rows(loop: dict | None) -> list[tuple[str, str, str, str]]:
+    """The trainer's own loop on the device (bench/train_loop.py): its GRPO step split and rates."""
+    s, c = (loop or {}).get("summary", {}), (loop or {}).get("config", {})
+    label = (
+        f"trainer loop, {c.get('preset')} width x {c.get('layers')} layers: SFT {c.get('sft_steps')} + "
+        f"GRPO {c.get('grpo_steps')} steps (G={c.get('group_size')}), GRPO step"
+        if loop
+        else "trainer loop (not run)"
+    )
+
+    def pct(value):
+        return None if value is None else 100 * value
+
+    return [
+        (label, fmt(s.get("grpo_step_time_s"), " s"), "", ""),
+        (
+            "  rollout / update / weight sync",
+            " / ".join(fmt(s.get(f"grpo_time_{k}_s"), " s") for k in ("rollout", "update", "sync")),
+            "",
+            "",
+        ),
+        ("  rollout tokens/s (engine)", fmt(s.get("grpo_rollout_tokens_per_s"), "", 4), "", ""),
+        ("  trainer tokens/s (GRPO update)", fmt(s.get("grpo_trainer_tokens_per_s"), "", 4), "", ""),
+        (
+            "  MFU (GRPO step, SFT step)",
+            f"{fmt(pct(s.get('grpo_mfu')), ' %')}, {fmt(pct(s.get('sft_mfu')), ' %')}",
+            "",
+            "",
+        ),
+        (
+            "  peak device / host memory",
+            f"{fmt(s.get('peak_device_gib'), ' GiB')} / {fmt(s.get('peak_host_gib'), ' GiB')}",
+            "",
+            "",
+        ),
+        ("  tool calls per rollout", fmt(s.get("grpo_tool_calls_mean")), "", ""),
+    ]
+
+
 def rows(logits: dict | None, linear: dict | None, train: dict | None) -> list[tuple[str, str, str, str]]:
     """(number, value, target, verdict) for every headline the stages produce."""
     ours, liger = case(logits, "osvl_grpo_loss"), case(logits, "liger_grpo_loss_same_rows")
@@ -168,11 +207,12 @@ def write_summary(out: Path, returned: bool = False) -> dict:
     )
     failed = [s["stage"] for s in stages if s.get("rc") not in (None, 0)]
     unreadable: list[str] = []
-    logits, linear, train = (
-        latest(out, name, unreadable) for name in ("device_logits", "device_linear", "device_train_step")
+    logits, linear, loop, train = (
+        latest(out, name, unreadable)
+        for name in ("device_logits", "device_linear", "device_train_loop", "device_train_step")
     )
-    table = rows(logits, linear, train)
-    env = next((r for r in (logits, train, linear) if r), {})
+    table = rows(logits, linear, train) + loop_rows(loop)
+    env = next((r for r in (logits, train, linear, loop) if r), {})
     written = [logs / "summary.json", logs / "summary.md"]
     summary = {
         "stages": stages,

@@ -17,6 +17,12 @@ import torch.distributed as dist
 from osvl.data.packing import PackedBatch
 
 
+def rank_device() -> torch.device:
+    """This rank's accelerator: its GPU when there is one, else the host. The training loop's tensors
+    and every collective's live there (NCCL takes nothing else; gloo runs on the host)."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 @dataclass(frozen=True)
 class GlobalNormalizers:
     num_seqs: torch.Tensor  # 0-d int64: real sequences over all ranks
@@ -24,9 +30,11 @@ class GlobalNormalizers:
 
 
 def global_normalizers(
-    batches: Sequence[PackedBatch], group: dist.ProcessGroup | None = None, device: torch.device | str = "cpu"
+    batches: Sequence[PackedBatch], group: dist.ProcessGroup | None = None, device: torch.device | str | None = None
 ) -> GlobalNormalizers:
-    """Sums this rank's micro-batches, then one SUM all-reduce when a process group is up."""
+    """Sums this rank's micro-batches, then one SUM all-reduce when a process group is up (on
+    ``device``, by default :func:`rank_device`, where the loss consumes them)."""
+    device = rank_device() if device is None else device
     local = torch.tensor(
         [sum(b.num_seqs for b in batches), sum(b.num_valid_tokens for b in batches)], dtype=torch.int64, device=device
     )

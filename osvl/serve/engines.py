@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from osvl.config.recipe import Recipe
+from osvl.data.distributed import rank_device
 from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import Tokenizer
 from osvl.model import Qwen3VLConfig, build_model
@@ -86,7 +87,8 @@ def build_serving(
     r = recipe.rollout
     if r.engine == "local":
         local = LocalEngine(
-            build_model(arch, init=False),
+            # on the rank's GPU in the compute dtype, as a server holds it; the weights come with the first sync
+            build_model(arch, init=False, device=rank_device(), dtype=getattr(torch, recipe.parallel.param_dtype)),
             tokenizer,
             image_config,
             max_batch=r.max_in_flight,

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from osvl.config.recipe import MoEConfig
+from osvl.data.distributed import rank_device
 from osvl.data.packing import PackedBatch
 from osvl.model.moe_losses import load_cv
 from osvl.model.router import Qwen3VLRouter, RouterLossInputs
@@ -31,9 +32,11 @@ def routed_tokens(batch: PackedBatch) -> int:
 
 
 def _world_sum(values: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks, on the host."""
     if dist.is_available() and dist.is_initialized():
+        values = values.to(rank_device())
         dist.all_reduce(values)
-    return values
+    return values.cpu()
 
 
 class RouterLosses:

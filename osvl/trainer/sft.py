@@ -62,7 +62,7 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
         )
         t_data = time.perf_counter()
         model.train()
-        loss = torch.zeros(())
+        loss = torch.zeros((), device=next(model.parameters()).device)
         router_losses.start(batches)
         for batch in batches:
             router_losses.prepare(batch)

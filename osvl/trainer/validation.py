@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
+from osvl.data.distributed import rank_device
 from osvl.rl.rewards import score_batch
 from osvl.rl.trajectory import Prompt, Trajectory
 from osvl.rollout import AgentConfig, Engine, RolloutWorkerConfig, stream_groups
@@ -155,7 +156,7 @@ class Validator:
             scored += score_batch(rolled, *self.scoring)
         sums = summary_sums(scored)
         keys = list(sums)
-        values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        values = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=rank_device())
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(values)
         means = summary_means(dict(zip(keys, values.tolist())))

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "device_check.sh"
-STAGES = ["environment", "wheels", "gpu_tests", "logits", "linear", "train_step"]
+STAGES = ["environment", "wheels", "gpu_tests", "logits", "linear", "train_loop", "train_step"]
 DEVICE_MINUTES = 15  # a task's device time, every start and call together (the device page)
 MACHINE_START_S = 120  # a cold start of the GPU machine: "a minute or more"
 
@@ -80,7 +80,7 @@ def test_smoke_run_records_every_stage_and_the_summary(tmp_path):
         assert s["rc"] == 0 and not s["timed_out"], s
     log = (tmp_path / "device_check" / "run.log").read_text()  # one log for every stage
     assert all(f"== {stage}" in log for stage in STAGES) and "test_measure.py::" in log  # pytest -v names tests
-    assert returned_files(tmp_path) == [] and len([p for p in tmp_path.rglob("*") if p.is_file()]) == 7
+    assert returned_files(tmp_path) == [] and len([p for p in tmp_path.rglob("*") if p.is_file()]) == 8
     for name in ("device_logits", "device_linear"):
         [path] = tmp_path.glob(f"{name}-*.json")
         record = json.loads(path.read_text())
@@ -95,6 +95,10 @@ def test_smoke_run_records_every_stage_and_the_summary(tmp_path):
     assert summary["return_problems"] == [] and summary["unreadable_results"] == []
     table = {row["number"].strip(): row["value"] for row in summary["table"]}
     assert table["tokens/s"] != "—"
+    loop = json.loads(next(tmp_path.glob("device_train_loop-*.json")).read_text())
+    assert loop["complete"] and len(loop["sft_steps"]) == 2 and len(loop["grpo_steps"]) == 2
+    assert loop["summary"]["grpo_tool_calls_mean"] >= 1 and loop["summary"]["grpo_rollout_tokens_per_s"] > 0
+    assert table["rollout tokens/s (engine)"] != "—" and table["tool calls per rollout"] != "—"
     assert "| number | value | target | verdict |" in (tmp_path / "device_check" / "summary.md").read_text()
 
 
