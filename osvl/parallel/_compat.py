@@ -58,7 +58,9 @@ def use_partial_dtensor() -> None:
 
 
 def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    """NCCL for CUDA tensors and gloo for host ones on a GPU machine: with ``parallel.cpu_offload`` the
+    shards, a checkpoint's and an export's collectives run on host tensors. gloo alone on a CPU host."""
+    return "cuda:nccl,cpu:gloo" if torch.cuda.is_available() else "gloo"
 
 
 def force_sum_reduction_if_needed(model: nn.Module) -> int:

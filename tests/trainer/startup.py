@@ -1,57 +1,19 @@
-"""Rank bodies and a checkpoint writer for the policy start-up tests: the gathered weights of a build at
-any world size, and one rank's host memory while it builds and loads the policy."""
+"""Rank bodies of the policy start-up tests: the gathered weights of a build at any world size, one rank's
+host memory while it builds and loads the policy and then saves, exports and streams it, and a refused
+plan."""
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
-import gc
 import json
-import math
 import time
 from pathlib import Path
 
 import torch
 
+from bench.startup import host_memory, local_parameter_bytes, reset_high_water_mark
 from osvl.config import load_recipe
 from osvl.data.tokenizer import load_tokenizer
-from osvl.model import Qwen3VLConfig, build_model, config_to_hf, hf_tensor_specs, shard_plan
-from osvl.model.checkpoint import INDEX_FILE
-from osvl.trainer.policy import policy_arch, tiny_arch
-
-GIB = 2**30
-
-
-def host_memory() -> dict[str, int]:
-    """This process's resident bytes now and its high-water mark (``/proc/self/status``)."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
-
-
-def reset_high_water_mark() -> int:
-    """Frees what the allocator holds, resets VmHWM to the current RSS (Linux ``clear_refs`` 5) and
-    returns that RSS: the baseline growth is measured from."""
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")
-    return host_memory()["VmRSS"]
-
-
-def local_parameter_bytes(model: torch.nn.Module) -> int:
-    """float32 bytes of this rank's shards (each parameter once)."""
-    from torch.distributed.tensor import DTensor
-
-    seen, total = set(), 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        total += (p.to_local() if isinstance(p, DTensor) else p).numel() * 4
-    return total
+from osvl.trainer.policy import policy_arch
 
 
 def gathered_weights_body(rank: int, world: int, overrides: list[str], out: str) -> None:
@@ -134,47 +96,24 @@ def host_memory_body(rank: int, world: int, overrides: list[str], out_dir: str) 
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(record))
 
 
-def large_arch(vocab_size: int, special, *, hidden: int = 1024, layers: int = 16) -> Qwen3VLConfig:
-    """A Qwen3-VL of ~270M parameters whose vocabulary follows the tokenizer's ids (padded to 32768)."""
-    arch = tiny_arch(vocab_size, special)
-    text = dataclasses.replace(
-        arch.text,
-        vocab_size=max(32768, vocab_size),
-        hidden_size=hidden,
-        intermediate_size=3 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=64,
-        mrope_section=(16, 8, 8),
-    )
-    vision = dataclasses.replace(arch.vision, out_hidden_size=hidden)
-    return dataclasses.replace(arch, text=text, vision=vision)
+def refused_split_body(rank: int, world: int, overrides: list[str], expected: list[str]) -> None:
+    """Building the policy stops with a :class:`CheckpointError` naming each of ``expected``, before the
+    model is allocated."""
+    from osvl.model import CheckpointError
+    from osvl.trainer import policy
 
+    recipe = load_recipe("tiny_sft", overrides)
+    tokenizer = load_tokenizer(recipe.data.tokenizer)
+    arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
 
-def write_checkpoint(arch: Qwen3VLConfig, path: Path, *, max_shard_bytes: int = 256 * 2**20, seed: int = 0) -> int:
-    """An HF checkpoint of ``arch`` in bfloat16 written file by file (never the whole model in memory);
-    values are seeded normals. Returns the parameter count."""
-    path.mkdir(parents=True, exist_ok=True)
-    model = build_model(arch, device="meta")
-    specs = hf_tensor_specs(model, torch.bfloat16)
-    plan = shard_plan(specs, 1, max_shard_bytes)
-    by_name = {s.name: s for s in specs}
-    generator = torch.Generator().manual_seed(seed)
-    from safetensors.torch import save_file
+    def allocated(*args, **kwargs):
+        raise AssertionError("the model was allocated before the plan was checked")
 
-    for file in plan:
-        tensors = {
-            name: (torch.randn(by_name[name].shape, generator=generator) * 0.02).to(torch.bfloat16)
-            for name in file.tensors
-        }
-        save_file(tensors, str(path / file.name), metadata={"format": "pt"})
-        del tensors
-    (path / "config.json").write_text(json.dumps(config_to_hf(arch, dtype="bfloat16"), indent=2))
-    if len(plan) > 1:
-        index = {
-            "metadata": {"total_size": sum(f.nbytes for f in plan)},
-            "weight_map": {n: f.name for f in plan for n in f.tensors},
-        }
-        (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    return sum(math.prod(s.shape) for s in specs)
+    policy.materialize = allocated
+    try:
+        policy.build_policy(recipe, arch, world)
+    except CheckpointError as error:
+        missing = [text for text in expected if text not in str(error)]
+        assert not missing, f"{missing} not in: {error}"
+    else:
+        raise AssertionError("an uneven split was accepted")

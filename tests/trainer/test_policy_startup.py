@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.startup import startup_arch, write_checkpoint
 from osvl.config import load_recipe
 from osvl.data.tokenizer import load_tokenizer
 from osvl.model import CheckpointError, from_pretrained, save_pretrained
@@ -20,13 +21,7 @@ from osvl.trainer import policy
 from osvl.trainer.policy import build_policy, policy_arch
 from tests.parallel.harness import run_ranks
 from tests.trainer.fixtures import sft_overrides
-from tests.trainer.startup import (
-    SYNC_BUCKET_BYTES,
-    gathered_weights_body,
-    host_memory_body,
-    large_arch,
-    write_checkpoint,
-)
+from tests.trainer.startup import SYNC_BUCKET_BYTES, gathered_weights_body, host_memory_body, refused_split_body
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -143,7 +138,7 @@ def _large_checkpoint(tmp_path_factory, base: list[str]) -> Path:
         recipe = load_recipe("tiny_sft", base)
         tokenizer = load_tokenizer(recipe.data.tokenizer)
         path = tmp_path_factory.mktemp("large_ckpt")
-        write_checkpoint(large_arch(tokenizer.vocab_size, tokenizer.special), path)
+        write_checkpoint(startup_arch(tokenizer.vocab_size, tokenizer.special), path)
         _LARGE["path"] = path
     return _LARGE["path"]
 
@@ -192,6 +187,23 @@ def test_a_checkpoint_of_another_architecture_names_file_and_tensor(tmp_path, mo
     recipe = load_recipe("tiny_sft", [*base, f"model.pretrained={path}"])
     message = str(_refuses_before_allocating(recipe, monkeypatch))
     assert "mlp.gate_proj.weight' has shape" in message and ".safetensors" in message, message
+
+
+@pytest.mark.slow
+def test_a_shape_the_plan_cannot_split_is_named_before_anything_is_allocated(tmp_path):
+    """tp=2 over a checkpoint whose MLP width is odd: every rank stops naming the file and the tensor."""
+    import dataclasses
+
+    from osvl.model import build_model
+
+    base = sft_overrides(tmp_path / "data", tmp_path / "run")
+    recipe = load_recipe("tiny_sft", base)
+    tokenizer = load_tokenizer(recipe.data.tokenizer)
+    arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
+    odd = dataclasses.replace(arch, text=dataclasses.replace(arch.text, intermediate_size=129))
+    save_pretrained(build_model(odd, seed=0), tmp_path / "ckpt")
+    expected = ["cannot split", "model.safetensors", "'model.language_model.layers.0.mlp.gate_proj.weight'", "tp=2"]
+    run_ranks(refused_split_body, 2, [*base, f"model.pretrained={tmp_path / 'ckpt'}", "parallel.tp=2"], expected)
 
 
 @pytest.mark.slow
