@@ -113,8 +113,16 @@ def _question(word: str) -> str:
 def write_data(root: Path, vocab: int) -> dict[str, Path]:
     """The tokenizer, the SFT trajectories and the RL prompts under ``root``."""
     from osvl.data.tokenizer import train_bpe_tokenizer
-    from osvl.rl.trajectory import FinishReason, Prompt, Step, ToolCall, ToolResult, Trajectory, append_jsonl
-    from osvl.synth.records import write_prompts
+    from osvl.rl.trajectory import (
+        FinishReason,
+        Prompt,
+        Step,
+        ToolCall,
+        ToolResult,
+        Trajectory,
+        append_jsonl,
+        write_prompts,
+    )
 
     root.mkdir(parents=True, exist_ok=True)
     trajectories = []

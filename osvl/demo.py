@@ -67,8 +67,7 @@ def demo_tokenizer(
     from osvl.data.formats import iter_text
     from osvl.data.tokenizer import train_bpe_tokenizer
     from osvl.jsonl import iter_jsonl
-    from osvl.rl.trajectory import trajectory_from_dict
-    from osvl.synth.records import read_prompts
+    from osvl.rl.trajectory import read_prompts, trajectory_from_dict
     from osvl.world.build import load_world
 
     data = Path(data_dir)

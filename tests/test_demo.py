@@ -9,9 +9,8 @@ import pytest
 
 from osvl.config import load_recipe
 from osvl.demo import chain_breaks, evaluate_policy, main, seed_lines, summary_lines
-from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory, read_jsonl
+from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory, read_jsonl, write_prompts
 from osvl.rollout import ReplayEngine
-from osvl.synth.records import write_prompts
 from osvl.trainer.validation import answer_is_grounded
 from osvl.world.__main__ import main as world_main
 from osvl.world.build import load_world

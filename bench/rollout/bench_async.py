@@ -40,9 +40,8 @@ import torch
 from bench.kernels.report import git_info
 from osvl.config import load_recipe
 from osvl.data.tokenizer import train_bpe_tokenizer
-from osvl.rl.trajectory import Prompt, ToolResult, ToolStatus
+from osvl.rl.trajectory import Prompt, ToolResult, ToolStatus, write_prompts
 from osvl.rollout import GenerationRequest, GenerationResult, LocalEngine, ReplayEngine, RolloutRecorder
-from osvl.synth.records import write_prompts
 from osvl.tools import ToolEnvironment, ToolRegistry
 from osvl.tools.registry import ToolSpec
 from osvl.trainer import read_metrics, run_grpo

@@ -28,9 +28,8 @@ import torch
 from bench.kernels.report import git_info
 from osvl.config import load_recipe
 from osvl.data.tokenizer import train_bpe_tokenizer
-from osvl.rl.trajectory import Prompt
+from osvl.rl.trajectory import Prompt, write_prompts
 from osvl.rollout import RolloutRecorder
-from osvl.synth.records import write_prompts
 from osvl.trainer import read_metrics, run_grpo
 from osvl.world.__main__ import main as world_main
 

@@ -452,3 +452,42 @@ def read_jsonl(path: str | os.PathLike[str], images_dir: str | os.PathLike[str] 
     store = ImageStore(images_dir if images_dir is not None else default_images_dir(path))
     for _, data in iter_jsonl(path):
         yield trajectory_from_dict(data, store)
+
+
+def write_prompts(
+    path: str | os.PathLike[str], prompts: Iterable[Prompt], images_dir: str | os.PathLike[str] | None = None
+) -> int:
+    """RL prompts as JSONL (``id, question, images, answer, aliases``), images by content hash
+    beside the file, the same convention as trajectory JSONL."""
+    store = ImageStore(images_dir if images_dir is not None else Path(path).parent / "images")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with open(path, "a", encoding="utf-8", newline="\n") as handle:
+        for prompt in prompts:
+            handle.write(
+                json.dumps(
+                    {
+                        "id": prompt.id,
+                        "question": prompt.question,
+                        "images": [store.put(i) for i in prompt.images],
+                        "answer": prompt.answer,
+                        "aliases": list(prompt.aliases),
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
+            written += 1
+    return written
+
+
+def read_prompts(path: str | os.PathLike[str], images_dir: str | os.PathLike[str] | None = None) -> Iterator[Prompt]:
+    store = ImageStore(images_dir if images_dir is not None else Path(path).parent / "images")
+    for _, data in iter_jsonl(path):
+        yield Prompt(
+            id=data["id"],
+            question=data["question"],
+            images=[store.get(s) for s in data["images"]],
+            answer=data["answer"],
+            aliases=list(data["aliases"]),
+        )

@@ -108,7 +108,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import cv2
 import httpx
 
 from osvl.rollout.engine import (
@@ -168,6 +167,8 @@ class SGLangConfig:
 
 
 def image_data_url(pixels) -> str:
+    import cv2  # only where an image is sent: the rest of the client runs without OpenCV
+
     ok, png = cv2.imencode(".png", cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR))
     if not ok:
         raise ValueError(f"cannot PNG-encode image of shape {pixels.shape}")

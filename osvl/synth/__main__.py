@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from osvl.jsonl import write_jsonl
-from osvl.rl.trajectory import append_jsonl
+from osvl.rl.trajectory import append_jsonl, write_prompts
 from osvl.synth.backends import open_backends
 from osvl.synth.drills import held_out_prompts, lookup_drills, name_drills, split_anchors
 from osvl.synth.pipeline import CurationConfig, curate, is_rl
 from osvl.synth.reading import ReadingConfig, ReadingSource, reading_corpus
-from osvl.synth.records import read_items, write_prompts
+from osvl.synth.records import read_items
 from osvl.synth.run_config import build_run_config, read_toml, set_key
 from osvl.synth.stats import curation_stats, format_stats
 from osvl.world.build import load_world

@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 
 from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
-from osvl.rl.trajectory import Prompt, append_jsonl
+from osvl.rl.trajectory import Prompt, append_jsonl, write_prompts
 from osvl.synth.environment import EnvironmentTools
 from osvl.synth.expert import (
     Expert,
@@ -43,7 +43,7 @@ from osvl.synth.filtering import (
 from osvl.synth.grounding import AnchorGrounder, Degrader, MetadataScorer
 from osvl.synth.llm_access import LLMUnavailable, LLMUsage
 from osvl.synth.question import render_question
-from osvl.synth.records import Drop, QAItem, read_items, run_stage, write_prompts
+from osvl.synth.records import Drop, QAItem, read_items, run_stage
 from osvl.synth.rewrite import (
     DescriptorProposer,
     ExactGraphEvaluator,

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from osvl.jsonl import iter_jsonl, iter_records, write_jsonl
-from osvl.rl.trajectory import ImageStore, Prompt
 from osvl.synth.question import (
     Question,
     question_from_dict,
@@ -149,42 +148,3 @@ def run_stage(
     }
     _write_counts(output, counts)
     return counts
-
-
-def write_prompts(
-    path: str | os.PathLike[str], prompts: Iterable[Prompt], images_dir: str | os.PathLike[str] | None = None
-) -> int:
-    """RL prompts as JSONL (``id, question, images, answer, aliases``), images by content hash
-    beside the file, the same convention as trajectory JSONL."""
-    store = ImageStore(images_dir if images_dir is not None else Path(path).parent / "images")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    written = 0
-    with open(path, "a", encoding="utf-8", newline="\n") as handle:
-        for prompt in prompts:
-            handle.write(
-                json.dumps(
-                    {
-                        "id": prompt.id,
-                        "question": prompt.question,
-                        "images": [store.put(i) for i in prompt.images],
-                        "answer": prompt.answer,
-                        "aliases": list(prompt.aliases),
-                    },
-                    ensure_ascii=False,
-                )
-                + "\n"
-            )
-            written += 1
-    return written
-
-
-def read_prompts(path: str | os.PathLike[str], images_dir: str | os.PathLike[str] | None = None) -> Iterator[Prompt]:
-    store = ImageStore(images_dir if images_dir is not None else Path(path).parent / "images")
-    for _, data in iter_jsonl(path):
-        yield Prompt(
-            id=data["id"],
-            question=data["question"],
-            images=[store.get(s) for s in data["images"]],
-            answer=data["answer"],
-            aliases=list(data["aliases"]),
-        )

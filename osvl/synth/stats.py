@@ -7,10 +7,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from osvl.rl.trajectory import read_jsonl
+from osvl.rl.trajectory import read_jsonl, read_prompts
 from osvl.synth.filtering import ImageSearchSolver, images_by_page, solved
 from osvl.synth.question import GraphFacts, Resolver, leaked_forms, name_index
-from osvl.synth.records import QAItem, read_counts, read_items, read_prompts
+from osvl.synth.records import QAItem, read_counts, read_items
 from osvl.world.build import World
 
 

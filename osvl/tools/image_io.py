@@ -1,14 +1,14 @@
 """Decoding untrusted image bytes without letting a small file become a huge allocation.
 
 Bytes are bounded first, then the header's declared size (read by PIL without decoding pixels),
-and only then does OpenCV decode. Every refusal is a ``ValueError`` naming the limit.
+and only then does OpenCV decode. Every refusal is a ``ValueError`` naming the limit. OpenCV is
+imported where pixels are coded, so a text-only tool stack runs without it (a GPU image may lack it).
 """
 
 from __future__ import annotations
 
 import os
 
-import cv2
 import numpy as np
 
 from osvl.image_header import check_declared_pixels, image_size
@@ -20,6 +20,8 @@ def decode_image(data: bytes, max_pixels: int, max_bytes: int | None = None) -> 
     if max_bytes is not None and len(data) > max_bytes:
         raise ValueError(f"image data is {len(data)} bytes, over the limit of {max_bytes}")
     check_declared_pixels(*image_size(data), max_pixels)
+    import cv2
+
     decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     if decoded is None or decoded.size == 0:
         raise ValueError("image data could not be decoded")
@@ -34,6 +36,8 @@ def read_image(path: str | os.PathLike[str], max_pixels: int, max_bytes: int | N
 
 
 def encode_png(image: np.ndarray) -> bytes:
+    import cv2
+
     ok, png = cv2.imencode(".png", cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
     if not ok:
         raise ValueError(f"PNG encoding failed for image of shape {image.shape}")

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-import cv2
 import numpy as np
 
 from osvl.rl.trajectory import ToolStatus, check_image
@@ -109,7 +108,12 @@ def worker_main(
     ``(job_id, target, arguments, images, options)`` requests until the pipe closes or ``None`` arrives."""
     own_sandbox_session()  # the pool kills this session when it loses the worker: no sandbox run outlives it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
-    cv2.setNumThreads(opencv_threads)
+    try:  # the image tools' threads; a text-only tool needs no OpenCV (a GPU image may lack it)
+        import cv2
+    except ImportError:
+        pass
+    else:
+        cv2.setNumThreads(opencv_threads)
     _apply_address_space_limit(address_space_bytes)  # imports run under the same limit as calls
     conn.send(("ready", (os.getpid(), preload_targets(preload))))
     while True:

@@ -43,9 +43,8 @@ from osvl.rl.judges import (
 )
 from osvl.rl.rewards import RewardConfig
 from osvl.rl.scoring import GroupScorer
-from osvl.rl.trajectory import Prompt, Trajectory
+from osvl.rl.trajectory import Prompt, Trajectory, read_prompts
 from osvl.rollout import AgentConfig, RolloutWorkerConfig, SamplingParams
-from osvl.synth.records import read_prompts
 from osvl.trainer.sft_data import as_data_config, log_file_stats, resolve_format
 
 

@@ -38,3 +38,29 @@ def test_the_device_loop_builds_a_released_width_with_the_tokenizer_ids(tmp_path
     assert arch.image_token_id == tokenizer.special.image_pad and arch.vision.deepstack_visual_indexes == (8, 16)
     assert grpo.model.pretrained == str(tmp_path / "sft" / "hf") and grpo.rollout.engine == "local"
     assert sft.checkpoint.export_dtype == grpo.parallel.param_dtype == "bfloat16"
+
+
+@pytest.mark.slow
+def test_the_device_loop_runs_without_opencv(tmp_path):
+    """A GPU image may have no OpenCV: the loop (text tools, no images) must not import it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "cv2.py").write_text('raise ImportError("no OpenCV on this machine")\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(repo), str(repo / "kernels")])}
+    run = subprocess.run(
+        [sys.executable, "bench/train_loop.py", "--smoke", "--out-dir", str(tmp_path / "out")],
+        cwd=repo,
+        env={**env, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    [path] = (tmp_path / "out").glob("train_loop-*.json")
+    assert json.loads(path.read_text())["summary"]["grpo_tool_calls_mean"] >= 1

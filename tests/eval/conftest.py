@@ -18,8 +18,8 @@ from osvl.model import (
     build_model,
     save_pretrained,
 )
+from osvl.rl.trajectory import read_prompts
 from osvl.synth.pipeline import CurationConfig, curate
-from osvl.synth.records import read_prompts
 from osvl.tools import tool_schemas
 from osvl.world import WorldConfig, build_world, load_world
 

@@ -5,8 +5,7 @@ import pytest
 
 from osvl.eval.benchmarks import FORMATS, Rejected, convert, get_format, load_benchmark
 from osvl.eval.items import EvalItem, read_image_ref, to_prompt
-from osvl.rl.trajectory import Prompt
-from osvl.synth.records import write_prompts
+from osvl.rl.trajectory import Prompt, write_prompts
 from tests.eval.helpers import b64, rgb, write_jsonl, write_png
 
 

@@ -16,9 +16,8 @@ import torch
 from osvl.config import load_recipe
 from osvl.data.tokenizer import load_tokenizer
 from osvl.model import save_pretrained
-from osvl.rl.trajectory import Prompt
+from osvl.rl.trajectory import Prompt, write_prompts
 from osvl.rollout import LocalEngine, ReplayEngine
-from osvl.synth.records import write_prompts
 from osvl.trainer.policy import build_policy, policy_arch
 from tests.trainer.fixtures import write_sft_data
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from osvl.rl.fatal import is_fatal, trajectory_fatal_step
-from osvl.rl.trajectory import ToolResult, ToolStatus, read_jsonl
+from osvl.rl.trajectory import ToolResult, ToolStatus, read_jsonl, read_prompts
 from osvl.synth.__main__ import main
 from osvl.synth.drills import (
     RETRY_THINK,
@@ -28,7 +28,7 @@ from osvl.synth.drills import (
     with_tool_faults,
 )
 from osvl.synth.pipeline import CurationConfig, is_rl
-from osvl.synth.records import read_items, read_prompts
+from osvl.synth.records import read_items
 from osvl.world.generate import CAPTION_RELATIONS
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from osvl.rl.judges import normalize_answer
-from osvl.rl.trajectory import read_jsonl
+from osvl.rl.trajectory import read_jsonl, read_prompts
 from osvl.synth.__main__ import main
 from osvl.synth.pipeline import CurationConfig, curate
 from osvl.synth.question import Mention
-from osvl.synth.records import read_items, read_prompts
+from osvl.synth.records import read_items
 from osvl.synth.stats import curation_stats, leaks
 
 _CALL = re.compile(r"^<think>.+</think>\n<tool_call>(\{.*\})</tool_call>$", re.DOTALL)

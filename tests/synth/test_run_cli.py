@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 import pytest
 
-from osvl.rl.trajectory import read_jsonl
+from osvl.rl.trajectory import read_jsonl, read_prompts
 from osvl.synth.__main__ import STOPPED, main
 from osvl.synth.pipeline import SYNTHESIS_PROGRESS, CurationConfig, curate
-from osvl.synth.records import read_items, read_prompts
+from osvl.synth.records import read_items
 
 from .chat_server import LoopbackChat, message_text
 

@@ -14,9 +14,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from osvl.rl.trajectory import Prompt
+from osvl.rl.trajectory import Prompt, write_prompts
 from osvl.rollout import GenerationRequest, GenerationResult, LocalEngine, ReplayEngine, StopKind
-from osvl.synth.records import write_prompts
 from osvl.tools import PoolConfig, ToolBackendsConfig, ToolEnvironment, ToolPool, ToolRegistry
 from osvl.trainer.tool_env import with_faults
 from tests.tools.fault_tools import fault_specs
