@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from osvl.rl.trajectory import Prompt
+from osvl.rl.trajectory import Prompt, read_prompts, write_prompts
 from osvl.synth.question import Mention, Question, Rel
 from osvl.synth.records import (
     Drop,
@@ -15,9 +15,7 @@ from osvl.synth.records import (
     append_items,
     read_counts,
     read_items,
-    read_prompts,
     run_stage,
-    write_prompts,
 )
 
 
