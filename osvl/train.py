@@ -37,6 +37,7 @@ def dry_run(recipe: Recipe, preflight: bool = False) -> list[str]:
         from osvl.serve.preflight import dry_run_lines
 
         lines += dry_run_lines(recipe)
+    lines += _watchdog_lines(recipe)
     if recipe.job.world_size:
         lines += _memory_plan(recipe)
     else:
@@ -48,6 +49,20 @@ def dry_run(recipe: Recipe, preflight: bool = False) -> list[str]:
         lines += serving_plan(recipe, preset(recipe.model.preset)).lines()
     if preflight and recipe.job.stage == "grpo":
         lines += [f"pre-flight: {line}" for line in _check_services(recipe)]
+    return lines
+
+
+def _watchdog_lines(recipe: Recipe) -> list[str]:
+    """The run's deadlines (osvl.trainer.watchdog) on the recipe's data-parallel size (2 ranks without one)."""
+    from osvl.trainer.watchdog import collective_timeout_s, step_deadline_s
+
+    dp = recipe.data_parallel_size(recipe.job.world_size or 2)
+    lines = [f"watchdog: a collective fails after {collective_timeout_s(recipe, dp):.0f} s (job.collective_timeout_s)"]
+    if recipe.job.stage == "grpo":
+        lines.append(
+            f"watchdog: a rank waits at most {step_deadline_s(recipe, dp):.0f} s for its step's groups, then every "
+            "rank stops after a checkpoint (rollout.step_deadline_s)"
+        )
     return lines
 
 
@@ -179,27 +194,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(recipe: Recipe, rank: int, world: int) -> int:
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
     from osvl.model import CheckpointError
     from osvl.parallel import teardown, use_host_device
     from osvl.parallel._compat import default_backend
+    from osvl.rollout.engine import EngineError
     from osvl.run_lock import RunDirError, own_run_dir
+    from osvl.serve.preflight import PreflightError
     from osvl.trainer import run_grpo, run_sft
+    from osvl.trainer.watchdog import RunStopped, collective_timeout_s
 
     use_host_device()
     if torch.cuda.is_available():  # each rank its own GPU; before the process group, which NCCL binds to it
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if world > 1:
-        dist.init_process_group(default_backend(), rank=rank, world_size=world)
+        timeout = timedelta(seconds=collective_timeout_s(recipe, recipe.data_parallel_size(world)))
+        dist.init_process_group(default_backend(), rank=rank, world_size=world, timeout=timeout)
     try:
         with own_run_dir(recipe.job.run_dir, rank, recipe.job.name):
             result = (run_grpo if recipe.job.stage == "grpo" else run_sft)(recipe, rank, world)
-    except (RunDirError, CheckpointError) as error:  # every rank stops alike, before holding the model
+    except (RunDirError, CheckpointError, PreflightError, EngineError) as error:  # every rank stops alike
         if rank == 0:
             print(f"python -m osvl.train: error: {error}", file=sys.stderr)
         return 2
+    except RunStopped as stopped:  # every rank together, after what could be saved
+        if rank == 0:
+            print(f"python -m osvl.train: stopped: {stopped}", file=sys.stderr)
+        return 1
     finally:
         teardown()
     if rank == 0:

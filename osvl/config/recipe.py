@@ -53,11 +53,14 @@ class JobConfig:
     run_dir: str = "runs/run"
     seed: int = 0
     world_size: int = 0  # the recipe's target topology (GPUs); 0 = whatever torchrun starts
+    # How long a collective may wait for the slowest rank before it fails (gloo and NCCL); 0 = derived from the
+    # recipe (osvl.trainer.watchdog): a GRPO step's rollout deadline plus room for the update, sync and a checkpoint
+    collective_timeout_s: float = 0.0
     gpu_memory_gib: float = 0.0  # memory of one target GPU; --dry-run checks the plan against it (0 = no check)
     description: str = ""
 
     def __post_init__(self) -> None:
-        _non_negative(self, "world_size", "seed", "gpu_memory_gib")
+        _non_negative(self, "world_size", "seed", "gpu_memory_gib", "collective_timeout_s")
         if not self.run_dir:
             raise ValueError("run_dir must not be empty")
 
@@ -68,9 +71,8 @@ class ModelConfig:
     pretrained: str = ""  # HF checkpoint directory; "" = random init (tiny recipes, dry runs)
     attn_backend: Literal["sdpa", "varlen"] = "sdpa"
     freeze_vision: bool = False  # the paper fine-tunes the vision tower and projector too
-    layers: int = (
-        0  # decoder layers of a model built from the preset (random init; a checkpoint has its own); 0 = the preset's
-    )
+    # decoder layers of a model built from the preset (random init; a checkpoint has its own); 0 = the preset's
+    layers: int = 0
 
     def __post_init__(self) -> None:
         if self.preset not in PAPER_PRESETS + TINY_PRESETS:
@@ -260,6 +262,9 @@ class RolloutConfig:
     max_turns: int = 16
     trajectory_deadline_s: float = 900.0
     max_retries: int = 2
+    # The longest a rank waits for its step's scored groups before the run stops loudly (every rank, with what it
+    # waited for, after a checkpoint); 0 = derived from the recipe (osvl.trainer.watchdog.step_deadline_s)
+    step_deadline_s: float = 0.0
     # Rollouts that do not depend on which requests share a generation batch (that depends on timing):
     # the local engine decodes each request on its own (tiny_grpo, decode-bound: 1.9x step time,
     # bench/rollout/bench_deterministic.py); SGLang servers must run --enable-deterministic-inference
@@ -288,7 +293,7 @@ class RolloutConfig:
         )
         if not 0.0 < self.server_mem_fraction <= 1.0:
             raise ValueError(f"server_mem_fraction must lie in (0, 1], got {self.server_mem_fraction}")
-        _non_negative(self, "max_retries", "weight_sync_port", "max_staleness")
+        _non_negative(self, "max_retries", "weight_sync_port", "max_staleness", "step_deadline_s")
         if self.engine == "sglang" and not self.sglang_urls:
             raise ValueError("engine 'sglang' needs sglang_urls")
         if self.engine == "vllm" and not self.vllm_urls:

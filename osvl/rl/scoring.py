@@ -162,6 +162,15 @@ class GroupScorer:
             )
         )
 
+    def describe(self) -> str:
+        """The judges' counts since the last ``take_stats``, read without taking them."""
+        with self.judges.lock:
+            s = self.stats
+            return (
+                f"{s.calls} verdicts from the judges ({s.requests} requests, {s.overloads} overloaded), "
+                f"{s.cache_hits} cached"
+            )
+
     def take_stats(self) -> JudgeStats:
         """The judges' counts since the last call; judging may go on meanwhile (asynchronous GRPO)."""
         with self.judges.lock:

@@ -75,6 +75,14 @@ class GeneratorStats:
     dropped: list[ScoredGroup] = field(default_factory=list)  # the stale groups dropped (to record them)
 
 
+class GroupsOverdue(TimeoutError):
+    """``next_batch`` waited past its deadline; the message says for what (one line)."""
+
+
+class GeneratorFailed(RuntimeError):
+    """A group's rollout raised (a bug, or a cancellation the generator did not send): no step can come."""
+
+
 class RolloutGenerator:
     """``start`` it, then per step ``next_batch`` -> train -> ``update_weights``; ``close`` when done.
 
@@ -96,12 +104,14 @@ class RolloutGenerator:
         self.buffer = ReplayBuffer(config.capacity, config.max_staleness, config.updates_per_step)
         self.pending: deque[Ticket] = deque()
         self.running: dict[Ticket, asyncio.Future] = {}
+        self._started: dict[Ticket, float] = {}  # when each running group started
         self._taken = 0  # groups taken since the last weight update
         self._cond = Condition()
         self._stats = GeneratorStats()
         self._idle_since: float | None = time.monotonic()
         self._since = time.monotonic()  # the last take_stats
         self._error: BaseException | None = None
+        self._closing = False  # close() cancels the groups running; any other cancellation is an error
         self._wake: asyncio.Event | None = None
         self._preemption: Preemption | None = None
         if state is not None:
@@ -114,21 +124,26 @@ class RolloutGenerator:
         self._top_up()
         self._wake_up()
 
-    def next_batch(self) -> list[ScoredGroup]:
-        """The step's groups, oldest first, all within the staleness bound of the current weights."""
+    def next_batch(self, deadline_s: float | None = None) -> list[ScoredGroup]:
+        """The step's groups, oldest first, all within the staleness bound of the current weights; past
+        ``deadline_s`` seconds of waiting, :class:`GroupsOverdue` saying what it waited for."""
         start = time.monotonic()
         n = self.config.groups_per_step
         with self._cond:
             while True:
                 if self._error is not None:
-                    raise RuntimeError(f"the rollout generator failed: {self._error!r}") from self._error
+                    raise GeneratorFailed(f"the rollout generator failed: {self._error!r}") from self._error
                 for group in self.buffer.drop_stale(self.version):
                     self._retire(group)
                 if len(self.buffer) >= n:
                     break
+                waited = time.monotonic() - start
+                if deadline_s is not None and waited > deadline_s:
+                    self._stats.wait_s += waited
+                    raise GroupsOverdue(self._waiting_for(waited))
                 self._top_up()
                 self._wake_up()
-                self._cond.wait(timeout=1.0)
+                self._cond.wait(timeout=1.0 if deadline_s is None else min(1.0, max(deadline_s - waited, 0.01)))
             groups = self.buffer.take(n)
             self._taken += n
             self._stats.wait_s += time.monotonic() - start
@@ -173,6 +188,7 @@ class RolloutGenerator:
         """Cancels the groups still running (their tickets stay in ``state_dict``)."""
 
         async def cancel() -> None:
+            self._closing = True
             tasks = list(self.running.values())
             for task in tasks:
                 task.cancel()
@@ -182,6 +198,15 @@ class RolloutGenerator:
             self.loop.run(cancel())
 
     # --- on both threads, under the lock -----------------------------------------------------------
+
+    def _waiting_for(self, waited: float) -> str:
+        now = time.monotonic()
+        oldest = max((now - t for t in self._started.values()), default=0.0)
+        return (
+            f"waited {waited:.0f} s for {self.config.groups_per_step} scored groups of policy version {self.version}: "
+            f"{len(self.buffer)} scored, {len(self.running)} rolling out (the oldest for {oldest:.0f} s), "
+            f"{len(self.pending)} waiting to start, {self.config.capacity - self._taken} allowed"
+        )
 
     def _allowed(self) -> int:
         """Groups that may be running or waiting now."""
@@ -251,20 +276,24 @@ class RolloutGenerator:
                 self._stats.idle_s += now - self._idle_since
                 self._idle_since = None
             self.running[ticket] = task
+            self._started[ticket] = now
             return
         del self.running[ticket]
+        del self._started[ticket]
         if not self.running:
             self._idle_since = now
 
     async def _roll(self, ticket: Ticket) -> None:
         try:
             trajectories = await self.rollout(ticket, self._preemption)
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as cancelled:
+            if self._closing:
+                raise
+            # cancelled from inside (a library's leaked cancellation): the group would stay "running" forever
+            self._fail(RuntimeError(f"the rollout of {ticket} was cancelled before it finished: {cancelled!r}"))
+            return
         except Exception as error:  # noqa: BLE001 - a bug surfaces in the trainer's next_batch, not as a hang
-            with self._cond:
-                self._error = error
-                self._cond.notify_all()
+            self._fail(error)
             return
         group = ScoredGroup(ticket, trajectories)
         with self._cond:
@@ -275,6 +304,11 @@ class RolloutGenerator:
                 self._retire(group)
             self._cond.notify_all()
         self._wake.set()
+
+    def _fail(self, error: BaseException) -> None:
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()
 
     async def _preempt(self) -> None:
         self._preemption.begin()

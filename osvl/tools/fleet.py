@@ -139,6 +139,17 @@ class ToolServerFleet:
             self.stats.completed += 1
         return result
 
+    def health(self) -> str:
+        """Each server as the fleet last saw it: up (calls sent), or down for how long and its last failure."""
+        now = time.monotonic()
+        with self._lock:
+            return ", ".join(
+                f"{m.url} up ({m.calls} calls)"
+                if m.down_since is None
+                else f"{m.url} down for {now - m.down_since:.0f} s ({(m.failures or ['?'])[-1][:120]})"
+                for m in self.members
+            )
+
     def take_restarts(self) -> int:
         """Servers seen coming back as a new process since the last call (a tool server's restart)."""
         with self._lock:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -40,7 +40,7 @@ from osvl.rl.stats import batch_stats, group_signal
 from osvl.rl.trajectory import ToolResult, Trajectory
 from osvl.rollout import RolloutRecorder, SGLangEngine
 from osvl.rollout.event_loop import EventLoopThread
-from osvl.rollout.generator import GeneratorStats, RolloutGenerator
+from osvl.rollout.generator import GeneratorFailed, GeneratorStats, GroupsOverdue, RolloutGenerator
 from osvl.rollout.replay import ScoredGroup, staleness_metrics
 from osvl.serve.engines import EngineWrapper, Serving, build_serving
 from osvl.serve.preflight import preflight
@@ -54,6 +54,7 @@ from osvl.trainer.router_losses import RouterLosses
 from osvl.trainer.stage import Stage, StageResult, all_reduce_max, all_reduce_sums, stage_inputs, start_stage
 from osvl.trainer.tool_env import EnvironmentFactory, stage_environment
 from osvl.trainer.validation import Validator, answer_is_grounded
+from osvl.trainer.watchdog import Overdue, RunStopped, StepOverdue, step_deadline_s, stop_message
 from osvl_kernels import RolloutCorrection, linear_grpo_loss
 
 __all__ = ["run_grpo"]
@@ -80,14 +81,26 @@ def _all_gather(item: T) -> list[T]:
     return parts
 
 
-def rollout_step(generator: RolloutGenerator, scorer: GroupScorer) -> RolloutBatch:
-    """This rank's groups of the step (as soon as the generator has them), then every rank's."""
-    mine = generator.next_batch()
-    parts = _all_gather((mine, generator.take_stats(), scorer.take_stats()))
-    groups = sorted((g for part, _, _ in parts for g in part), key=lambda g: g.ticket)
+def rollout_step(
+    generator: RolloutGenerator, scorer: GroupScorer, deadline_s: float, services: Callable[[], str]
+) -> RolloutBatch:
+    """This rank's groups of the step (as soon as the generator has them), then every rank's. A rank that
+    waits past ``deadline_s``, or whose generator failed, brings what it waited for (and ``services()``,
+    their last answers) instead, and the all-gather tells every rank at once: :class:`StepOverdue` on all
+    of them, none left waiting for the others."""
+    try:
+        mine, late = generator.next_batch(deadline_s), None
+    except (GroupsOverdue, GeneratorFailed) as missing:
+        mine, late = [], f"{missing}; {services()}"
+    parts = _all_gather((mine, late, generator.take_stats(), scorer.take_stats()))
+    overdue = [Overdue(rank, report) for rank, (_, report, _, _) in enumerate(parts) if report is not None]
+    if overdue:
+        raise StepOverdue(overdue)
+    groups = sorted((g for part, _, _, _ in parts for g in part), key=lambda g: g.ticket)
     scored = [dataclasses.replace(t, group_id=i) for i, g in enumerate(groups) for t in g.trajectories]
-    judges = JudgeStats.merge([judged for _, _, judged in parts]).metrics(scored)
-    return RolloutBatch([t for g in mine for t in g.trajectories], groups, scored, [s for _, s, _ in parts], judges)
+    judges = JudgeStats.merge([judged for _, _, _, judged in parts]).metrics(scored)
+    generated = [s for _, _, s, _ in parts]
+    return RolloutBatch([t for g in mine for t in g.trajectories], groups, scored, generated, judges)
 
 
 def old_policy(
@@ -243,6 +256,8 @@ def run_grpo(
             recipe, roller, loop, stage.stream, stage.dp_size, stage.dp_rank, version, stage.state.get("replay")
         )
         fleet = tool_fleet(env)
+        deadline = step_deadline_s(recipe, stage.dp_size)
+        services = functools.partial(service_states, serving, fleet, scorer)
         try:
             sync = serving.sync.sync(stage.model, version)  # the engines serve the resumed (or initial) weights
             for line in preflight(recipe, stage.model, serving, env, scorer, renderer, prompts[0], loop):
@@ -252,7 +267,10 @@ def run_grpo(
             generator.start()
             while stage.step < end:
                 t0 = time.perf_counter()
-                rolled = rollout_step(generator, scorer)
+                try:
+                    rolled = rollout_step(generator, scorer, deadline, services)
+                except StepOverdue as late:
+                    raise RunStopped(stop_together(stage, late.ranks)) from None
                 t1 = time.perf_counter()
                 advantages = trajectory_advantages(rolled.scored, advantage_config)
                 stats = batch_stats(advantages, rolled.scored)
@@ -312,6 +330,26 @@ def run_grpo(
             scorer.close()
             serving.close(loop.run)
     return stage.finish(tokenizer, renderer, final_loss)
+
+
+def service_states(serving: Serving, fleet: ToolServerFleet | None, scorer: GroupScorer) -> str:
+    """What the services last answered, for a rank that waited too long."""
+    tools = f"tool servers: {fleet.health()}" if fleet is not None else "tools: local workers"
+    return f"engine: {type(serving.engine).__name__}; {tools}; judges: {scorer.describe()}"
+
+
+def stop_together(stage: Stage, late: list[Overdue]) -> str:
+    """Every rank, after a step whose rollouts did not arrive in time: what each waited for (logged), the
+    checkpoint of the last finished step unless one exists (collective: every rank is here), the line."""
+    for o in late:
+        print(f"rank {stage.rank}: rank {o.rank} waited too long for step {stage.step + 1}: {o.report}", flush=True)
+    every = stage.recipe.checkpoint.every_steps
+    if stage.step > stage.resumed and not (every and stage.step % every == 0):
+        stage.save(stage.step)
+        saved = f"checkpoint of step {stage.step} written: relaunch to resume"
+    else:
+        saved = f"the checkpoint of step {stage.step} was already written: relaunch to resume"
+    return stop_message(stage.step + 1, late, saved)
 
 
 def service_restarts(serving: Serving, fleet: ToolServerFleet | None, loop: EventLoopThread) -> dict[str, float]:

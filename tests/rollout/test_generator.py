@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
 from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory
 from osvl.rollout.event_loop import EventLoopThread
-from osvl.rollout.generator import GeneratorConfig, RolloutGenerator
+from osvl.rollout.generator import GeneratorConfig, GroupsOverdue, RolloutGenerator
 from osvl.rollout.replay import Ticket
 
 PER_STEP = 2  # groups per step (this rank)
@@ -38,6 +39,7 @@ class Rollout:
         self.started: list[Ticket] = []
         self.hold: dict[Ticket, threading.Event] = {}
         self.fail: Ticket | None = None
+        self.cancel: Ticket | None = None  # raises CancelledError from inside, as a leaked cancellation would
 
     async def __call__(self, ticket: Ticket, preemption) -> list[Trajectory]:
         self.started.append(ticket)
@@ -46,6 +48,8 @@ class Rollout:
             await asyncio.to_thread(self.hold[ticket].wait, 60)
         if ticket == self.fail:
             raise KeyError("bug in the rollout")
+        if ticket == self.cancel:
+            raise asyncio.CancelledError("a library cancelled its own wait")
         step = Step([1, 2], [0.0, 0.0], policy_version=version)
         return [
             Trajectory(
@@ -199,6 +203,34 @@ def test_a_failing_rollout_surfaces_in_next_batch():
         generator = make(rollout, loop, stream)
         with pytest.raises(RuntimeError, match="rollout generator failed: KeyError"):
             generator.next_batch()
+        generator.close()
+
+
+def test_a_group_cancelled_from_inside_is_an_error_not_a_group_running_forever():
+    """A CancelledError out of the rollout that the generator did not send left the ticket "running": the
+    step waited for it forever with nothing in flight."""
+    rollout, stream = Rollout(), Stream()
+    rollout.cancel = Ticket(0, 0, 0)
+    with EventLoopThread() as loop:
+        generator = make(rollout, loop, stream)
+        with pytest.raises(RuntimeError, match="rollout of Ticket.*was cancelled before it finished"):
+            generator.next_batch(deadline_s=30)
+        generator.close()
+
+
+def test_past_its_deadline_next_batch_says_what_it_waited_for():
+    rollout, stream = Rollout(), Stream()
+    rollout.hold[Ticket(0, 1, 1)] = threading.Event()  # one of the step's two groups never arrives
+    with EventLoopThread() as loop:
+        generator = make(rollout, loop, stream)
+        started_at = time.monotonic()
+        with pytest.raises(GroupsOverdue) as late:
+            generator.next_batch(deadline_s=0.5)
+        assert 0.5 <= time.monotonic() - started_at < 5
+        report = str(late.value)
+        assert "for 2 scored groups of policy version 0: 1 scored, 1 rolling out (the oldest for" in report, report
+        rollout.hold[Ticket(0, 1, 1)].set()
+        assert len(generator.next_batch(deadline_s=30)) == 2  # the same step, once the group arrives
         generator.close()
 
 
