@@ -124,11 +124,18 @@ class RolloutGenerator:
         self._top_up()
         self._wake_up()
 
-    def next_batch(self, deadline_s: float | None = None) -> list[ScoredGroup]:
+    def next_batch(
+        self,
+        deadline_s: float | None = None,
+        on_wait: Callable[[str], None] | None = None,
+        every_s: float = 60.0,
+    ) -> list[ScoredGroup]:
         """The step's groups, oldest first, all within the staleness bound of the current weights; past
-        ``deadline_s`` seconds of waiting, :class:`GroupsOverdue` saying what it waited for."""
+        ``deadline_s`` seconds of waiting, :class:`GroupsOverdue` saying what it waited for. A wait that
+        lasts is never silent: every ``every_s`` seconds ``on_wait`` gets the same report."""
         start = time.monotonic()
         n = self.config.groups_per_step
+        next_report = every_s
         with self._cond:
             while True:
                 if self._error is not None:
@@ -141,9 +148,14 @@ class RolloutGenerator:
                 if deadline_s is not None and waited > deadline_s:
                     self._stats.wait_s += waited
                     raise GroupsOverdue(self._waiting_for(waited))
+                if on_wait is not None and waited >= next_report:
+                    on_wait(self._waiting_for(waited))
+                    next_report += every_s
                 self._top_up()
                 self._wake_up()
-                self._cond.wait(timeout=1.0 if deadline_s is None else min(1.0, max(deadline_s - waited, 0.01)))
+                until = [1.0, *([deadline_s - waited] if deadline_s is not None else [])]
+                until += [next_report - waited] if on_wait is not None else []
+                self._cond.wait(timeout=max(min(until), 0.01))
             groups = self.buffer.take(n)
             self._taken += n
             self._stats.wait_s += time.monotonic() - start

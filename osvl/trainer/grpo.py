@@ -54,7 +54,7 @@ from osvl.trainer.router_losses import RouterLosses
 from osvl.trainer.stage import Stage, StageResult, all_reduce_max, all_reduce_sums, stage_inputs, start_stage
 from osvl.trainer.tool_env import EnvironmentFactory, stage_environment
 from osvl.trainer.validation import Validator, answer_is_grounded
-from osvl.trainer.watchdog import Overdue, RunStopped, StepOverdue, step_deadline_s, stop_message
+from osvl.trainer.watchdog import WAIT_REPORT_S, Overdue, RunStopped, StepOverdue, step_deadline_s, stop_message
 from osvl_kernels import RolloutCorrection, linear_grpo_loss
 
 __all__ = ["run_grpo"]
@@ -82,14 +82,27 @@ def _all_gather(item: T) -> list[T]:
 
 
 def rollout_step(
-    generator: RolloutGenerator, scorer: GroupScorer, deadline_s: float, services: Callable[[], str]
+    generator: RolloutGenerator,
+    scorer: GroupScorer,
+    deadline_s: float,
+    services: Callable[[], str],
+    report_every_s: float = WAIT_REPORT_S,
 ) -> RolloutBatch:
     """This rank's groups of the step (as soon as the generator has them), then every rank's. A rank that
     waits past ``deadline_s``, or whose generator failed, brings what it waited for (and ``services()``,
     their last answers) instead, and the all-gather tells every rank at once: :class:`StepOverdue` on all
-    of them, none left waiting for the others."""
+    of them, none left waiting for the others. Until then a long wait prints its report every
+    ``report_every_s`` seconds."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+
+    def still_waiting(report: str) -> None:
+        print(
+            f"rank {rank}: still waiting for the step's groups ({deadline_s:.0f} s allowed): {report}; {services()}",
+            flush=True,
+        )
+
     try:
-        mine, late = generator.next_batch(deadline_s), None
+        mine, late = generator.next_batch(deadline_s, still_waiting, report_every_s), None
     except (GroupsOverdue, GeneratorFailed) as missing:
         mine, late = [], f"{missing}; {services()}"
     parts = _all_gather((mine, late, generator.take_stats(), scorer.take_stats()))

@@ -9,6 +9,8 @@ passes one stops the run loudly, with every rank, after what can be saved.
   NCCL alike): the rollout deadline plus room for the update, the weight sync and a checkpoint.
   ``job.collective_timeout_s`` sets it by hand.
 - Service calls carry their own timeouts (engine requests, tool calls, judge requests).
+- Before any deadline passes, a rank that keeps waiting for its groups prints what for every
+  ``WAIT_REPORT_S`` seconds: a long wait is never a silent one.
 
 A rank past its rollout deadline, or whose rollout generator failed, does not raise alone: the step's
 all-gather is where the ranks agree
@@ -25,6 +27,7 @@ from osvl.config.recipe import Recipe
 
 SLACK_S = 60.0  # beyond the sum of the parts: scheduling, scoring bookkeeping, a loaded host
 AFTER_ROLLOUT_S = 1800.0  # a collective's room beyond the rollout wait: the update, the weight sync, a checkpoint
+WAIT_REPORT_S = 60.0  # a rank still waiting for its groups says so this often, before its deadline
 
 
 class RunStopped(RuntimeError):

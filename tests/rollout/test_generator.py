@@ -224,9 +224,11 @@ def test_past_its_deadline_next_batch_says_what_it_waited_for():
     with EventLoopThread() as loop:
         generator = make(rollout, loop, stream)
         started_at = time.monotonic()
+        reports: list[str] = []
         with pytest.raises(GroupsOverdue) as late:
-            generator.next_batch(deadline_s=0.5)
+            generator.next_batch(deadline_s=0.5, on_wait=reports.append, every_s=0.2)
         assert 0.5 <= time.monotonic() - started_at < 5
+        assert len(reports) == 2 and all("1 scored, 1 rolling out" in r for r in reports)  # at 0.2 and 0.4 s
         report = str(late.value)
         assert "for 2 scored groups of policy version 0: 1 scored, 1 rolling out (the oldest for" in report, report
         rollout.hold[Ticket(0, 1, 1)].set()
