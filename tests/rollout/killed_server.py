@@ -1,5 +1,6 @@
 """What the real-server tests that kill their server mid-step share: a mark each rank's stage leaves once
-its pre-flight is done, and a transport that counts the request bodies written to the server.
+its pre-flight is done (a kill during the step's rollouts) or once it trains (a kill before the step's
+weight sync), and a transport that counts the request bodies written to the server.
 
 The killer strikes only after every rank's mark (a probe turn in flight would fail the pre-flight, a
 ``PreflightError``, instead of the step) and once its own requests are provably in flight: written to
@@ -32,10 +33,26 @@ def mark_preflight(marks: Path, rank: int) -> None:
     stage.preflight = preflight_then_mark
 
 
-def wait_for_marks(marks: Path, ranks: int, timeout_s: float = 600) -> bool:
-    """Whether every rank's pre-flight mark appeared within ``timeout_s``."""
+def hold_training_until_killed(marks: Path, rank: int) -> None:
+    """From here on this process's stage touches ``marks/training-<rank>`` after its first mini-batch (the
+    step's rollouts are scored by then) and holds there until ``marks/killed-0`` exists, so a kill made
+    between the two falls between the step's rollouts and its weight sync."""
+    import osvl.trainer.grpo as stage
+
+    train = stage.train_minibatch
+
+    def train_and_hold(*args, **kwargs):
+        train(*args, **kwargs)
+        (marks / f"training-{rank}").touch()
+        assert wait_for_marks(marks, 1, timeout_s=120, name="killed"), "the server was not killed"
+
+    stage.train_minibatch = train_and_hold
+
+
+def wait_for_marks(marks: Path, ranks: int, timeout_s: float = 600, name: str = "preflight") -> bool:
+    """Whether every rank's ``name`` mark (``marks/<name>-<rank>``) appeared within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not all((marks / f"preflight-{rank}").exists() for rank in range(ranks)):
+    while not all((marks / f"{name}-{rank}").exists() for rank in range(ranks)):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)

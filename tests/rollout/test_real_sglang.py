@@ -2,7 +2,8 @@
 osvl's SGLang client. One server for the module (marked ``sglang``: one xdist worker runs them all),
 serving the text export of the ``small`` policy in float32: engine logprobs against the trainer's
 forward, the pre-flight, the GRPO stage on 2 gloo ranks with disk weight syncs, a distributed weight
-sync, two servers behind a router, and last a server killed mid-step and the stage relaunched.
+sync, two servers behind a router, then a server killed during a step's rollouts and the stage relaunched, and last a server killed while
+the ranks train.
 
 Text only: SGLang's Qwen-VL image processor does not import in its CPU mode (docs/inference_engines.md).
 """
@@ -41,7 +42,13 @@ from osvl.trainer.checkpoint import latest_checkpoint, step_dir
 from osvl.trainer.export import PolicyDefaults, model_files
 from osvl.trainer.policy import policy_arch, policy_image_config
 from osvl.trainer.stage import stage_inputs
-from tests.rollout.killed_server import CountingTransport, check_killed_requests, mark_preflight, wait_for_marks
+from tests.rollout.killed_server import (
+    CountingTransport,
+    check_killed_requests,
+    hold_training_until_killed,
+    mark_preflight,
+    wait_for_marks,
+)
 from tests.sglang_server import SGLangRouter, SGLangServer
 from tests.trainer.ranks import run_ranks
 from tests.trainer.test_grpo import grpo_overrides
@@ -324,7 +331,7 @@ RECONNECT_S = 5.0
 
 
 def test_a_killed_server_fails_the_step_and_a_relaunch_resumes(served, two_steps):
-    """Last in the module: the server dies (SIGKILL) while step 3 rolls out (resumed from step 2's
+    """The module's server dies (SIGKILL) while step 3 rolls out (resumed from step 2's
     checkpoint): requests in flight end as ``EngineError`` naming it and the step fails on every rank,
     the finished steps untouched. A server relaunched on the same port takes the relaunched stage,
     which resumes from step 2 and finishes step 3, this time syncing its weights by broadcast."""
@@ -394,3 +401,53 @@ def test_a_killed_server_fails_the_step_and_a_relaunch_resumes(served, two_steps
         assert steps and {s.policy_version for s in steps} == {4}
     finally:
         relaunched.close()
+
+
+def train_then_crash_body(rank: int, world: int, overrides: list[str], url: str, marks: Path) -> None:
+    from osvl.trainer import run_grpo
+    from tests.trainer.grpo_fixtures import echo_environment
+
+    hold_training_until_killed(marks, rank)
+    try:
+        run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
+    except EngineError as error:  # every rank, at the sync, with the dead server named
+        assert url in str(error), error
+        return
+    raise AssertionError("the step's weight sync went through with its SGLang server dead")
+
+
+def test_a_server_killed_while_the_ranks_train_fails_the_sync_and_loses_nothing(served, two_steps):
+    """The kill in the middle of a step: the next step (resumed from the latest checkpoint) rolls out on a
+    live server, which dies (SIGKILL) while both ranks train on those rollouts. The weight sync that ends
+    the step waits the reconnect window, then fails on every rank naming the server; the finished steps,
+    their checkpoint and rollouts stay as they were."""
+    root, _, _ = served
+    checkpoints = root / "run" / "checkpoints"
+    resumed = int(latest_checkpoint(checkpoints).name.split("_")[-1])
+    before = (root / "run" / "metrics.jsonl").read_text()
+    marks = root / "training-marks"
+    marks.mkdir()
+    server = SGLangServer(root / "served", root / "sglang-killed-in-training.log")
+
+    def kill_during_training() -> None:
+        if wait_for_marks(marks, 2, name="training"):
+            server.kill()
+            (marks / "killed-0").touch()
+
+    killer = threading.Thread(target=kill_during_training)
+    killer.start()
+    overrides = _served_overrides(root, server.url) + [
+        f"grpo.max_steps={resumed + 1}",
+        "rollout.max_retries=1",
+        f"rollout.server_reconnect_s={RECONNECT_S}",  # a restart is not coming: fail after a short wait
+    ]
+    try:
+        run_ranks(train_then_crash_body, 2, overrides, server.url, marks)
+    finally:
+        killer.join(180)
+        server.close()
+    assert server.process.poll() is not None
+    assert (root / "run" / "metrics.jsonl").read_text() == before
+    assert latest_checkpoint(checkpoints) == step_dir(checkpoints, resumed)
+    with pytest.raises(ValueError, match=f"no rollouts recorded for step {resumed + 1}"):
+        RolloutRecorder(root / "run" / "rollouts").read(resumed + 1)

@@ -1,7 +1,8 @@
 """A real inference engine: vLLM's CPU build serving the text export of the policy, driven by osvl's
 vLLM client. One server process for the module (marked ``vllm``: one xdist worker runs them all):
 engine logprobs against the trainer's forward, stops and seeds, the GRPO stage on 2 gloo ranks
-with weight reloads after its optimizer steps, and last a killed server.
+with weight reloads after its optimizer steps, and last the killed servers (during a step's rollouts, then
+while its ranks train).
 
 The policy is the ``small`` CPU preset's shape (width 128, head_dim 32: vLLM's CPU attention supports
 head sizes from 32 up, so the ``tiny`` preset (head_dim 16) cannot be served) with untied embeddings:
@@ -46,7 +47,13 @@ from osvl.trainer.checkpoint import latest_checkpoint, step_dir
 from osvl.trainer.export import PolicyDefaults, model_files
 from osvl.trainer.policy import policy_arch, policy_image_config
 from osvl.trainer.stage import stage_inputs
-from tests.rollout.killed_server import CountingTransport, check_killed_requests, mark_preflight, wait_for_marks
+from tests.rollout.killed_server import (
+    CountingTransport,
+    check_killed_requests,
+    hold_training_until_killed,
+    mark_preflight,
+    wait_for_marks,
+)
 from tests.trainer.ranks import run_ranks
 from tests.trainer.test_grpo import grpo_overrides
 from tests.vllm_server import vllm_server
@@ -244,7 +251,7 @@ def crash_body(rank: int, world: int, overrides: list[str], url: str, marks: Pat
 
 
 def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothing(served, two_steps, env):
-    """Last in the module: the server dies (SIGKILL) while step 3 rolls out (resumed from step 2's
+    """The module's server dies (SIGKILL) while step 3 rolls out (resumed from step 2's
     checkpoint). Requests in flight end as ``EngineError`` naming it; the step fails on every rank at
     the weight sync; the two finished steps, their checkpoint and rollouts stay as they were."""
     root, server, model = served
@@ -329,3 +336,52 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
         with pytest.raises(EngineError, match=f"weight reload to version 5.*{server.url}"):
             sync.sync(model, 5)
         runner.run(client.aclose())
+
+
+def train_then_crash_body(rank: int, world: int, overrides: list[str], url: str, marks: Path) -> None:
+    from osvl.trainer import run_grpo
+    from tests.trainer.grpo_fixtures import echo_environment
+
+    hold_training_until_killed(marks, rank)
+    try:
+        run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
+    except EngineError as error:  # every rank, at the sync, with the dead server named
+        assert url in str(error), error
+        return
+    raise AssertionError("step 3's weight sync went through with its vLLM server dead")
+
+
+def test_a_server_killed_while_the_ranks_train_fails_the_sync_and_loses_nothing(served, two_steps):
+    """The kill in the middle of a step: step 3 (resumed from step 2) rolls out on a live server, and the
+    server dies (SIGKILL) while both ranks train on those rollouts. The weight sync that ends the step fails
+    on every rank naming the server; steps 1-2, their checkpoint and rollouts stay as they were."""
+    root, _, _ = served
+    before = (root / "run" / "metrics.jsonl").read_text()
+    marks = root / "training-marks"
+    marks.mkdir()
+    server = vllm_server(root / "served", root / "vllm-killed-in-training.log")
+
+    def kill_during_training() -> None:
+        if wait_for_marks(marks, 2, name="training"):
+            server.kill()
+            (marks / "killed-0").touch()
+
+    killer = threading.Thread(target=kill_during_training)
+    killer.start()
+    overrides = _recipe_overrides(root) + [
+        "grpo.max_steps=3",
+        "rollout.max_retries=1",
+        "rollout.engine=vllm",
+        f'rollout.vllm_urls=["{server.url}"]',
+        "rollout.text_only_export=true",
+    ]
+    try:
+        run_ranks(train_then_crash_body, 2, overrides, server.url, marks)
+    finally:
+        killer.join(180)
+        server.close()
+    assert server.process.poll() is not None
+    assert (root / "run" / "metrics.jsonl").read_text() == before
+    assert latest_checkpoint(root / "run" / "checkpoints") == step_dir(root / "run" / "checkpoints", 2)
+    with pytest.raises(ValueError, match="no rollouts recorded for step 3"):
+        RolloutRecorder(root / "run" / "rollouts").read(3)
