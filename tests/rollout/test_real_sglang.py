@@ -2,8 +2,8 @@
 osvl's SGLang client. One server for the module (marked ``sglang``: one xdist worker runs them all),
 serving the text export of the ``small`` policy in float32: engine logprobs against the trainer's
 forward, the pre-flight, the GRPO stage on 2 gloo ranks with disk weight syncs, a distributed weight
-sync, two servers behind a router, then a server killed during a step's rollouts and the stage relaunched, and last a server killed while
-the ranks train.
+sync, two servers behind a router, then a server killed during a step's rollouts and the stage
+relaunched, and last a server killed while the ranks train.
 
 Text only: SGLang's Qwen-VL image processor does not import in its CPU mode (docs/inference_engines.md).
 """
