@@ -176,6 +176,7 @@ def evaluate_policy(
     weights, with each prompt's accuracy (``per_prompt``, for paired comparisons) and where chains broke
     (``chains``, :func:`chain_breaks`); with ``samples`` = n, the means are over all n x prompts rollouts,
     ``per_prompt`` holds each prompt's n accuracies and ``pass_at_k`` the unbiased pass@k for every k <= n.
+    ``anchors`` and ``hops`` map each prompt that carries them to its anchor entity and hop count.
     ``rollouts``: a JSONL file (replaced) that receives every scored rollout, its images in ``images/``
     beside it, for reading what the policy did (:func:`osvl.rl.trajectory.read_jsonl`). ``faults``: with
     the recipe's injected tool faults (``tool_faults`` in the result says which rates struck)."""
@@ -209,6 +210,9 @@ def evaluate_policy(
         "chains": chain_breaks(scored),
         "wall_s": time.perf_counter() - started,
     }
+    prompts = {t.prompt.id: t.prompt for t in scored}
+    result["anchors"] = {p: prompt.anchor for p, prompt in prompts.items() if prompt.anchor}
+    result["hops"] = {p: prompt.hops for p, prompt in prompts.items() if prompt.hops}
     if samples:
         result["temperature"], result["top_p"] = recipe.grpo.temperature, recipe.grpo.top_p
         result["pass_at_k"] = {str(k): pass_at_k(per_prompt.values(), k) for k in range(1, samples + 1)}
@@ -287,8 +291,10 @@ def _chain_row(label: str, result: dict) -> str | None:
 
 
 def _paired_row(before: tuple[str, dict], after: tuple[str, dict]) -> str:
-    """``after - before`` on the same prompts with its paired bootstrap interval, or why there is none."""
-    from osvl.eval.interval import paired_difference
+    """``after - before`` on the same prompts with its paired bootstrap interval over prompts and, where the
+    evaluations name each prompt's anchor entity, over anchors (the verdict then follows the anchors: questions
+    about one entity are not independent draws), or why there is none."""
+    from osvl.eval.interval import clustered_paired_difference, paired_difference
 
     (first, a), (last, b) = before, after
     if "per_prompt" not in a or "per_prompt" not in b:
@@ -297,13 +303,31 @@ def _paired_row(before: tuple[str, dict], after: tuple[str, dict]) -> str:
         diff = paired_difference(b["per_prompt"], a["per_prompt"])
     except ValueError as error:
         return f"  {last} - {first}: not compared ({error})"
-    verdict = "higher" if diff.low > 0 else "lower" if diff.high < 0 else "not distinguishable"
-    return (
+    row = (
         f"  {last} - {first}: {diff.value:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]  (95% paired bootstrap over "
-        f"{len(b['per_prompt'])} prompts): {last} is {verdict}"
-        + (" from" if verdict == "not distinguishable" else " than")
-        + f" {first}"
+        f"{len(b['per_prompt'])} prompts)"
     )
+    anchors = {**a.get("anchors", {}), **b.get("anchors", {})}
+    if anchors and set(b["per_prompt"]) <= set(anchors):
+        diff = clustered_paired_difference(b["per_prompt"], a["per_prompt"], anchors)
+        row += f", [{diff.low:+.3f}, {diff.high:+.3f}] over {len(set(anchors.values()))} anchors"
+    verdict = "higher" if diff.low > 0 else "lower" if diff.high < 0 else "not distinguishable"
+    return row + f": {last} is {verdict}" + (" from" if verdict == "not distinguishable" else " than") + f" {first}"
+
+
+def _hops_row(label: str, result: dict) -> str | None:
+    """Greedy accuracy by the questions' hop count, or None where the evaluation names no hops."""
+    hops, per_prompt = result.get("hops"), result.get("per_prompt")
+    if not hops or not per_prompt:
+        return None
+    right: Counter[int] = Counter()
+    asked: Counter[int] = Counter()
+    for prompt, accuracy in per_prompt.items():
+        if prompt in hops and accuracy is not None:
+            asked[hops[prompt]] += 1
+            right[hops[prompt]] += accuracy >= 0.5
+    counts = ", ".join(f"{n} hop{'s' if n > 1 else ''} {right[n]}/{asked[n]}" for n in sorted(asked))
+    return f"  {label:<5} right by hops: {counts}"
 
 
 def _sampled_row(label: str, result: dict) -> str:
@@ -346,6 +370,7 @@ def _compared(results: Sequence[tuple[str, dict]]) -> list[str]:
     ]
     lines += [_eval_row(label, result) for label, result in results]
     lines += [row for label, result in results if (row := _chain_row(label, result)) is not None]
+    lines += [row for label, result in results if (row := _hops_row(label, result)) is not None]
     return lines + [_paired_row(before, after) for before, after in itertools.pairwise(results)]
 
 
@@ -414,43 +439,60 @@ def summary_lines(
     return lines
 
 
-def seed_lines(before: tuple[str, str | Path], seeds: Sequence[tuple[str, str | Path]]) -> list[str]:
-    """GRPO runs of several seeds from one checkpoint against it, on the same prompts: each seed's
-    paired difference, then the pooled mean difference with its two-level bootstrap interval (seeds
-    and prompts drawn with replacement: the interval covers the run-to-run spread too), and by how
-    much the weakest lower bound clears zero."""
-    import numpy as np
+SEED_GAIN_BAR = 0.10  # what each seed's GRPO - SFT should reach in the demo's seed table (docs/demo.md)
 
-    from osvl.eval.interval import bootstrap_interval
 
-    label, path = before
-    base = json.loads(Path(path).read_text())
-    runs = [(name, json.loads(Path(p).read_text())) for name, p in seeds]
-    missing = [name for name, r in [(label, base), *runs] if "per_prompt" not in r]
+def seed_lines(runs: Sequence[tuple[str, str | Path, str | Path]]) -> list[str]:
+    """Seeds of the whole recipe (label, the SFT policy's evaluation, its GRPO policy's evaluation), all on the
+    same prompts: each seed's SFT and GRPO accuracy and paired difference, over prompts and, where the
+    evaluations name anchors, over anchor entities; then the mean difference over seeds with its bootstrap
+    over seeds and anchors (or prompts), and whether every seed clears the bar."""
+    from osvl.eval.interval import clustered_paired_difference
+
+    loaded = [(name, json.loads(Path(b).read_text()), json.loads(Path(a).read_text())) for name, b, a in runs]
+    if not loaded:
+        raise ValueError("no seeds to compare")
+    missing = [name for name, b, a in loaded if "per_prompt" not in b or "per_prompt" not in a]
     if missing:
         raise ValueError(f"evaluations without per-prompt results cannot be paired: {', '.join(missing)}")
-    prompts = sorted(base["per_prompt"])
-    for name, result in runs:
-        if sorted(result["per_prompt"]) != prompts:
-            raise ValueError(f"{name} was evaluated on other prompts than {label}")
-    scored = [p for p in prompts if all(r["per_prompt"][p] is not None for r in [base, *(r for _, r in runs)])]
-    table = lambda results: (np.array([[float(r["per_prompt"][p]) for p in scored] for r in results]), None)  # noqa: E731
-    lines = [f"{label}: accuracy {base['accuracy']:.3f} on {len(scored)} prompts"]
-    lows = []
-    for name, result in runs:
-        diff = bootstrap_interval(table([result]), table([base]))
-        lows.append(diff.low)
+    prompts = set(loaded[0][1]["per_prompt"])
+    for name, b, a in loaded:
+        if set(b["per_prompt"]) != prompts or set(a["per_prompt"]) != prompts:
+            raise ValueError(f"{name} was evaluated on other prompts than {loaded[0][0]}")
+    anchors = {p: e for _, b, a in loaded for result in (b, a) for p, e in result.get("anchors", {}).items()}
+    clusters, over = (anchors, "anchors") if prompts <= set(anchors) else ({p: p for p in prompts}, "prompts")
+    groups = len(set(clusters.values()))
+    lines = [f"{len(loaded)} seeds of the whole recipe on {len(prompts)} prompts ({groups} {over}):"]
+    diffs = []
+    for name, before, after in loaded:
+        by_prompt = clustered_paired_difference(after["per_prompt"], before["per_prompt"], {p: p for p in prompts})
+        diff = clustered_paired_difference(after["per_prompt"], before["per_prompt"], clusters)
+        diffs.append(diff)
         lines.append(
-            f"  {name}: accuracy {result['accuracy']:.3f}, {name} - {label} {diff.value:+.3f} "
-            f"[{diff.low:+.3f}, {diff.high:+.3f}] (95% paired bootstrap over prompts)"
+            f"  {name}: sft {before['accuracy']:.3f}  grpo {after['accuracy']:.3f}  grpo - sft {diff.value:+.3f} "
+            f"[{by_prompt.low:+.3f}, {by_prompt.high:+.3f}] over prompts"
+            + (f", [{diff.low:+.3f}, {diff.high:+.3f}] over anchors" if over == "anchors" else "")
         )
-    pooled = bootstrap_interval(table([r for _, r in runs]), table([base]))
+    pooled = clustered_paired_difference(
+        [a["per_prompt"] for _, _, a in loaded], [b["per_prompt"] for _, b, _ in loaded], clusters
+    )
+    cleared = sum(d.value >= SEED_GAIN_BAR and d.low > 0 for d in diffs)
     lines.append(
-        f"  pooled over {len(runs)} seeds: {pooled.value:+.3f} [{pooled.low:+.3f}, {pooled.high:+.3f}] (95% bootstrap "
-        f"over seeds and prompts); the weakest seed's lower bound is {min(lows):+.3f}, the pooled lower bound "
-        f"{pooled.low:+.3f}"
+        f"  mean over seeds: {pooled.value:+.3f} [{pooled.low:+.3f}, {pooled.high:+.3f}] (95% bootstrap over seeds and "
+        f"{over}); {cleared} of {len(diffs)} seeds gain >= {SEED_GAIN_BAR:+.2f} with an interval clear of zero; "
+        f"the weakest seed's lower bound is {min(d.low for d in diffs):+.3f}"
     )
     return lines
+
+
+def _run_triples(specs: Sequence[str]) -> list[tuple[str, str, str]]:
+    triples = []
+    for label, paths in _labelled(specs, "--run"):
+        before, sep, after = paths.partition(",")
+        if not sep or not before or not after:
+            raise ValueError(f"--run takes LABEL=SFT_EVAL,GRPO_EVAL, got {label}={paths}")
+        triples.append((label, before, after))
+    return triples
 
 
 def _labelled(specs: Sequence[str], flag: str) -> list[tuple[str, str]]:
@@ -518,9 +560,10 @@ def main(argv: list[str] | None = None) -> int:
         metavar="LABEL=FILE",
         help="evaluations with --faults, compared stage by stage as --evals are",
     )
-    seeds = sub.add_parser("seeds", help="GRPO runs of several seeds against their common starting checkpoint")
-    seeds.add_argument("--before", required=True, metavar="LABEL=FILE", help="the starting checkpoint's evaluation")
-    seeds.add_argument("--after", nargs="+", required=True, metavar="LABEL=FILE", help="each seed's evaluation")
+    seeds = sub.add_parser("seeds", help="seeds of the whole recipe: each SFT policy against its GRPO policy")
+    seeds.add_argument(
+        "--run", nargs="+", required=True, metavar="LABEL=SFT_EVAL,GRPO_EVAL", help="each seed's two evaluations"
+    )
     pri = sub.add_parser("prior", help="accuracy of the SFT data's most frequent answer per asked attribute, no tools")
     pri.add_argument("--recipe", required=True)
     pri.add_argument("--sft", required=True, help="the SFT trajectories JSONL")
@@ -557,8 +600,7 @@ def main(argv: list[str] | None = None) -> int:
             lines = summary_lines(args.sft, args.grpo, args.window, evals, others, args.prior, sampled, faulted)
             print("\n".join(lines))
         elif args.command == "seeds":
-            (before,) = _labelled([args.before], "--before")
-            print("\n".join(seed_lines(before, _labelled(args.after, "--after"))))
+            print("\n".join(seed_lines(_run_triples(args.run))))
         elif args.command == "prior":
             from osvl.config.loader import load_recipe
             from osvl.trainer.grpo_data import load_prompts

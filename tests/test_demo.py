@@ -25,9 +25,11 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo_eval")
     assert world_main(["build", "--out", str(root / "world"), "--seed", "0"]) == 0
     tok, _ = write_sft_data(root / "data")
-    prompts = [
-        Prompt(id=f"q{i}", question=f"Which city is number {i}?", answer=answer)
-        for i, answer in enumerate(["Wenmilun", "Fenulhal", "Ulpelsal", "Danarfen"])
+    prompts = [  # q0 and q1 say where they start and how many hops they take, as drills do
+        Prompt(id=f"q{i}", question=f"Which city is number {i}?", answer=answer, anchor=anchor, hops=hops)
+        for i, (answer, anchor, hops) in enumerate(
+            [("Wenmilun", "Wenmilun", 1), ("Fenulhal", "Wenmilun", 2), ("Ulpelsal", "", 0), ("Danarfen", "", 0)]
+        )
     ]
     write_prompts(root / "prompts.jsonl", prompts)
     overrides = [
@@ -76,6 +78,7 @@ def test_accuracy_counts_right_answers_and_faults_are_off(setup, tmp_path):
     assert {t.prompt.id: t.reward.acc for t in written} == result["per_prompt"] == {"q0": 1, "q1": 0, "q2": 1, "q3": 1}
     assert all(t.steps[0].tool_call.name == "text_search" and t.final_answer for t in written)
     assert result["chains"] == {"rollouts": 0, "complete": 0, "broken_at": {}}  # no question of the chain form
+    assert result["anchors"] == {"q0": "Wenmilun", "q1": "Wenmilun"} and result["hops"] == {"q0": 1, "q1": 2}
     with pytest.raises(ValueError, match="is a directory"):
         evaluate_policy(recipe, "init", engine_wrapper=answering(set()), rollouts=tmp_path)
     assert result["prompts"] == result["scored"] == len(prompts)
@@ -493,23 +496,74 @@ def test_the_demo_module_imports_light_for_the_tool_workers():
     assert fresh_imports("import osvl.demo", watched) == []
 
 
-def test_seed_lines_pair_each_seed_and_pool_them(tmp_path, capsys):
+def test_seed_lines_pair_each_sft_seed_with_its_grpo_and_pool_them_over_anchors(tmp_path, capsys):
     prompts = [f"q{i}" for i in range(40)]
-    sft = _write_eval(tmp_path / "sft.json", 0.25, per_prompt={p: float(i < 10) for i, p in enumerate(prompts)})
-    seeds = []
-    for seed, gained in enumerate((8, 6, 7)):  # each seed turns that many wrong answers right, loses none
-        accs = {p: float(i < 10 + gained) for i, p in enumerate(prompts)}
-        seeds.append((f"seed{seed}", _write_eval(tmp_path / f"g{seed}.json", sum(accs.values()) / 40, per_prompt=accs)))
-    lines = seed_lines(("sft", sft), seeds)
-    assert lines[0] == "sft: accuracy 0.250 on 40 prompts"
-    assert lines[1].startswith("  seed0: accuracy 0.450, seed0 - sft +0.200 [+0.075,")
-    assert "pooled over 3 seeds: +0.175 [" in lines[4]
-    pooled_low = float(lines[4].split("pooled lower bound ")[1])
-    assert 0.0 < pooled_low < 0.175
+    anchors = {p: f"e{i // 4}" for i, p in enumerate(prompts)}  # 10 anchor entities of 4 questions each
+    runs = []
+    for seed, (known, gained) in enumerate(((10, 8), (9, 6), (10, 7))):  # each SFT seed, then its GRPO's gain
+        sft = {p: float(i % 4 == 0 and i // 4 < known) for i, p in enumerate(prompts)}
+        grpo = {p: float(sft[p] or (i % 4 == 1 and i // 4 < gained)) for i, p in enumerate(prompts)}
+        paths = [
+            _write_eval(tmp_path / f"{stage}{seed}.json", sum(accs.values()) / 40, per_prompt=accs, anchors=anchors)
+            for stage, accs in (("sft", sft), ("grpo", grpo))
+        ]
+        runs.append((f"seed{seed}", *paths))
+    lines = seed_lines(runs)
+    assert lines[0] == "3 seeds of the whole recipe on 40 prompts (10 anchors):"
+    assert lines[1].startswith("  seed0: sft 0.250  grpo 0.450  grpo - sft +0.200 [")
+    assert lines[1].endswith("over anchors") and "over prompts, [" in lines[1]
+    assert lines[4].startswith("  mean over seeds: +0.175 [") and "over seeds and anchors" in lines[4]
+    assert "3 of 3 seeds gain >= +0.10 with an interval clear of zero" in lines[4]
+    # without anchors the bootstrap is over prompts; a seed below the bar is counted out
+    low = {p: float(i < 11) for i, p in enumerate(prompts)}
+    base = {p: float(i < 10) for i, p in enumerate(prompts)}
+    plain = [
+        (
+            name,
+            _write_eval(tmp_path / f"p{name}b.json", 0.25, per_prompt=base),
+            _write_eval(tmp_path / f"p{name}a.json", a, per_prompt=accs),
+        )
+        for name, a, accs in (("s0", 0.275, low), ("s1", 0.45, {p: float(i < 18) for i, p in enumerate(prompts)}))
+    ]
+    lines = seed_lines(plain)
+    assert lines[0] == "2 seeds of the whole recipe on 40 prompts (40 prompts):" and "over anchors" not in lines[1]
+    assert "1 of 2 seeds gain >= +0.10" in lines[3]
     other = _write_eval(tmp_path / "other.json", 0.1, per_prompt={"x": 1.0})
     with pytest.raises(ValueError, match="other prompts"):
-        seed_lines(("sft", sft), [("seed0", other)])
+        seed_lines([runs[0], ("bad", runs[1][1], other)])
     with pytest.raises(ValueError, match="cannot be paired"):
-        seed_lines(("sft", _write_eval(tmp_path / "old.json", 0.1)), seeds)
-    assert main(["seeds", "--before", f"sft={sft}", "--after", *(f"{n}={p}" for n, p in seeds)]) == 0
-    assert "pooled over 3 seeds" in capsys.readouterr().out
+        seed_lines([("old", _write_eval(tmp_path / "old.json", 0.1), runs[0][2])])
+    with pytest.raises(SystemExit):
+        main(["seeds", "--run", f"seed0={runs[0][1]}"])  # one evaluation, not two
+    assert main(["seeds", "--run", *(f"{n}={b},{a}" for n, b, a in runs)]) == 0
+    assert "mean over seeds: +0.175" in capsys.readouterr().out
+
+
+def test_summary_pairs_over_anchors_and_counts_right_answers_by_hops(tmp_path):
+    sft = fake_run(tmp_path / "sft", "fatal_clamp", [0.0, 0.0])
+    grpo = fake_run(tmp_path / "grpo", "fatal_clamp", [0.1, 0.3])
+    prompts = [f"q{i}" for i in range(40)]
+    anchors = {p: f"e{i // 8}" for i, p in enumerate(prompts)}  # 5 entities of 8 questions
+    hops = {p: 1 + (i % 2) for i, p in enumerate(prompts)}
+    before = {p: 0.0 for p in prompts}
+    after = {p: float(i < 16) for i, p in enumerate(prompts)}  # the gain is two whole entities'
+    evals = [
+        (label, _write_eval(tmp_path / f"{label}.json", sum(a.values()) / 40, per_prompt=a, anchors=anchors, hops=hops))
+        for label, a in (("sft", before), ("grpo", after))
+    ]
+    lines = summary_lines(sft, grpo, 1, evals)
+    assert "  sft   right by hops: 1 hop 0/20, 2 hops 0/20" in lines
+    assert "  grpo  right by hops: 1 hop 8/20, 2 hops 8/20" in lines
+    row = next(line for line in lines if line.startswith("  grpo - sft:"))
+    # over prompts 16 of 40 turned right and none wrong: clear of zero; over 5 entities, 2 of which gained, it is not
+    assert "(95% paired bootstrap over 40 prompts), [+0.000," in row and "over 5 anchors" in row
+    assert row.endswith("grpo is not distinguishable from sft")
+    assert float(row.split("[")[1].split(",")[0]) > 0  # the prompt interval alone would have said higher
+    # evaluations without anchors or hops: the prompt interval decides, no hops row
+    plain = [
+        (label, _write_eval(tmp_path / f"p{label}.json", 0.2, per_prompt=a))
+        for label, a in (("sft", before), ("grpo", after))
+    ]
+    lines = summary_lines(sft, grpo, 1, plain)
+    assert not any("right by hops" in line for line in lines)
+    assert next(line for line in lines if line.startswith("  grpo - sft:")).endswith("grpo is higher than sft")

@@ -7,6 +7,9 @@ weak policy on 64 prompts live (0.078 on 64 prompts is [0.034, 0.170]).
 The two-level bootstrap (:func:`bootstrap_interval`): for a study of several training seeds each
 evaluated on the same prompts, an interval over both sources of variation, and for the paired
 difference of two settings.
+
+The cluster bootstrap (:func:`clustered_paired_difference`): questions drawn around shared entities are
+not independent, so the paired difference is resampled by whole clusters (anchor entities) too.
 """
 
 from __future__ import annotations
@@ -194,3 +197,58 @@ def paired_difference(
         raise ValueError("no prompt is scored in both evaluations")
     table = lambda accs: (np.array([[float(accs[p]) for p in prompts]]), None)  # noqa: E731 - [1 seed, prompts]
     return bootstrap_interval(table(after), table(before), **bootstrap)
+
+
+def clustered_paired_difference(
+    after: Mapping[str, float | None] | Sequence[Mapping[str, float | None]],
+    before: Mapping[str, float | None] | Sequence[Mapping[str, float | None]],
+    clusters: Mapping[str, str],
+    *,
+    resamples: int = 4000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Estimate:
+    """Mean accuracy of ``after`` minus ``before`` (prompt id -> accuracy; or one mapping per run, paired run by
+    run, e.g. each SFT seed with its own GRPO) with a percentile bootstrap that draws whole clusters of prompts
+    (``clusters``: prompt id -> cluster, e.g. the question's anchor entity) and, with several runs, the runs:
+    questions about one entity share what the policy knows of it, so they are not independent draws and a
+    bootstrap over prompts is too narrow. A prompt unscored (None) in a run's pair is left out of that run."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if resamples < 100:
+        raise ValueError(f"resamples must be >= 100, got {resamples}")
+    afters = [after] if isinstance(after, Mapping) else list(after)
+    befores = [before] if isinstance(before, Mapping) else list(before)
+    if len(afters) != len(befores) or not afters:
+        raise ValueError(f"{len(afters)} runs after against {len(befores)} before: pair each run with its own")
+    for a, b in zip(afters, befores, strict=True):
+        _check_same_prompts(a, b, "paired evaluations")
+        _check_same_prompts(a, afters[0], "the runs' evaluations")
+    unclustered = sorted(p for p in afters[0] if p not in clusters)
+    if unclustered:
+        raise ValueError(f"{len(unclustered)} prompts have no cluster, e.g. {unclustered[:3]}")
+    names = sorted({clusters[p] for p in afters[0]})
+    if len(names) < 2:
+        raise ValueError(f"a cluster bootstrap needs at least 2 clusters, got {len(names)}")
+    index = {name: i for i, name in enumerate(names)}
+    diff_sums = np.zeros((len(afters), len(names)))
+    counts = np.zeros((len(afters), len(names)))
+    for run, (a, b) in enumerate(zip(afters, befores, strict=True)):
+        for prompt, value in a.items():
+            if value is not None and b[prompt] is not None:
+                diff_sums[run, index[clusters[prompt]]] += float(value) - float(b[prompt])
+                counts[run, index[clusters[prompt]]] += 1
+    if not counts.sum():
+        raise ValueError("no prompt is scored in both evaluations")
+    value = float(diff_sums.sum() / counts.sum())
+    rng = np.random.default_rng(seed)
+    run_draws = rng.integers(0, len(afters), size=(resamples, len(afters)))
+    cluster_draws = rng.integers(0, len(names), size=(resamples, len(names)))
+    pick = lambda x: x[run_draws[:, :, None], cluster_draws[:, None, :]].sum(axis=(1, 2))  # noqa: E731 - [B]
+    drawn = pick(counts)
+    samples = pick(diff_sums)[drawn > 0] / drawn[drawn > 0]
+    if samples.size < resamples // 2:
+        return Estimate(value, math.nan, math.nan)
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(samples, [tail, 100 - tail])
+    return Estimate(value, float(low), float(high))

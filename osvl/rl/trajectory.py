@@ -179,8 +179,14 @@ class Prompt:
     images: list[np.ndarray] = field(default_factory=list)
     answer: str = ""
     aliases: list[str] = field(default_factory=list)
+    # where the question starts (its anchor entity) and how many relation hops lead from it to the asked
+    # page: questions about one entity are not independent draws, so evaluations resample anchors
+    anchor: str = ""
+    hops: int = 0
 
     def __post_init__(self) -> None:
+        if self.hops < 0:
+            raise ValueError(f"prompt {self.id}: hops must be >= 0, got {self.hops}")
         for image in self.images:
             check_image(image)
 
@@ -360,19 +366,36 @@ def _step_in(data: Mapping[str, Any], store: ImageStore | None) -> Step:
     )
 
 
+def _prompt_out(prompt: Prompt, images: list[str]) -> dict[str, Any]:
+    """A prompt's JSON fields with its images as references; ``anchor`` and ``hops`` only when known."""
+    out = {"id": prompt.id, "question": prompt.question, "images": images, "answer": prompt.answer}
+    out["aliases"] = list(prompt.aliases)
+    if prompt.anchor:
+        out["anchor"] = prompt.anchor
+    if prompt.hops:
+        out["hops"] = prompt.hops
+    return out
+
+
+def _prompt_in(data: Mapping[str, Any], images: list[np.ndarray]) -> Prompt:
+    return Prompt(
+        id=data["id"],
+        question=data["question"],
+        images=images,
+        answer=data["answer"],
+        aliases=list(data["aliases"]),
+        anchor=data.get("anchor", ""),
+        hops=data.get("hops", 0),
+    )
+
+
 def trajectory_to_dict(traj: Trajectory, store: ImageStore) -> dict[str, Any]:
     """JSON-ready dict; images are written to ``store`` and referenced by hash."""
     prompt = traj.prompt
     reward = traj.reward
     return {
         "schema": SCHEMA_VERSION,
-        "prompt": {
-            "id": prompt.id,
-            "question": prompt.question,
-            "images": _images_out(prompt.images, store),
-            "answer": prompt.answer,
-            "aliases": list(prompt.aliases),
-        },
+        "prompt": _prompt_out(prompt, _images_out(prompt.images, store)),
         "steps": [_step_out(step, store) for step in traj.steps],
         "finish_reason": traj.finish_reason.value,
         "group_id": traj.group_id,
@@ -401,13 +424,7 @@ def trajectory_from_dict(data: Mapping[str, Any], store: ImageStore | None) -> T
     prompt = data["prompt"]
     reward = data["reward"]
     return Trajectory(
-        prompt=Prompt(
-            id=prompt["id"],
-            question=prompt["question"],
-            images=_images_in(prompt["images"], store),
-            answer=prompt["answer"],
-            aliases=list(prompt["aliases"]),
-        ),
+        prompt=_prompt_in(prompt, _images_in(prompt["images"], store)),
         steps=[_step_in(step, store) for step in data["steps"]],
         finish_reason=FinishReason(data["finish_reason"]),
         group_id=data["group_id"],
@@ -457,25 +474,15 @@ def read_jsonl(path: str | os.PathLike[str], images_dir: str | os.PathLike[str] 
 def write_prompts(
     path: str | os.PathLike[str], prompts: Iterable[Prompt], images_dir: str | os.PathLike[str] | None = None
 ) -> int:
-    """RL prompts as JSONL (``id, question, images, answer, aliases``), images by content hash
-    beside the file, the same convention as trajectory JSONL."""
+    """RL prompts as JSONL (``id, question, images, answer, aliases``; ``anchor, hops`` when known), images by
+    content hash beside the file, the same convention as trajectory JSONL."""
     store = ImageStore(images_dir if images_dir is not None else Path(path).parent / "images")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     written = 0
     with open(path, "a", encoding="utf-8", newline="\n") as handle:
         for prompt in prompts:
             handle.write(
-                json.dumps(
-                    {
-                        "id": prompt.id,
-                        "question": prompt.question,
-                        "images": [store.put(i) for i in prompt.images],
-                        "answer": prompt.answer,
-                        "aliases": list(prompt.aliases),
-                    },
-                    ensure_ascii=False,
-                )
-                + "\n"
+                json.dumps(_prompt_out(prompt, [store.put(i) for i in prompt.images]), ensure_ascii=False) + "\n"
             )
             written += 1
     return written
@@ -484,10 +491,4 @@ def write_prompts(
 def read_prompts(path: str | os.PathLike[str], images_dir: str | os.PathLike[str] | None = None) -> Iterator[Prompt]:
     store = ImageStore(images_dir if images_dir is not None else Path(path).parent / "images")
     for _, data in iter_jsonl(path):
-        yield Prompt(
-            id=data["id"],
-            question=data["question"],
-            images=[store.get(s) for s in data["images"]],
-            answer=data["answer"],
-            aliases=list(data["aliases"]),
-        )
+        yield _prompt_in(data, [store.get(s) for s in data["images"]])

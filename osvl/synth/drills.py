@@ -174,7 +174,12 @@ def _drill(
     steps.append(answer_step(attribute, title, answer, answer))
     kind = "image" if visual else "named"
     prompt = Prompt(
-        id=f"drill-{kind}-{anchor}-{'-'.join(relations)}-{attribute}", question=question, images=images, answer=answer
+        id=f"drill-{kind}-{anchor}-{'-'.join(relations)}-{attribute}",
+        question=question,
+        images=images,
+        answer=answer,
+        anchor=anchor,
+        hops=len(relations),
     )
     return Trajectory(
         prompt=prompt, steps=steps, finish_reason=FinishReason.RESPONSE, group_id=group_id, sample_index=0

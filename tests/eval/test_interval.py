@@ -11,6 +11,7 @@ import pytest
 from osvl.eval.interval import (
     SharpeningRoom,
     bootstrap_interval,
+    clustered_paired_difference,
     paired_difference,
     pass_at_k,
     sharpening_room,
@@ -187,3 +188,58 @@ def test_paired_difference_refuses_other_prompts_and_skips_unscored():
         paired_difference({"a": None}, {"a": 1.0})
     estimate = paired_difference({"a": 1.0, "b": None, "c": 1.0}, {"a": 0.0, "b": 1.0, "c": 1.0})
     assert estimate.value == pytest.approx(0.5)  # b left out of both
+
+
+def _clustered_gain(clusters: int, per_cluster: int, gaining: int, seed: int = 0):
+    """``clusters`` anchors of ``per_cluster`` questions each; every question of the first ``gaining``
+    anchors turns from wrong to right, nothing else changes: a gain carried by whole anchors."""
+    rng = np.random.default_rng(seed)
+    anchors = {f"a{c}q{i}": f"a{c}" for c in range(clusters) for i in range(per_cluster)}
+    before = {p: float(rng.random() < 0.3) for p in anchors}
+    after = {p: 1.0 if int(anchors[p][1:].split("q")[0]) < gaining else v for p, v in before.items()}
+    return after, before, anchors
+
+
+def test_clustered_difference_is_the_paired_mean_and_wider_when_the_gain_comes_by_anchor():
+    after, before, anchors = _clustered_gain(clusters=16, per_cluster=8, gaining=3)
+    by_prompt = paired_difference(after, before)
+    by_anchor = clustered_paired_difference(after, before, anchors)
+    assert by_anchor.value == pytest.approx(by_prompt.value)
+    # 128 questions but 16 independent draws: the anchor interval is the honest, wider one
+    assert by_anchor.high - by_anchor.low > 1.5 * (by_prompt.high - by_prompt.low)
+    assert by_prompt.excludes_zero() and by_anchor.low < by_prompt.low
+
+
+def test_clustered_difference_with_one_question_per_anchor_matches_the_prompt_bootstrap():
+    rng = np.random.default_rng(5)
+    before = {f"q{i}": float(rng.random() < 0.4) for i in range(200)}
+    after = {p: 1.0 if v == 0.0 and rng.random() < 0.3 else v for p, v in before.items()}
+    by_prompt = paired_difference(after, before)
+    by_anchor = clustered_paired_difference(after, before, {p: p for p in before})
+    assert by_anchor.value == pytest.approx(by_prompt.value)
+    assert by_anchor.low == pytest.approx(by_prompt.low, abs=0.02)
+    assert by_anchor.high == pytest.approx(by_prompt.high, abs=0.02)
+
+
+def test_clustered_difference_pools_runs_each_paired_with_its_own_baseline():
+    first = _clustered_gain(clusters=20, per_cluster=4, gaining=6, seed=1)
+    second = _clustered_gain(clusters=20, per_cluster=4, gaining=2, seed=2)
+    pooled = clustered_paired_difference([first[0], second[0]], [first[1], second[1]], first[2])
+    each = [clustered_paired_difference(a, b, c).value for a, b, c in (first, second)]
+    assert pooled.value == pytest.approx(sum(each) / 2)
+    assert pooled.low < pooled.value < pooled.high
+
+
+def test_clustered_difference_refuses_what_it_cannot_resample():
+    after, before, anchors = _clustered_gain(clusters=4, per_cluster=2, gaining=1)
+    with pytest.raises(ValueError, match="no cluster"):
+        clustered_paired_difference(after, before, {p: c for p, c in anchors.items() if p != "a0q0"})
+    with pytest.raises(ValueError, match="at least 2 clusters"):
+        clustered_paired_difference(after, before, dict.fromkeys(anchors, "one"))
+    with pytest.raises(ValueError, match="pair each run"):
+        clustered_paired_difference([after, after], [before], anchors)
+    with pytest.raises(ValueError, match="same prompts"):
+        clustered_paired_difference(after, {**before, "extra": 1.0}, anchors)
+    unscored = {p: None for p in after}
+    with pytest.raises(ValueError, match="no prompt is scored"):
+        clustered_paired_difference(unscored, before, anchors)

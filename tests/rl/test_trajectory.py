@@ -26,7 +26,9 @@ from osvl.rl.trajectory import (
     image_hashes,
     image_sha256,
     read_jsonl,
+    read_prompts,
     trajectory_from_dict,
+    write_prompts,
 )
 
 from .helpers import PROMPT, response_step, rgb, tool_step
@@ -116,6 +118,19 @@ def test_round_trip_is_lossless(tmp_path) -> None:
     assert len(loaded) == 2
     for a, b in zip(original, loaded):
         assert_same(a, b)
+
+
+def test_a_prompts_anchor_and_hops_survive_both_files(tmp_path) -> None:
+    anchored = Prompt(id="drill-image-Ostrava-country-population", question="q?", answer="7", anchor="Ostrava", hops=1)
+    plain = Prompt(id="p1", question="q?", answer="8")
+    assert write_prompts(tmp_path / "prompts.jsonl", [anchored, plain]) == 2
+    assert list(read_prompts(tmp_path / "prompts.jsonl")) == [anchored, plain]
+    assert "anchor" not in (tmp_path / "prompts.jsonl").read_text().splitlines()[1]  # old files read the same
+    record = Trajectory(prompt=anchored, steps=[], finish_reason="response", group_id=0, sample_index=0)
+    append_jsonl(tmp_path / "rollouts.jsonl", [record])
+    assert next(read_jsonl(tmp_path / "rollouts.jsonl")).prompt == anchored
+    with pytest.raises(ValueError, match="hops must be >= 0"):
+        Prompt(id="p", question="q", hops=-1)
 
 
 def test_images_are_stored_once_per_content(tmp_path) -> None:

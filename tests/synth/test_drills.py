@@ -78,6 +78,7 @@ def test_drills_start_only_at_the_given_anchors(world):
     assert len(prompts) == len({p.id for p in prompts}) == 10
     for prompt in prompts:
         anchor = prompt.id.split("-")[2]
+        assert prompt.anchor == anchor and prompt.hops == len(prompt.id.split("-")) - 4 >= 1  # id: anchor, hops, attr
         assert anchor in anchors and len(prompt.images) == 1 and "shown in the image" in prompt.question
         assert np.array_equal(prompt.images[0], world.load_image(anchor)) and prompt.answer
 
@@ -220,6 +221,7 @@ def test_cli_writes_held_out_prompts_anchored_on_the_rl_items(world, curated, tm
     assert report == {"prompts": 12, "rl_anchors": len(rl_anchors), "anchors": "all", "out": str(target)}
     prompts = list(read_prompts(target))  # images are stored beside the file, by content hash
     assert len(prompts) == 12 and all(p.id.split("-")[2] in rl_anchors and p.images for p in prompts)
+    assert all(p.anchor == p.id.split("-")[2] and p.hops >= 1 for p in prompts)  # kept through the file
     assert main(argv + ["--held-out-prompts", "--max-guess-rate", "0.15"]) == 0  # a rerun replaces the file
     rates = guess_rates(world)
     prompts = list(read_prompts(target))
