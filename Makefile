@@ -15,7 +15,7 @@ VLLM_VENV := .venv-vllm
 # machine without CUDA (tests/sglang_server.py; docs/inference_engines.md). A GPU machine needs neither.
 SGLANG_VENV := .venv-sglang
 
-.PHONY: install system-deps vllm-venv sglang-venv lint test test-fast demo demo-more demo-seeds ablation ablation-quick bench-cpu clean
+.PHONY: install system-deps vllm-venv sglang-venv lint test test-fast demo-clock demo demo-more demo-seeds ablation ablation-quick bench-cpu clean
 
 install: system-deps $(VENV)/.installed
 
@@ -111,31 +111,40 @@ DEMO_SUMMARY := $(BIN)/python -m osvl.demo summary --sft runs/tiny_sft --grpo ru
 DEMO_SEEDS := 1 2
 # the targets that start from `make demo`'s checkpoints and evaluations
 DEMO_DONE := @test -f runs/demo/eval/sft.json -a -f runs/demo/eval/grpo.json || { echo "run make demo first"; exit 2; }
-demo: install
+# Each step's wall seconds go to runs/demo/phases.jsonl under its phase; the summary ends with them and the total
+# since `make demo` began (runs/.demo-started, written before the install).
+DEMO_PHASE = $(BIN)/python -m osvl.demo timed --log runs/demo/phases.jsonl --phase
+demo-clock:
+	@mkdir -p runs && date +%s > runs/.demo-started
+demo: demo-clock install
 	rm -rf runs/demo runs/tiny_sft runs/tiny_grpo
-	$(BIN)/python -m osvl.world build --out runs/demo/world --seed 0 --scale 3
-	$(BIN)/python -m osvl.synth run --world runs/demo/world --out $(DEMO_DATA) --expert-search-top-k 1 > runs/demo/curation.json
-	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --count 6000 --caption-links 0.5 \
-		--hop-shares 0.75,0.25 --recall 0.7 --tool-faults 0.01 --out $(DEMO_DATA)/sft/drills.jsonl
-	$(BIN)/python -m osvl.synth drills --world runs/demo/world --names --count 1500 --out $(DEMO_DATA)/sft/names.jsonl
-	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --held-out-prompts --anchors train \
-		--count 160 --seed 1 --max-guess-rate 0.15 --out $(DEMO_DATA)/rl_short/prompts.jsonl
-	$(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --held-out-prompts --anchors eval \
-		--count 128 --seed 2 --max-guess-rate 0.15 --out $(DEMO_DATA)/rl_short/eval.jsonl
+	$(DEMO_PHASE) world -- $(BIN)/python -m osvl.world build --out runs/demo/world --seed 0 --scale 3
+	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.synth run --world runs/demo/world --out $(DEMO_DATA) \
+		--expert-search-top-k 1 > runs/demo/curation.json
+	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --count 6000 \
+		--caption-links 0.5 --hop-shares 0.75,0.25 --recall 0.7 --tool-faults 0.01 --out $(DEMO_DATA)/sft/drills.jsonl
+	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.synth drills --world runs/demo/world --names --count 1500 \
+		--out $(DEMO_DATA)/sft/names.jsonl
+	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) \
+		--held-out-prompts --anchors train --count 160 --seed 1 --max-guess-rate 0.15 --out $(DEMO_DATA)/rl_short/prompts.jsonl
+	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) \
+		--held-out-prompts --anchors eval --count 128 --seed 2 --max-guess-rate 0.15 --out $(DEMO_DATA)/rl_short/eval.jsonl
 	cat $(DEMO_DATA)/sft/trajectories.jsonl $(DEMO_DATA)/sft/drills.jsonl $(DEMO_DATA)/sft/names.jsonl \
 		> $(DEMO_DATA)/sft/with_drills.jsonl
-	$(BIN)/python -m osvl.demo tokenizer --data $(DEMO_DATA) --vocab-size 1024 --max-digits 2 --entity-world runs/demo/world
-	$(BIN)/python -m osvl.demo prior --recipe tiny_grpo --sft $(DEMO_DATA)/sft/with_drills.jsonl \
+	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.demo tokenizer --data $(DEMO_DATA) --vocab-size 1024 --max-digits 2 \
+		--entity-world runs/demo/world
+	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.demo prior --recipe tiny_grpo --sft $(DEMO_DATA)/sft/with_drills.jsonl \
 		--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --out runs/demo/eval/prior.json
-	$(BIN)/python -m osvl.train --recipe tiny_sft $(DEMO_SFT)
-	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --out runs/demo/eval/sft.json
-	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --samples 4 --out runs/demo/eval/sft_k4.json
-	$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo $(DEMO_GRPO)
-	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --out runs/demo/eval/grpo.json
-	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --samples 4 --out runs/demo/eval/grpo_k4.json
-	$(BIN)/python -m osvl.report runs/tiny_sft > /dev/null
-	$(BIN)/python -m osvl.report runs/tiny_grpo > /dev/null
-	$(DEMO_SUMMARY) --evals sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json
+	$(DEMO_PHASE) sft -- $(BIN)/python -m osvl.train --recipe tiny_sft $(DEMO_SFT)
+	$(DEMO_PHASE) eval -- $(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --out runs/demo/eval/sft.json
+	$(DEMO_PHASE) eval -- $(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --samples 4 --out runs/demo/eval/sft_k4.json
+	$(DEMO_PHASE) grpo -- $(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo $(DEMO_GRPO)
+	$(DEMO_PHASE) eval -- $(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --out runs/demo/eval/grpo.json
+	$(DEMO_PHASE) eval -- $(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --samples 4 --out runs/demo/eval/grpo_k4.json
+	$(DEMO_PHASE) report -- $(BIN)/python -m osvl.report runs/tiny_sft > /dev/null
+	$(DEMO_PHASE) report -- $(BIN)/python -m osvl.report runs/tiny_grpo > /dev/null
+	$(DEMO_SUMMARY) --evals sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json \
+		--phases runs/demo/phases.jsonl --started runs/.demo-started
 
 # The evaluations `make demo` leaves out to stay within 20 minutes on 2 cores (they take about 2.5 of them): the
 # random-init policy, and the SFT and GRPO policies with the training's injected tool faults; then the summary
@@ -149,17 +158,22 @@ demo-more: install
 		--evals init=runs/demo/eval/init.json sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json \
 		--faulted sft=runs/demo/eval/sft_faults.json grpo=runs/demo/eval/grpo_faults.json
 
-# More GRPO seeds from `make demo`'s SFT checkpoint (its GRPO run is seed 0), each evaluated on the same 128
-# held-out questions, then each seed's paired difference against SFT and the pooled interval (docs/demo.md).
+# Seeds of the whole recipe: for each of DEMO_SEEDS its own SFT run (job.seed: the initial weights and the data
+# order) and its own GRPO run from it, each evaluated on the same held-out questions; then every seed's GRPO - SFT
+# with intervals over prompts and over anchor entities, and the mean over seeds (`make demo`'s run is seed 0).
 demo-seeds: install
 	$(DEMO_DONE)
 	for seed in $(DEMO_SEEDS); do \
+		$(BIN)/python -m osvl.train --recipe tiny_sft $(DEMO_SFT) --set job.seed=$$seed \
+			--set job.run_dir=runs/tiny_sft_seed$$seed || exit 1; \
+		$(DEMO_EVAL) --checkpoint runs/tiny_sft_seed$$seed/hf --out runs/demo/eval/sft_seed$$seed.json || exit 1; \
 		$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo $(DEMO_GRPO) \
-			--set job.seed=$$seed --set job.run_dir=runs/tiny_grpo_seed$$seed || exit 1; \
+			--set job.seed=$$seed --set model.pretrained=runs/tiny_sft_seed$$seed/hf \
+			--set job.run_dir=runs/tiny_grpo_seed$$seed || exit 1; \
 		$(DEMO_EVAL) --checkpoint runs/tiny_grpo_seed$$seed/hf --out runs/demo/eval/grpo_seed$$seed.json || exit 1; \
 	done
-	$(BIN)/python -m osvl.demo seeds --before sft=runs/demo/eval/sft.json --after seed0=runs/demo/eval/grpo.json \
-		$(foreach seed,$(DEMO_SEEDS),seed$(seed)=runs/demo/eval/grpo_seed$(seed).json)
+	$(BIN)/python -m osvl.demo seeds --run seed0=runs/demo/eval/sft.json,runs/demo/eval/grpo.json \
+		$(foreach seed,$(DEMO_SEEDS),seed$(seed)=runs/demo/eval/sft_seed$(seed).json,runs/demo/eval/grpo_seed$(seed).json)
 
 # The fatal-mode ablation (docs/ablation.md) from `make demo`'s checkpoint: GRPO in the four fatal modes x 3 seeds
 # x outage rates {0, 0.3}, and the other error-counting choices at 0.3, each evaluated greedily on the 64 held-out

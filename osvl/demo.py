@@ -11,8 +11,11 @@
 ``python -m osvl.demo prior --recipe tiny_grpo --sft FILE --out FILE``
     the no-tool floor: the SFT data's most frequent answer to each prompt's asked attribute
 ``python -m osvl.demo summary --sft DIR --grpo DIR --evals init=FILE sft=FILE grpo=FILE [--sampled sft=FILE ...]``
-``python -m osvl.demo seeds --before sft=FILE --after seed0=FILE seed1=FILE ...``
-    GRPO seeds from one checkpoint: each seed's paired difference and the pooled interval
+    [--phases FILE --started FILE]``: the stages compared, then where the demo's time went
+``python -m osvl.demo seeds --run seed0=SFT_FILE,GRPO_FILE seed1=...``
+    seeds of the whole recipe: each seed's SFT -> GRPO difference and the mean over seeds
+``python -m osvl.demo timed --log FILE --phase NAME -- COMMAND...``
+    runs COMMAND and appends its wall seconds to FILE under NAME (``make demo``'s per-phase times)
 
 The fatal-mode ablation (paper Table 3b) that starts from the demo's checkpoint is
 ``osvl.study`` (``make ablation``).
@@ -495,6 +498,38 @@ def _run_triples(specs: Sequence[str]) -> list[tuple[str, str, str]]:
     return triples
 
 
+def timed_phase(log: str | Path, phase: str, command: Sequence[str]) -> int:
+    """Runs ``command`` (its output straight through) and appends ``{"phase", "seconds", "returncode"}`` to ``log``;
+    returns its exit status."""
+    import subprocess
+
+    if not command:
+        raise ValueError("timed needs a command after --")
+    started = time.monotonic()
+    returncode = subprocess.call(list(command))
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", encoding="utf-8") as handle:
+        record = {"phase": phase, "seconds": round(time.monotonic() - started, 3), "returncode": returncode}
+        handle.write(json.dumps(record) + "\n")
+    return returncode
+
+
+def phase_lines(log: str | Path, started: str | Path | None = None) -> list[str]:
+    """Wall seconds per phase of :func:`timed_phase`'s ``log`` (phases in first-run order, repeats summed) and,
+    with ``started`` (a file holding the Unix time the job began), the total since then and what the phases
+    leave out (installs, the shell)."""
+    seconds: dict[str, float] = {}
+    for line in Path(log).read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        seconds[record["phase"]] = seconds.get(record["phase"], 0.0) + record["seconds"]
+    phases = "  ".join(f"{name} {value:.0f}" for name, value in seconds.items())
+    lines = [f"seconds by phase: {phases}  (phases {sum(seconds.values()):.0f})"]
+    if started is not None:
+        total = time.time() - float(Path(started).read_text(encoding="utf-8").split()[0])
+        lines.append(f"since the job started: {total:.0f} s ({total - sum(seconds.values()):.0f} s outside the phases)")
+    return lines
+
+
 def _labelled(specs: Sequence[str], flag: str) -> list[tuple[str, str]]:
     pairs = []
     for spec in specs:
@@ -553,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     summ.add_argument(
         "--sampled", nargs="*", default=[], metavar="LABEL=FILE", help="evaluations with --samples k: their pass@k"
     )
+    summ.add_argument("--phases", help="the per-phase log of timed: where the job's time went, printed last")
+    summ.add_argument("--started", help="a file holding the Unix time the job began (with --phases)")
     summ.add_argument(
         "--faulted",
         nargs="*",
@@ -564,6 +601,10 @@ def main(argv: list[str] | None = None) -> int:
     seeds.add_argument(
         "--run", nargs="+", required=True, metavar="LABEL=SFT_EVAL,GRPO_EVAL", help="each seed's two evaluations"
     )
+    timed = sub.add_parser("timed", help="run a command and log its wall seconds under a phase name")
+    timed.add_argument("--log", required=True)
+    timed.add_argument("--phase", required=True)
+    timed.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     pri = sub.add_parser("prior", help="accuracy of the SFT data's most frequent answer per asked attribute, no tools")
     pri.add_argument("--recipe", required=True)
     pri.add_argument("--sft", required=True, help="the SFT trajectories JSONL")
@@ -598,9 +639,13 @@ def main(argv: list[str] | None = None) -> int:
             evals, others = _labelled(args.evals, "--evals"), _labelled(args.other_evals, "--other-evals")
             sampled, faulted = _labelled(args.sampled, "--sampled"), _labelled(args.faulted, "--faulted")
             lines = summary_lines(args.sft, args.grpo, args.window, evals, others, args.prior, sampled, faulted)
+            if args.phases:
+                lines += phase_lines(args.phases, args.started)
             print("\n".join(lines))
         elif args.command == "seeds":
             print("\n".join(seed_lines(_run_triples(args.run))))
+        elif args.command == "timed":
+            return timed_phase(args.log, args.phase, args.argv[1:] if args.argv[:1] == ["--"] else args.argv)
         elif args.command == "prior":
             from osvl.config.loader import load_recipe
             from osvl.trainer.grpo_data import load_prompts

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from osvl.config import load_recipe
-from osvl.demo import chain_breaks, evaluate_policy, main, seed_lines, summary_lines
+from osvl.demo import chain_breaks, evaluate_policy, main, phase_lines, seed_lines, summary_lines
 from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory, read_jsonl, write_prompts
 from osvl.rollout import ReplayEngine
 from osvl.trainer.validation import answer_is_grounded
@@ -567,3 +569,25 @@ def test_summary_pairs_over_anchors_and_counts_right_answers_by_hops(tmp_path):
     lines = summary_lines(sft, grpo, 1, plain)
     assert not any("right by hops" in line for line in lines)
     assert next(line for line in lines if line.startswith("  grpo - sft:")).endswith("grpo is higher than sft")
+
+
+def test_timed_phases_log_each_commands_seconds_and_status_and_the_summary_ends_with_them(tmp_path, monkeypatch):
+    log = tmp_path / "phases.jsonl"
+    assert (
+        main(["timed", "--log", str(log), "--phase", "sft", "--", sys.executable, "-c", "import time; time.sleep(0.3)"])
+        == 0
+    )
+    assert main(["timed", "--log", str(log), "--phase", "eval", "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
+    assert main(["timed", "--log", str(log), "--phase", "sft", "--", sys.executable, "-c", "pass"]) == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["phase"], r["returncode"]) for r in records] == [("sft", 0), ("eval", 3), ("sft", 0)]
+    assert records[0]["seconds"] >= 0.3
+    started = tmp_path / "started"
+    started.write_text("1000\n")
+    monkeypatch.setattr(time, "time", lambda: 1100.0)
+    lines = phase_lines(log, started)
+    total = sum(r["seconds"] for r in records)
+    assert lines[0].startswith("seconds by phase: sft ") and "  eval " in lines[0]  # first-run order, sft summed
+    assert lines[1] == f"since the job started: 100 s ({100 - total:.0f} s outside the phases)"
+    with pytest.raises(SystemExit):
+        main(["timed", "--log", str(log), "--phase", "x", "--"])  # no command
