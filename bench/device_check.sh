@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The one script a session with a lent GPU runs: every GPU number in one run of <= 285 s, so that a
-# rerun fits in the same 15 minutes of device time (bench/README.md has the command line).
+# Every GPU number in one run of <= 285 s on a GPU machine without internet, short enough that a failed
+# run can be fixed and rerun within a quarter hour of GPU time (bench/README.md has the steps).
 #
-#   OSVL_COMMIT=<sha> bash bench/device_check.sh   # on the GPU machine (carry=[".whl"], see bench/README.md)
+#   OSVL_COMMIT=<sha> bash bench/device_check.sh   # on the GPU machine, the tree copied there with .whl/
 #   bash bench/device_check.sh --dry-run           # print the stage plan and time budget, run nothing
 #   bash bench/device_check.sh --smoke             # tiny shapes, any machine (tests/bench runs this on CPU)
 #
@@ -34,9 +34,9 @@ OUT_DIR=${OUT:-bench/results}
 SUMMARY_ARGS=()
 if [ -n "${OUT:-}" ]; then SUMMARY_ARGS=(--returned); fi  # $OUT is what the GPU machine hands back
 BUDGET=${DEVICE_CHECK_BUDGET_S:-270}
-# The GPU machine's call: its timeout_s covers budget + summary, and two cold starts (~2 min each)
-# with two such runs fit in the 15 minutes of device time a task gets, so a failed run can be rerun.
-RUN_TIMEOUT_S=300
+# The wall limit to give the run on the GPU machine: it covers budget + summary, and two such runs with a
+# machine start (~2 min) before each fit in a quarter hour of GPU time, so a failed run can be rerun.
+RUN_LIMIT_S=300
 LIMIT_PCT=${DEVICE_CHECK_LIMIT_PCT:-100}  # stage limits in percent of the plan's (a slow CPU host rehearsing the run)
 SUMMARY_RESERVE=15  # seconds kept for the summary at the end
 KILL_GRACE=5        # SIGKILL this long after a stage's SIGABRT
@@ -76,8 +76,8 @@ if [ "$MODE" = dry ]; then
   echo "sum of stage limits (with ${KILL_GRACE}s kill grace each): ${total}s; budget ${BUDGET}s (stages are cut to fit it);" \
        "summary reserve ${SUMMARY_RESERVE}s; wall <= $((BUDGET + SUMMARY_RESERVE))s"
   commit=$(git rev-parse HEAD 2> /dev/null || echo "<commit>")
-  echo "on the GPU machine, after bash bench/device_wheels.sh here:"
-  echo "run(command=\"OSVL_COMMIT=$commit bash bench/device_check.sh\", carry=[\".whl\"], timeout_s=$RUN_TIMEOUT_S)"
+  echo "on the GPU machine (this tree copied there with .whl/, after bash bench/device_wheels.sh here), limit ${RUN_LIMIT_S}s:"
+  echo "OSVL_COMMIT=$commit bash bench/device_check.sh"
   if ! git diff --quiet HEAD 2> /dev/null; then
     echo "(the tree has uncommitted changes: they travel, but the results will name $commit)"
   fi
@@ -195,7 +195,7 @@ fi
 
 # --- 3. GPU correctness: compiled Triton kernels (interpreter off) ---------------------------
 if ! "$PY" -c "import pytest" 2> /dev/null; then
-  skip gpu_tests "pytest not importable (carry its wheels: bash bench/device_wheels.sh)"
+  skip gpu_tests "pytest not importable (copy its wheels to .whl/: bash bench/device_wheels.sh)"
 elif [ "$MODE" = smoke ]; then
   stage gpu_tests env TRITON_INTERPRET=0 "$PY" -m pytest -v -p no:cacheprovider -m gpu tests/bench/test_measure.py
 else

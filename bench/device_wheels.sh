@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Downloads, on a machine with PyPI, exactly the wheels the GPU machine lacks, for its Python 3.12 on
-# manylinux x86_64, into the git-ignored .whl/ that travels with the tree (carry=[".whl"]). The GPU
+# manylinux x86_64, into the git-ignored .whl/ that is copied to the GPU machine with the tree. The GPU
 # image has torch 2.11 (CUDA 13) and triton 3.6 and nothing else we need; device_check.sh installs
 # these offline (pip --no-index --find-links .whl) into a private target. Prints the total size,
 # which must stay within WHEELS_MAX_MIB (40): the whole tree that travels is capped at 64 MiB.
 #
-#   bash bench/device_wheels.sh            # then: run(command="bash bench/device_check.sh", carry=[".whl"])
+#   bash bench/device_wheels.sh            # then, there: OSVL_COMMIT=<sha> bash bench/device_check.sh
 #
 # What each wheel is for (everything else torchtitan and Liger declare is never imported on the
 # paths the device check runs: datasets, tensorboard, wandb, torchdata, tokenizers' CLI, ...):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 SCHEMA = "osvl.bench.grpo_loss/1"
 
-# Issue 2's GPU targets: (summary key, comparison, threshold).
+# The kernels' GPU targets: (summary key, comparison, threshold).
 TARGETS = {
     "logits_percent_of_issue_floor": (">=", 85.0),
     "linear_speedup_vs_liger_fused_linear": (">=", 1.3),
@@ -108,7 +108,7 @@ def add_ratios(cases: list[dict]) -> None:
 
 
 def summarize(cases: list[dict], on_gpu: bool) -> dict:
-    """Headline ratios; `met` is judged only on a GPU (issue 2's targets are H200 numbers), else None."""
+    """Headline ratios; `met` is judged only on a GPU (the targets are H200 numbers), else None."""
     by_name = {c["name"]: c for c in cases if c["status"] == "ok"}
 
     def field(name: str, key: str):

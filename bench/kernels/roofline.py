@@ -50,7 +50,7 @@ def lookup_peak(device_name: str, dtype_family: str, tflops: float | None = None
 class Floors:
     """Work of one forward+backward of the loss and the fastest time the peaks allow."""
 
-    issue_floor_bytes: int  # 4*T*V*itemsize: the bandwidth floor issue 2 states its target against
+    issue_floor_bytes: int  # 4*T*V*itemsize: the bandwidth bound the first target was stated against
     kernel_traffic_bytes: int  # 3*T*V*itemsize: our one-pass model (read logits twice, write grad once)
     min_bytes: int  # read inputs once + write gradients once: no implementation can move less
     flops: int  # 6*T*H*V for the fused-linear kind (fwd matmul + dH + dW), 0 for logits-level
