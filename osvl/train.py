@@ -3,8 +3,10 @@
 The recipe is loaded and validated before any process group starts, so a typo fails in a second
 on every rank with the key path. ``--dry-run`` stops there: it runs the stage's own recipe checks
 (the same function and messages as the stage), the meta-device memory planner on a fake group of
-the recipe's world size (paper recipes), and the serving plan (SGLang memory, weight-sync bytes);
-``--preflight`` adds the probes of the servers, judges and tool servers the recipe names.
+the recipe's world size (paper recipes), the serving plan (SGLang memory, weight-sync bytes) and every
+path the recipe names (:mod:`osvl.trainer.inputs`); ``--preflight`` makes an unreadable input an error and
+adds the probes of the servers, judges and tool servers the recipe names. A launch checks the inputs on
+every rank before any process group starts: one line, exit 2.
 
 A rank started by ``torchrun`` dies with its agent (:mod:`osvl.lifetime`), armed before the slow
 imports; rank 0 owns the run directory for the whole stage (:mod:`osvl.run_lock`), so a
@@ -38,6 +40,7 @@ def dry_run(recipe: Recipe, preflight: bool = False) -> list[str]:
 
         lines += dry_run_lines(recipe)
     lines += _watchdog_lines(recipe)
+    lines += _input_lines(recipe, strict=preflight)
     if recipe.job.world_size:
         lines += _memory_plan(recipe)
     else:
@@ -63,6 +66,21 @@ def _watchdog_lines(recipe: Recipe) -> list[str]:
             f"watchdog: a rank waits at most {step_deadline_s(recipe, dp):.0f} s for its step's groups, then every "
             "rank stops after a checkpoint (rollout.step_deadline_s)"
         )
+    return lines
+
+
+def _input_lines(recipe: Recipe, strict: bool) -> list[str]:
+    """Each path the recipe names and whether it opens as it must; ``strict`` (the pre-flight): any that does not
+    is an error. Without it the plan is still printed (data and weights that are not here yet)."""
+    from osvl.trainer.inputs import check_inputs
+
+    checks = check_inputs(recipe)
+    problems = [check.line() for check in checks if check.problem]
+    if problems and strict:
+        raise ValueError(f"{len(problems)} of the recipe's inputs cannot be read: {'; '.join(problems)}")
+    lines = [f"inputs: {check.line()}" for check in checks]
+    if problems:
+        lines.append(f"inputs: {len(problems)} cannot be read: a launch stops at start-up (exit 2)")
     return lines
 
 
@@ -190,6 +208,13 @@ def main(argv: list[str] | None = None) -> int:
         recipe.check_stage(recipe.data_parallel_size(world))
     except ValueError as error:
         parser.error(str(error))
+    from osvl.trainer.inputs import input_problems
+
+    problems = input_problems(recipe)  # before any process group: every rank reads the same files and stops alike
+    if problems:
+        if rank == 0:
+            print(f"python -m osvl.train: error: {'; '.join(problems)}", file=sys.stderr)
+        return 2
     return _train(recipe, rank, world)
 
 

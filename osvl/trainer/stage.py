@@ -116,6 +116,11 @@ class Stage:
         return StageResult(steps=self.step, resumed_from=self.resumed, final_loss=final_loss, run_dir=self.run_dir)
 
 
+def will_resume(recipe: Recipe) -> bool:
+    """Whether the stage continues from a checkpoint of its own (``checkpoint.resume`` and one in the run dir)."""
+    return recipe.checkpoint.resume and latest_checkpoint(Path(recipe.job.run_dir) / "checkpoints") is not None
+
+
 def start_stage(
     recipe: Recipe,
     rank: int,
@@ -133,13 +138,14 @@ def start_stage(
     checkpoint in ``job.run_dir`` when ``checkpoint.resume``."""
     stream = IndexStream(num_items, batch_size, recipe.job.seed, recipe.data.shuffle)
     total = max_steps or epochs * stream.steps_per_epoch
-    checkpoints = Path(recipe.job.run_dir) / "checkpoints"
-    resuming = recipe.checkpoint.resume and latest_checkpoint(checkpoints) is not None
+    resuming = will_resume(recipe)
     model = build_policy(recipe, arch, world_size, fill=not resuming)  # a resume loads every weight itself
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, recipe.optimizer)
     scheduler = build_scheduler(optimizer, total * updates_per_step, recipe.scheduler)
-    state = resume_state(checkpoints, model, optimizer, scheduler, stream, resume=recipe.checkpoint.resume)
+    state = resume_state(
+        Path(recipe.job.run_dir) / "checkpoints", model, optimizer, scheduler, stream, resume=recipe.checkpoint.resume
+    )
     step = state.get("step", 0)
     resumption = resume_records(recipe, rank, state, total)  # cuts the dead attempt's records first; says so
     return Stage(
