@@ -1,4 +1,4 @@
-"""``torchrun --nproc_per_node N -m osvl.train --recipe NAME [--set key=value ...] [--dry-run]``
+"""``torchrun --nproc_per_node N -m osvl.train --recipe NAME [--set key=value ...] [--dry-run | --print-config]``
 
 The recipe is loaded and validated before any process group starts, so a typo fails in a second
 on every rank with the key path. ``--dry-run`` stops there: it runs the stage's own recipe checks
@@ -182,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dry-run", action="store_true", help="validate and plan memory; start nothing")
     parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved recipe (defaults and overrides in place) as TOML that loads back; start nothing",
+    )
+    parser.add_argument(
         "--preflight",
         action="store_true",
         help="with --dry-run: also probe the servers, judges and tool servers the recipe names",
@@ -192,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if args.print_config:
+        from osvl.config.loader import recipe_toml
+
+        if rank == 0:
+            print(recipe_toml(recipe), end="")
+        return 0
     if args.dry_run:
         if rank == 0:
             try:

@@ -8,9 +8,11 @@ override is checked exactly like the file; values parse as TOML literals (``3``,
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -100,6 +102,26 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"{path}: unsupported config field type {tp!r}")
 
 
+def _all_keys(cls: Any = None, prefix: str = "") -> list[str]:
+    """Every leaf key path of the recipe (``grpo.eps_high``, ...)."""
+    cls = Recipe if cls is None else cls
+    keys = []
+    for name, tp in typing.get_type_hints(cls).items():
+        path = f"{prefix}{name}"
+        keys += _all_keys(tp, f"{path}.") if dataclasses.is_dataclass(tp) else [path]
+    return keys
+
+
+def did_you_mean(key: str, accepted: Iterable[str], where: str = "") -> str:
+    """`` (did you mean X?)`` for a mistyped ``key``: the close names ``accepted`` in its own table (``where``), else
+    the keys of other tables with that exact name (``grpo.lr`` -> ``optimizer.lr``); "" when none is near."""
+    near = difflib.get_close_matches(key, list(accepted), n=2, cutoff=0.75)
+    if near:
+        return f" (did you mean {' or '.join(where + n for n in near)}?)"
+    elsewhere = [k for k in _all_keys() if k.rsplit(".", 1)[-1] == key and k != where + key]
+    return f" (did you mean {' or '.join(elsewhere[:3])}?)" if elsewhere else ""
+
+
 def build(cls: type, raw: Mapping[str, Any], path: str = "") -> Any:
     """Construct dataclass ``cls`` from a raw mapping, checking every key and type."""
     hints = typing.get_type_hints(cls)
@@ -108,7 +130,7 @@ def build(cls: type, raw: Mapping[str, Any], path: str = "") -> Any:
     if unknown:
         where = f"{path}." if path else ""
         raise ValueError(
-            f"unknown key(s) {', '.join(where + k for k in unknown)}; "
+            f"unknown key(s) {', '.join(where + k + did_you_mean(k, fields, where) for k in unknown)}; "
             f"{path or 'recipe'} accepts: {', '.join(sorted(fields))}"
         )
     kwargs = {k: _coerce(v, hints[k], f"{path}.{k}" if path else k) for k, v in raw.items()}
@@ -126,8 +148,10 @@ def _field_type(path: str) -> Any:
             raise ValueError(f"--set {path}: {'.'.join(parts[:i])} is not a table")
         hints = typing.get_type_hints(cls)
         if part not in hints:
+            where = "".join(f"{p}." for p in parts[:i])
             raise ValueError(
-                f"--set {path}: unknown key {'.'.join(parts[: i + 1])}; accepts: {', '.join(sorted(hints))}"
+                f"--set {path}: unknown key {'.'.join(parts[: i + 1])}{did_you_mean(part, hints, where)}; "
+                f"accepts: {', '.join(sorted(hints))}"
             )
         cls = hints[part]
     return cls
@@ -193,3 +217,27 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
         return value
 
     return plain(dataclasses.asdict(recipe))
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return ("-inf" if value < 0 else "inf") if value in (float("inf"), float("-inf")) else repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def recipe_toml(recipe: Recipe) -> str:
+    """The resolved recipe (every default and override in place) as TOML that loads back to the same recipe."""
+    lines = []
+    for section, values in recipe_to_dict(recipe).items():
+        lines += [f"[{section}]", *(f"{key} = {_toml_value(value)}" for key, value in values.items()), ""]
+    return "\n".join(lines)

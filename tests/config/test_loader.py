@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pytest
 
-from osvl.config.loader import build, load_recipe, read_prompt_file
+from osvl.config.loader import RECIPES_DIR, build, load_recipe, read_prompt_file, recipe_toml
 from osvl.synth.pipeline import CurationConfig
 from tests.fresh_imports import fresh_imports
 
@@ -83,3 +84,45 @@ def test_loading_a_recipe_imports_neither_torch_nor_torchtitan():
     ``[parallel]`` table stay torch-free, so those commands start in a fraction of a second."""
     code = "from osvl.config import load_recipe\nassert load_recipe('tiny_grpo', ['parallel.tp=1']).parallel.tp == 1"
     assert fresh_imports(code, ("torch", "torchtitan", "cv2")) == []
+
+
+@pytest.mark.parametrize(
+    "override, suggested",
+    [
+        ("grpo.eps_hgih=0.3", "grpo.eps_high"),  # a typo in its own table
+        ("grpo.lr=1e-4", "optimizer.lr"),  # the right name in another table
+        ("optimzer.lr=1e-4", "optimizer"),  # a mistyped table
+    ],
+)
+def test_an_unknown_key_suggests_the_near_one(override, suggested):
+    with pytest.raises(ValueError, match=rf"\(did you mean {re.escape(suggested)}\?\); accepts: "):
+        load_recipe("tiny_sft", [override])
+
+
+def test_an_unknown_key_in_a_file_suggests_too_and_a_far_one_suggests_nothing(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_text('[job]\nname = "x"\nrun_dri = "runs/x"\n')
+    with pytest.raises(ValueError, match=r"unknown key\(s\) job\.run_dri \(did you mean job\.run_dir\?\)"):
+        load_recipe(path)
+    with pytest.raises(ValueError) as error:
+        load_recipe("tiny_sft", ["grpo.zzzzzz=1"])
+    assert "did you mean" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in RECIPES_DIR.glob("*.toml")))
+def test_the_printed_recipe_loads_back_to_the_same_recipe(name, tmp_path):
+    recipe = load_recipe(name, ["grpo.eps_high=0.31", 'rollout.sglang_urls=["http://a:1", "http://b:2"]'])
+    (tmp_path / "printed.toml").write_text(recipe_toml(recipe))
+    assert load_recipe(tmp_path / "printed.toml") == recipe
+
+
+def test_print_config_prints_the_resolved_recipe_on_rank_0_only(capsys, monkeypatch, tmp_path):
+    from osvl.train import main
+
+    assert main(["--recipe", "tiny_sft", "--set", "optimizer.lr=0.004", "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert "[optimizer]\n" in printed and "\nlr = 0.004\n" in printed
+    (tmp_path / "again.toml").write_text(printed)
+    assert load_recipe(tmp_path / "again.toml") == load_recipe("tiny_sft", ["optimizer.lr=0.004"])
+    monkeypatch.setenv("RANK", "1")
+    assert main(["--recipe", "tiny_sft", "--print-config"]) == 0 and capsys.readouterr().out == ""
