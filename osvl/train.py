@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if recipe.job.world_size and recipe.job.world_size != world:
         parser.error(
             f"recipe {recipe.job.name} targets job.world_size={recipe.job.world_size} but "
-            f"{world} processes were started (use --set job.world_size={world} to run it smaller)"
+            f"{world} processes were started (--set job.world_size={world} runs it on them; parallel.dp_shard=-1 "
+            "follows the world, an explicit one must then fit: dp_replicate * dp_shard * tp = world)"
         )
     try:
         recipe.check_stage(recipe.data_parallel_size(world))

@@ -471,7 +471,9 @@ class Recipe:
             if dp_shard * self.parallel.dp_replicate * self.parallel.tp != w:
                 raise ValueError(
                     f"parallel: dp_replicate({self.parallel.dp_replicate}) * dp_shard({dp_shard}) * "
-                    f"tp({self.parallel.tp}) != job.world_size({w})"
+                    f"tp({self.parallel.tp}) != job.world_size({w}): set parallel.dp_shard=-1 (the rest of the world "
+                    "after dp_replicate and tp), or make parallel.dp_replicate, parallel.dp_shard, parallel.tp and "
+                    "job.world_size agree"
                 )
             if w % self.parallel.ep:
                 raise ValueError(f"parallel.ep: {self.parallel.ep} must divide job.world_size {w}")

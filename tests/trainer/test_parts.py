@@ -167,6 +167,16 @@ def test_dry_run_plans_grpo_30b_moe():
     assert "74096 tokens fits in one micro-batch" in text
 
 
+@pytest.mark.parametrize(
+    "name, sharding", [("sft_8b", "dp_shard 8 x tp 1"), ("grpo_8b", "dp_shard 2 x tp 4"), ("sft_30b_moe", "dp_shard 8")]
+)
+def test_one_override_sizes_a_paper_recipe_to_its_world(name, sharding):
+    text = "\n".join(dry_run(load_recipe(name, ["job.world_size=8"])))
+    assert f"world 8 = {sharding}" in text, text
+    with pytest.raises(ValueError, match=r"set parallel\.dp_shard=-1 .*parallel\.tp and job\.world_size agree"):
+        load_recipe(name, ["job.world_size=8", "parallel.dp_shard=16"])
+
+
 def test_dry_run_says_what_would_make_a_plan_fit():
     """grpo_32b fits only with its CPU offload; without it the dry run says no and names the fixes."""
     lines = dry_run(load_recipe("grpo_32b", ["parallel.cpu_offload=false"]))
