@@ -1,4 +1,4 @@
-"""``python bench/profile.py --recipe NAME [--set k=v ...] --steps N [--out DIR]``
+"""``python -m bench.profile --recipe NAME [--set k=v ...] --steps N [--out DIR]``
 
 Runs N steps of a recipe in one process under ``torch.profiler`` (CPU always, CUDA when present)
 and writes into DIR: ``trace.json`` (Chrome / Perfetto), ``breakdown.md`` and ``breakdown.json``

@@ -59,7 +59,7 @@ EXERCISED = {
     "make bench-cpu": "test_make_bench_cpu_writes_every_case",
     "bash bench/device_check.sh --dry-run": "test_the_device_check_plan_and_its_gpu_call",
     "OSVL_COMMIT=$(git rev-parse HEAD) bash bench/device_check.sh": "test_the_device_check_plan_and_its_gpu_call",
-    "python bench/profile.py": "test_profile_writes_a_trace_and_a_breakdown",
+    "python -m bench.profile": "test_profile_writes_a_trace_and_a_breakdown",
     "python examples/trl_grpo.py": "test_the_trl_example",
     "python examples/verl_grpo.py": "test_the_verl_and_torchtitan_examples",
     "python examples/torchtitan_grpo.py": "test_the_verl_and_torchtitan_examples",
@@ -172,7 +172,7 @@ def test_profile_writes_a_trace_and_a_breakdown(tmp_path):
     from bench.profile import main
     from tests.trainer.fixtures import sft_overrides
 
-    argv = shlex.split(command_starting("python bench/profile.py"))[2:]
+    argv = shlex.split(command_starting("python -m bench.profile"))[3:]
     argv[argv.index("--out") + 1] = str(tmp_path / "profile")
     data = [o for o in sft_overrides(tmp_path / "data", tmp_path / "unused") if not o.startswith("job.run_dir")]
     # 8 trajectories are 2 steps an epoch at tiny_sft's global batch: two epochs hold the README's 3 steps

@@ -10,6 +10,7 @@ of the step) and writes ``OUT/matrix.json``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import json
@@ -306,11 +307,16 @@ def matrix_overrides(root: Path) -> tuple[list[str], Path]:
 def main(argv: list[str] | None = None) -> int:
     import random
 
-    args = sys.argv[1:] if argv is None else argv
-    out = Path(args[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.trainer.faults", description="every cell of the fault matrix, one JSON line each"
+    )
+    parser.add_argument("out", type=Path, help="a directory for the runs and matrix.json")
+    parser.add_argument("seed", type=int, nargs="?", default=0, help="draws each kill's moment in its step")
+    args = parser.parse_args(argv)
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     base, model_dir = matrix_overrides(out / "shared")
-    rng = random.Random(int(args[1]) if len(args) > 1 else 0)
+    rng = random.Random(args.seed)
     results = []
     for mode in MODES:
         for fault in FAULTS:
