@@ -4,10 +4,10 @@ run in holds exactly those versions, and every runtime dependency of pyproject.t
 from __future__ import annotations
 
 import re
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
-import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version

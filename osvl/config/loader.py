@@ -10,13 +10,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
-
-import tomllib
 
 from osvl.config.recipe import Recipe
 
@@ -33,7 +32,9 @@ def resolve_recipe_path(name: str | Path) -> Path:
     candidate = RECIPES_DIR / f"{name}.toml"
     if not candidate.is_file():
         known = sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
-        raise ValueError(f"unknown recipe {name!r}; known: {', '.join(known)} (or pass a .toml path)")
+        near = difflib.get_close_matches(str(name), known, n=2, cutoff=0.75)
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        raise ValueError(f"unknown recipe {name!r}{hint}; known: {', '.join(known)} (or pass a .toml path)")
     return candidate
 
 

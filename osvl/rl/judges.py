@@ -24,7 +24,7 @@ import time
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, Protocol
 
@@ -124,8 +124,8 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
         except (TypeError, ValueError):
             return None
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        seconds = (when - (now or datetime.now(timezone.utc))).total_seconds()
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
     return None if math.isnan(seconds) else max(seconds, 0.0)
 
 

@@ -173,7 +173,7 @@ async def _sample(
             )
             try:
                 traj = await _attempt(rollout, preemption)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 traj = Trajectory(prompt, [], FinishReason.INFRA_ERROR, group_id, index)
         if traj is None:
             metrics.restarts += 1

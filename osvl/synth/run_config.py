@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-
-import tomllib
 
 from osvl.config.loader import build
 from osvl.synth.pipeline import CurationConfig

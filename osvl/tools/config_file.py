@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from osvl.tools.config import (
     HttpConfig,

@@ -290,7 +290,7 @@ class ToolServer:
 
         try:
             await asyncio.wait_for(write(), self.limits.write_timeout_s)
-        except (asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):
             if request.transport is not None:
                 request.transport.abort()
         return response
@@ -323,7 +323,7 @@ class ToolServer:
         backstop = prepared.end_to_end_s + self.limits.max_queue_wait_s
         try:
             result = await asyncio.wait_for(asyncio.wrap_future(future), backstop)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             future.cancel()
             return await self._error(request, 504, "deadline", f"{prepared.tool} got no answer within {backstop:g}s")
         self._recent_run_s += 0.2 * (result.run_s - self._recent_run_s)
@@ -339,7 +339,7 @@ class ToolServer:
             )
         try:
             raw = await asyncio.wait_for(request.read(), self.limits.body_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise _BadRequest(
                 408, "timeout", f"the body did not arrive within {self.limits.body_timeout_s:g}s"
             ) from None

@@ -4,11 +4,11 @@ marked as an assumption the tables have since given."""
 
 from __future__ import annotations
 
+import tomllib
 from functools import reduce
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from osvl.config import load_recipe
 from osvl.config.loader import RECIPES_DIR

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -190,9 +192,9 @@ def test_parse_query_scores(text, score) -> None:
 
 
 def test_parse_retry_after() -> None:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
     assert parse_retry_after("5") == 5.0
     assert parse_retry_after(" 1.5 ") == 1.5
     assert parse_retry_after("-3") == 0.0

@@ -28,7 +28,6 @@ SHIPPED = [
     "tiny_grpo",
     "tiny_grpo_services",
     "tiny_base",
-    "demo",
 ]
 
 
@@ -158,7 +157,9 @@ def test_unknown_top_level_and_nested_keys_in_file(tmp_path):
 
 def test_resolve_recipe_path(tmp_path):
     assert resolve_recipe_path("grpo_8b") == RECIPES_DIR / "grpo_8b.toml"
-    with pytest.raises(ValueError, match="unknown recipe 'grpo_9b'; known: demo"):
+    with pytest.raises(
+        ValueError, match="unknown recipe 'grpo_9b' \\(did you mean grpo_8b or grpo_32b\\?\\); known: grpo_30b_moe"
+    ):
         resolve_recipe_path("grpo_9b")
     with pytest.raises(ValueError, match="does not exist"):
         resolve_recipe_path(tmp_path / "missing.toml")
