@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +40,11 @@ class EvalRunConfig:
     concurrency: int = 4  # items in flight (generation and tools)
     judge_concurrency: int = 8  # judge requests in flight
     seed: int = 0
+    progress_every_s: float = 10.0  # a progress line on stderr at most this often, and one at the end; 0 = none
 
     def __post_init__(self) -> None:
+        if self.progress_every_s < 0:
+            raise ValueError(f"progress_every_s must be >= 0, got {self.progress_every_s}")
         if self.concurrency < 1 or self.judge_concurrency < 1:
             raise ValueError(
                 f"concurrency and judge_concurrency must be >= 1, got {self.concurrency} and {self.judge_concurrency}"
@@ -101,10 +106,33 @@ class Evaluator:
         self.store = ImageStore(self.out_dir / "images")
         self.stats = RunStats()
         self._in_flight = 0
+        self._progress = Counter()  # records written this run, by status; "right": summed judged scores
+        self._total, self._started, self._reported = 0, 0.0, 0.0
 
     def _write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+        self._progress[record["status"]] += 1
+        if record["status"] == "judged":
+            self._progress["right"] += record["verdict"]["score"]
+        self._report()
+
+    def progress_line(self) -> str:
+        """Where the run stands: items finished of those it took on, the running accuracy over the judged ones."""
+        p = self._progress
+        finished = p["judged"] + p["unjudged"] + p["infra_error"] + p["bad_input"]
+        accuracy = f"{p['right'] / p['judged']:.3f}" if p["judged"] else "-"
+        return (
+            f"osvl.eval: {finished}/{self._total} items ({self.stats.skipped} judged before), running accuracy "
+            f"{accuracy} over {p['judged']} judged; {p['unjudged']} unjudged, {p['infra_error']} infra errors, "
+            f"{p['bad_input']} bad inputs; {time.monotonic() - self._started:.0f} s"
+        )
+
+    def _report(self, final: bool = False) -> None:
+        every = self.config.progress_every_s
+        if every and (final or time.monotonic() - self._reported >= every):
+            self._reported = time.monotonic()
+            print(self.progress_line(), file=sys.stderr, flush=True)
 
     async def _judge(self, item: EvalItem, answer: str | None, gate: asyncio.Semaphore) -> tuple[Verdict, float]:
         async with gate:
@@ -180,6 +208,8 @@ class Evaluator:
                 tasks.append(self._rejudge(item, previous, judge_gate))
             else:
                 tasks.append(self._generate(item, gate, judge_gate))
+        self._total, self._started, self._reported = len(tasks), started, started
         await asyncio.gather(*tasks)
+        self._report(final=True)
         self.stats.wall_s = time.monotonic() - started
         return self.stats

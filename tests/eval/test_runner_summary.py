@@ -168,3 +168,18 @@ def test_full_seven_benchmark_runs_show_the_reported_average():
 )
 def test_extract_answer(text, answer):
     assert extract_answer(text) == answer
+
+
+def test_progress_lines_say_how_far_the_run_is_and_its_running_accuracy(tmp_path, capsys):
+    config = EvalRunConfig(concurrency=2, progress_every_s=1e-9)  # a line after every record
+    asyncio.run(Evaluator(ScriptedAnswerer(broken={"5"}), FlakyJudge(down={"4"}), tmp_path, config).run(ITEMS))
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == len(ITEMS) + 1  # one per record, then the final one
+    assert lines[-1].startswith("osvl.eval: 6/6 items (0 judged before), running accuracy 0.500 over 4 judged; ")
+    assert "1 unjudged, 1 infra errors, 0 bad inputs" in lines[-1]  # ids 0 and 2 right of 0-3; 4 unjudged; 5 broken
+    assert [int(line.split()[1].split("/")[0]) for line in lines[:-1]] == list(range(1, 7))
+    again = Evaluator(ScriptedAnswerer(), FlakyJudge(), tmp_path, EvalRunConfig(progress_every_s=0))
+    asyncio.run(again.run(ITEMS))  # resumed: rejudges 4, regenerates 5; no line at 0
+    assert capsys.readouterr().err == "" and "(4 judged before)" in again.progress_line()
+    with pytest.raises(ValueError, match="progress_every_s"):
+        EvalRunConfig(progress_every_s=-1)
