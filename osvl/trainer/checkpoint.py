@@ -17,7 +17,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.stateful import Stateful
 
 from osvl.data.image import ImageConfig
@@ -99,6 +104,17 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.o
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return torch.load(state_file, weights_only=False)
+
+
+def load_model_weights(path: str | Path, model: torch.nn.Module) -> None:
+    """Restores only the model's weights from a complete checkpoint, into any world size's plan (DCP reshards);
+    the optimizer state and the trainer's files stay unread."""
+    path = Path(path)
+    if not (path / MARKER).is_file():
+        raise ValueError(f"{path} is not a complete checkpoint (no {MARKER!r} marker)")
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(model, state["model"])
 
 
 def stage_state(scheduler: Stateful, stream: Stateful, **extra: Any) -> dict[str, Any]:
