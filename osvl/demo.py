@@ -634,7 +634,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-            print(json.dumps(result))
+            per_prompt = ("per_prompt", "anchors", "hops")  # in the file; one line here
+            print(json.dumps({k: v for k, v in result.items() if k not in per_prompt} | {"out": args.out}))
         elif args.command == "summary":
             evals, others = _labelled(args.evals, "--evals"), _labelled(args.other_evals, "--other-evals")
             sampled, faulted = _labelled(args.sampled, "--sampled"), _labelled(args.faulted, "--faulted")
