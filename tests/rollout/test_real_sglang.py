@@ -42,6 +42,7 @@ from osvl.trainer.checkpoint import latest_checkpoint, step_dir
 from osvl.trainer.export import PolicyDefaults, model_files
 from osvl.trainer.policy import policy_arch, policy_image_config
 from osvl.trainer.stage import stage_inputs
+from osvl.world.__main__ import main as world_main
 from tests.rollout.killed_server import (
     CountingTransport,
     check_killed_requests,
@@ -71,6 +72,7 @@ def _recipe_overrides(root):
         "rollout.max_turns=2",
         "tools.fault_rate=0.0",
         "checkpoint.every_steps=1",
+        f"tools.world_dir={root / 'world'}",  # the recipe's offline tools read it (built by `served`)
     )
 
 
@@ -108,8 +110,10 @@ def one_worker_runs_the_module(request):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """The server over the text export of the policy (seed-7 weights), and that policy."""
+    """The server over the text export of the policy (seed-7 weights), and that policy; the offline world its
+    recipe's tools name."""
     root = tmp_path_factory.mktemp("sglang")
+    assert world_main(["build", "--out", str(root / "world"), "--seed", "0"]) == 0
     model, directory = _export(root, "served", seed=7)
     server = SGLangServer(directory, root / "sglang.log")
     try:
