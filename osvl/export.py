@@ -51,18 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    import torch.distributed as dist
+    from osvl.parallel import start_rank, teardown
 
-    from osvl.parallel import teardown, use_host_device
-    from osvl.parallel._compat import default_backend
-
-    use_host_device()
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if world > 1:
-        dist.init_process_group(default_backend(), rank=rank, world_size=world)
+    start_rank(rank, world)
     try:
         checkpoint = export_checkpoint(recipe, args.step, args.out, rank, world)
     except ValueError as error:

@@ -233,24 +233,15 @@ def main(argv: list[str] | None = None) -> int:
 def _train(recipe: Recipe, rank: int, world: int) -> int:
     from datetime import timedelta
 
-    import torch
-    import torch.distributed as dist
-
     from osvl.model import CheckpointError
-    from osvl.parallel import teardown, use_host_device
-    from osvl.parallel._compat import default_backend
+    from osvl.parallel import start_rank, teardown
     from osvl.rollout.engine import EngineError
     from osvl.run_lock import RunDirError, own_run_dir
     from osvl.serve.preflight import PreflightError
     from osvl.trainer import run_grpo, run_sft
     from osvl.trainer.watchdog import RunStopped, collective_timeout_s
 
-    use_host_device()
-    if torch.cuda.is_available():  # each rank its own GPU; before the process group, which NCCL binds to it
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if world > 1:
-        timeout = timedelta(seconds=collective_timeout_s(recipe, recipe.data_parallel_size(world)))
-        dist.init_process_group(default_backend(), rank=rank, world_size=world, timeout=timeout)
+    start_rank(rank, world, timedelta(seconds=collective_timeout_s(recipe, recipe.data_parallel_size(world))))
     try:
         with own_run_dir(recipe.job.run_dir, rank, recipe.job.name):
             result = (run_grpo if recipe.job.stage == "grpo" else run_sft)(recipe, rank, world)

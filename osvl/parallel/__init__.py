@@ -4,6 +4,7 @@ the CPU/gloo compat shims, and the dry-run memory planner."""
 from osvl.config.parallel import ParallelConfig
 from osvl.parallel._compat import (
     host_device_type,
+    start_rank,
     teardown,
     use_host_device,
     use_partial_dtensor,
@@ -24,6 +25,7 @@ __all__ = [
     "parallel_dims",
     "parallelize",
     "sharded_model_config",
+    "start_rank",
     "teardown",
     "uneven_splits",
     "use_host_device",

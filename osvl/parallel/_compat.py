@@ -14,6 +14,8 @@ The torch versions torchtitan assumes are :mod:`osvl.model.version_shims`'s, ins
 from __future__ import annotations
 
 import functools
+import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -73,6 +75,18 @@ def force_sum_reduction_if_needed(model: nn.Module) -> int:
             module.set_force_sum_reduction_for_comms(True)
             changed += 1
     return changed
+
+
+def start_rank(rank: int, world: int, timeout: timedelta | None = None) -> None:
+    """What every entry point does first on a rank: torchtitan's device globals for this host, the rank's own GPU
+    (``LOCAL_RANK``; before the process group, which NCCL binds to it), and the process group when there are
+    several ranks (``timeout``: every collective's; None is torch's default)."""
+    use_host_device()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if world > 1:
+        kwargs = {} if timeout is None else {"timeout": timeout}
+        dist.init_process_group(default_backend(), rank=rank, world_size=world, **kwargs)
 
 
 def teardown() -> None:

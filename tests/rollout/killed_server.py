@@ -49,6 +49,32 @@ def hold_training_until_killed(marks: Path, rank: int) -> None:
     stage.train_minibatch = train_and_hold
 
 
+def run_until_the_server_dies(rank: int, world: int, overrides: list[str], url: str, marks: Path, at: str) -> None:
+    """A rank of the GRPO stage (``tiny_grpo`` with ``overrides``) whose server is killed mid-step: ``at``
+    ``"preflight"`` marks the end of its pre-flight (a kill during the rollouts), ``"training"`` holds it after its
+    first mini-batch until the kill (a kill before the weight sync). The stage must fail with an ``EngineError``
+    naming ``url`` on every rank."""
+    from osvl.config import load_recipe
+    from osvl.trainer import run_grpo
+    from tests.trainer.grpo_fixtures import echo_environment
+
+    (mark_preflight if at == "preflight" else hold_training_until_killed)(marks, rank)
+    try:
+        run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
+    except EngineError as error:
+        assert url in str(error), error
+        return
+    raise AssertionError(f"the step went through with its server {url} dead (killed at {at})")
+
+
+def kill_once_both_ranks_train(marks: Path, server) -> None:
+    """The killer of ``at="training"`` runs: SIGKILL ``server`` once both ranks hold after their first
+    mini-batch, then let them go on."""
+    if wait_for_marks(marks, 2, name="training"):
+        server.kill()
+        (marks / "killed-0").touch()
+
+
 def wait_for_marks(marks: Path, ranks: int, timeout_s: float = 600, name: str = "preflight") -> bool:
     """Whether every rank's ``name`` mark (``marks/<name>-<rank>``) appeared within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

@@ -15,7 +15,6 @@ import dataclasses
 import re
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -26,7 +25,6 @@ from osvl.config import load_recipe
 from osvl.data.tokenizer import load_tokenizer
 from osvl.model import build_model, save_pretrained
 from osvl.rollout import (
-    EngineError,
     GenerationRequest,
     RolloutRecorder,
     SamplingParams,
@@ -46,8 +44,8 @@ from osvl.world.__main__ import main as world_main
 from tests.rollout.killed_server import (
     CountingTransport,
     check_killed_requests,
-    hold_training_until_killed,
-    mark_preflight,
+    kill_once_both_ranks_train,
+    run_until_the_server_dies,
     wait_for_marks,
 )
 from tests.sglang_server import SGLangRouter, SGLangServer
@@ -316,19 +314,6 @@ def test_two_servers_behind_a_real_router(served, two_steps):
         second.close()
 
 
-def crash_body(rank: int, world: int, overrides: list[str], url: str, marks: Path) -> None:
-    from osvl.trainer import run_grpo
-    from tests.trainer.grpo_fixtures import echo_environment
-
-    mark_preflight(marks, rank)
-    try:
-        run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
-    except EngineError as error:  # every rank, with the dead server named
-        assert url in str(error), error
-        return
-    raise AssertionError("step 3 went through with its SGLang server dead")
-
-
 # how long the killed-server test's clients wait for the dead server before failing (the recipe's 600 s
 # default is for restarts: with it this test took 31 min on CI, waiting out the window per phase)
 RECONNECT_S = 5.0
@@ -387,7 +372,7 @@ def test_a_killed_server_fails_the_step_and_a_relaunch_resumes(served, two_steps
         f"rollout.server_reconnect_s={RECONNECT_S}",  # a restart is not coming: fail after a short wait
     ]
     try:
-        run_ranks(crash_body, 2, overrides, server.url, marks)
+        run_ranks(run_until_the_server_dies, 2, overrides, server.url, marks, "preflight")
     finally:
         killer.join(120)
     assert server.process.poll() is not None
@@ -407,19 +392,6 @@ def test_a_killed_server_fails_the_step_and_a_relaunch_resumes(served, two_steps
         relaunched.close()
 
 
-def train_then_crash_body(rank: int, world: int, overrides: list[str], url: str, marks: Path) -> None:
-    from osvl.trainer import run_grpo
-    from tests.trainer.grpo_fixtures import echo_environment
-
-    hold_training_until_killed(marks, rank)
-    try:
-        run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
-    except EngineError as error:  # every rank, at the sync, with the dead server named
-        assert url in str(error), error
-        return
-    raise AssertionError("the step's weight sync went through with its SGLang server dead")
-
-
 def test_a_server_killed_while_the_ranks_train_fails_the_sync_and_loses_nothing(served, two_steps):
     """The kill in the middle of a step: the next step (resumed from the latest checkpoint) rolls out on a
     live server, which dies (SIGKILL) while both ranks train on those rollouts. The weight sync that ends
@@ -433,12 +405,7 @@ def test_a_server_killed_while_the_ranks_train_fails_the_sync_and_loses_nothing(
     marks.mkdir()
     server = SGLangServer(root / "served", root / "sglang-killed-in-training.log")
 
-    def kill_during_training() -> None:
-        if wait_for_marks(marks, 2, name="training"):
-            server.kill()
-            (marks / "killed-0").touch()
-
-    killer = threading.Thread(target=kill_during_training)
+    killer = threading.Thread(target=kill_once_both_ranks_train, args=(marks, server))
     killer.start()
     overrides = _served_overrides(root, server.url) + [
         f"grpo.max_steps={resumed + 1}",
@@ -446,7 +413,7 @@ def test_a_server_killed_while_the_ranks_train_fails_the_sync_and_loses_nothing(
         f"rollout.server_reconnect_s={RECONNECT_S}",  # a restart is not coming: fail after a short wait
     ]
     try:
-        run_ranks(train_then_crash_body, 2, overrides, server.url, marks)
+        run_ranks(run_until_the_server_dies, 2, overrides, server.url, marks, "training")
     finally:
         killer.join(180)
         server.close()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import replace
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -50,8 +49,8 @@ from osvl.trainer.stage import stage_inputs
 from tests.rollout.killed_server import (
     CountingTransport,
     check_killed_requests,
-    hold_training_until_killed,
-    mark_preflight,
+    kill_once_both_ranks_train,
+    run_until_the_server_dies,
     wait_for_marks,
 )
 from tests.trainer.ranks import run_ranks
@@ -237,19 +236,6 @@ def test_grpo_stage_serves_every_optimizer_step_through_vllm(served, two_steps):
         assert steps and {s.policy_version for s in steps} == {version}  # the server's word, per token span
 
 
-def crash_body(rank: int, world: int, overrides: list[str], url: str, marks: Path) -> None:
-    from osvl.trainer import run_grpo
-    from tests.trainer.grpo_fixtures import echo_environment
-
-    mark_preflight(marks, rank)
-    try:
-        run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
-    except EngineError as error:  # every rank, with the dead server named
-        assert url in str(error), error
-        return
-    raise AssertionError("step 3 went through with its vLLM server dead")
-
-
 def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothing(served, two_steps, env):
     """The module's server dies (SIGKILL) while step 3 rolls out (resumed from step 2's
     checkpoint). Requests in flight end as ``EngineError`` naming it; the step fails on every rank at
@@ -300,7 +286,7 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
         "rollout.text_only_export=true",
     ]
     try:
-        run_ranks(crash_body, 2, overrides, server.url, marks)
+        run_ranks(run_until_the_server_dies, 2, overrides, server.url, marks, "preflight")
     finally:
         killer.join(120)
     assert server.process.poll() is not None
@@ -338,19 +324,6 @@ def test_a_killed_server_fails_the_step_with_typed_infra_errors_and_loses_nothin
         runner.run(client.aclose())
 
 
-def train_then_crash_body(rank: int, world: int, overrides: list[str], url: str, marks: Path) -> None:
-    from osvl.trainer import run_grpo
-    from tests.trainer.grpo_fixtures import echo_environment
-
-    hold_training_until_killed(marks, rank)
-    try:
-        run_grpo(load_recipe("tiny_grpo", overrides), rank, world, environment=echo_environment)
-    except EngineError as error:  # every rank, at the sync, with the dead server named
-        assert url in str(error), error
-        return
-    raise AssertionError("step 3's weight sync went through with its vLLM server dead")
-
-
 def test_a_server_killed_while_the_ranks_train_fails_the_sync_and_loses_nothing(served, two_steps):
     """The kill in the middle of a step: step 3 (resumed from step 2) rolls out on a live server, and the
     server dies (SIGKILL) while both ranks train on those rollouts. The weight sync that ends the step fails
@@ -361,12 +334,7 @@ def test_a_server_killed_while_the_ranks_train_fails_the_sync_and_loses_nothing(
     marks.mkdir()
     server = vllm_server(root / "served", root / "vllm-killed-in-training.log")
 
-    def kill_during_training() -> None:
-        if wait_for_marks(marks, 2, name="training"):
-            server.kill()
-            (marks / "killed-0").touch()
-
-    killer = threading.Thread(target=kill_during_training)
+    killer = threading.Thread(target=kill_once_both_ranks_train, args=(marks, server))
     killer.start()
     overrides = _recipe_overrides(root) + [
         "grpo.max_steps=3",
@@ -376,7 +344,7 @@ def test_a_server_killed_while_the_ranks_train_fails_the_sync_and_loses_nothing(
         "rollout.text_only_export=true",
     ]
     try:
-        run_ranks(train_then_crash_body, 2, overrides, server.url, marks)
+        run_ranks(run_until_the_server_dies, 2, overrides, server.url, marks, "training")
     finally:
         killer.join(180)
         server.close()
