@@ -31,10 +31,13 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
 	else echo "WARNING: python_interpreter's sandbox needs: apt-get install $(SYSTEM_PACKAGES) (docs/tools.md)"; fi
 
-$(VENV)/.installed: pyproject.toml Makefile $(CONSTRAINTS) requirements/runtime-no-deps.txt requirements/test-no-deps.txt
+# osvl-kernels (kernels/, torch + triton only) goes in first, from the tree: osvl's pin on it is then satisfied and
+# pip never asks the index for it.
+$(VENV)/.installed: pyproject.toml kernels/pyproject.toml Makefile $(CONSTRAINTS) requirements/runtime-no-deps.txt requirements/test-no-deps.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c $(CONSTRAINTS) torch triton
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ./kernels
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[test]"
 	$(BIN)/pip install -q --no-deps -r requirements/runtime-no-deps.txt -r requirements/test-no-deps.txt
 	touch $@

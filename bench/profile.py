@@ -25,7 +25,7 @@ from osvl.trainer.metrics import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 PHASES = {
     "sft": ("time_data_s", "time_forward_backward_s", "time_optimizer_s"),
-    "grpo": ("time_rollout_s", "time_tools_s", "time_scoring_s", "time_train_s", "time_sync_s"),
+    "grpo": ("time_rollout_s", "time_tools_s", "time_advantages_s", "time_pack_s", "time_train_s", "time_sync_s"),
 }
 EXTRA = ("step_time_s", "memory_peak_gib", "model_tflops", "mfu")
 

@@ -6,8 +6,10 @@ tokens/s, MFU, peak memory and the share of the step spent in the fused GRPO los
     python bench/train_step.py --smoke      # any machine: the tiny CPU width, 512 tokens, fp32
 
 The step is the trainer's: FSDP2 mixed precision (fp32 master weights, bf16 compute) on a one-rank
-mesh, torchtitan's activation checkpointing, the packed multimodal forward, `linear_grpo_loss` on
-the final hidden states, backward, AdamW. The batch is synthetic (random weights, random token
+mesh, torchtitan's activation checkpointing, then osvl.step, which the stages call for their own
+steps: the packed multimodal forward, the fused GRPO loss on the final hidden states with the stage's
+settings and loss chunk, backward, and `optim_step` (clip, the non-finite guard, AdamW as the trainer
+builds it). The batch is synthetic (random weights, random token
 ids, random pixels) with the shapes of real trajectories: several sequences, each with images,
 about half its tokens policy tokens. FLOPs come from osvl.trainer.flops on the actual packed
 lengths and image grids. Writes <out-dir>/<name>-<gpu|cpu>-<commit>.json once the model is built and
@@ -33,6 +35,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from bench.kernels.report import device_tag, git_info, result_path, versions, write_record  # noqa: E402
+from osvl.config.recipe import GRPOConfig  # noqa: E402  (the recipe config: no torch, no other osvl package)
 
 SCHEMA = "osvl.bench.train_step/1"
 TINY_VOCAB = 4096
@@ -80,7 +83,9 @@ def parse_args(argv: list[str]) -> tuple[StepConfig, argparse.Namespace]:
     p.add_argument("--image-side", type=int, default=None, help="default 448 px (32 with --smoke)")
     p.add_argument("--ac", choices=["none", "full", "selective"], default="full")
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--loss-chunk", type=int, default=None, help="linear_grpo_loss chunk_size (default: its own)")
+    p.add_argument(
+        "--loss-chunk", type=int, default=GRPOConfig().loss_chunk, help="grpo.loss_chunk (the recipes' default)"
+    )
     p.add_argument("--peak-tflops", type=float, default=0.0, help="0: from the device table")
     p.add_argument("--name", default="train_step")
     p.add_argument("--out-dir", type=Path, default=Path(os.environ.get("OUT") or REPO / "bench" / "results"))
@@ -128,6 +133,7 @@ def synthetic_batch(config: StepConfig, arch, special, seed: int = 0):
     policy turns (loss tokens) and tool observations, with engine log-probs and group rewards."""
     from osvl.data.image import ImageConfig, ProcessedImage
     from osvl.data.packing import TrainSequence, pack_microbatch
+    from osvl_kernels import group_advantages
 
     rng = np.random.default_rng(seed)
     v = arch.vision
@@ -164,6 +170,10 @@ def synthetic_batch(config: StepConfig, arch, special, seed: int = 0):
         sequences.append(
             TrainSequence(ids, loss_mask, turn // 2, logprobs, images, group_id=s // 4, reward=float(rng.random()))
         )
+    # the trainer packs each sequence with its advantage, normalised over its group beforehand
+    rewards = torch.tensor([seq.reward for seq in sequences])
+    advantages = group_advantages(rewards, torch.tensor([seq.group_id for seq in sequences]))
+    sequences = [replace(seq, advantage=float(a)) for seq, a in zip(sequences, advantages)]
     return pack_microbatch(sequences, images_cfg, special)
 
 
@@ -243,9 +253,11 @@ def step_summary(steps: list[dict], tokens: int, flops: float, peak: float | Non
 
 
 def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tuple[dict, Path]:
-    from osvl.parallel import lm_head_weight
+    from osvl.config.recipe import OptimizerConfig, SchedulerConfig
+    from osvl.data.distributed import global_normalizers
+    from osvl.step import grpo_loss_config, grpo_loss_on_hidden, optim_step, packed_forward
     from osvl.trainer.flops import packed_batch_flops, resolve_peak_tflops
-    from osvl_kernels import linear_grpo_loss
+    from osvl.trainer.optim import build_optimizer, build_scheduler
 
     git = git_info(REPO)  # first: the file's name, and a failure here must not cost the steps
     device = torch.device("cuda" if config.param_dtype == "bfloat16" else "cpu")
@@ -254,7 +266,11 @@ def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tup
     batch = synthetic_batch(config, arch, special).to(device)
     model = build(config, arch, device)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0, fused=device.type == "cuda")
+    optimizer_config = OptimizerConfig(lr=1e-6)
+    optimizer = build_optimizer(params, optimizer_config)
+    scheduler = build_scheduler(optimizer, config.steps, SchedulerConfig(kind="constant", warmup_ratio=0.0))
+    loss_config = grpo_loss_config(GRPOConfig())  # the stage's settings (host-side value checks off)
+    norms = global_normalizers([batch], device=device)
     flops = packed_batch_flops(arch, batch.to("cpu"))
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = resolve_peak_tflops(peak_tflops, gpu_name)
@@ -293,35 +309,21 @@ def run(config: StepConfig, out_dir: Path, name: str, peak_tflops: float) -> tup
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         t0 = clock.mark()
-        hidden = model(
-            batch.input_ids,
-            cu_seqlens=batch.cu_seqlens,
-            position_ids=batch.position_ids,
-            pixel_values=batch.pixel_values,
-            image_grid_thw=batch.image_grid_thw,
-            return_hidden=True,
-        )
+        on_device, hidden = packed_forward(model, batch)
         t1 = clock.mark()
-        out = linear_grpo_loss(
+        out = grpo_loss_on_hidden(
+            model,
             hidden,
-            lm_head_weight(model),
-            batch.target_ids,
-            batch.cu_seqlens,
-            batch.loss_mask,
-            old_logprobs=batch.old_logprobs,
-            rewards=batch.rewards,
-            group_ids=batch.group_ids,
-            fatal_step=batch.fatal_step,
-            token_step=batch.token_step,
+            on_device,
+            loss_config,
             chunk_size=config.loss_chunk,
-            backend="auto" if device.type == "cuda" else "torch",
-            validate=False,
+            num_seqs=norms.num_seqs.clamp_min(1),
+            num_tokens=norms.num_valid_tokens.clamp_min(1),
         )
         t2 = clock.mark()
         out.loss.backward()
         t3 = clock.mark()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optim_step(params, optimizer, scheduler, optimizer_config)
         t4 = clock.mark()
         steps.append(
             {

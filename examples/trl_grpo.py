@@ -1,10 +1,10 @@
-"""GRPO with TRL's GRPOTrainer (1.13) and osvl's fused lm_head + GRPO loss: no [B, L, V] logits.
+"""GRPO with TRL's GRPOTrainer (1.16) and osvl's fused lm_head + GRPO loss: no [B, L, V] logits.
 
     python examples/trl_grpo.py                                  # tiny random Qwen2 on CPU, offline
     python examples/trl_grpo.py --model Qwen/Qwen3-0.6B --steps 200 --beta 0.04 --bf16
 
 Everything TRL does (generation, rewards, advantages, reference and old log-probs, the vLLM
-importance-sampling ratio) stays TRL's; only the loss call `trainer.liger_loss(...)` is osvl's,
+importance-sampling ratio) stays TRL's; only the trainer's loss hook `compute_loss` is osvl's,
 installed after the trainer is built. The configuration below lists every GRPOConfig field the
 fused loss reads; docs/integrations.md says what is supported and why.
 """
@@ -20,9 +20,6 @@ import torch
 from osvl_kernels.integrations.trl import OsvlFusedLinearGRPOLoss
 
 WORDS = [f"w{i}" for i in range(40)]
-CPU_MODEL_PATCHES_OFF = dict(
-    rope=False, swiglu=False, rms_norm=False, cross_entropy=False, fused_linear_cross_entropy=False
-)
 
 
 def tiny_tokenizer():
@@ -67,7 +64,6 @@ def build_trainer(model: str, out_dir: str, tokenizer=None, prompts: list[str] |
 
     settings = dict(
         output_dir=out_dir,
-        use_liger_kernel=True,  # routes the loss through trainer.liger_loss, which osvl replaces
         loss_type="dapo",  # osvl: grpo, bnpo, dr_grpo, dapo
         beta=0.0,  # > 0 loads a reference model; the KL is k3, times pi/pi_old (use_bias_correction_kl)
         use_bias_correction_kl=True,  # TRL's default; only acts when beta > 0
@@ -85,9 +81,6 @@ def build_trainer(model: str, out_dir: str, tokenizer=None, prompts: list[str] |
         report_to=[],
         save_strategy="no",
         use_cpu=not torch.cuda.is_available(),
-        # use_liger_kernel also patches the model with Liger's own Triton kernels (RMSNorm, SwiGLU,
-        # RoPE), which have nothing to do with the loss and need a GPU: off on CPU, yours to keep on GPU.
-        liger_kernel_config=None if torch.cuda.is_available() else CPU_MODEL_PATCHES_OFF,
         # With use_vllm=True, TRL's vllm_importance_sampling_correction (default True) ratio reaches the
         # loss as vllm_is_ratio; osvl applies it to the policy-gradient term of each token, in every
         # vllm_importance_sampling_mode (sequence_mask by default, token_truncate, ...).

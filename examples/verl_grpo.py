@@ -11,7 +11,9 @@ beside the score, and the "osvl_fatal_sync" trainer hands the flags to the "osvl
 estimator. Run without arguments, this script runs on CPU what verl would call, on a tiny random
 policy: the reward function, the advantage step (estimator + flags), and one actor loss computed
 by verl's own `ppo_loss` (loss_mode=osvl_fatal_grpo, full-vocab log-probs) and by osvl's fused
-loss from the final hidden states (`verl_fused_ppo_loss`), which agree.
+loss from the final hidden states (`verl_fused_ppo_loss`), which agree. In a verl job, adding
+`osvl_kernels.integrations.verl_engine_plugin` to VERL_USE_EXTERNAL_MODULES (comma-separated) makes the actor's
+FSDP engine compute that fused loss in its update (docs/integrations.md; tested in test_verl_engine.py).
 """
 
 from __future__ import annotations

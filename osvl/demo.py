@@ -1,4 +1,5 @@
-"""``make demo`` helpers: the demo tokenizer, the greedy evaluation and the before/after summary.
+"""``make demo`` helpers: the demo tokenizer, the evaluation's command line (the evaluation itself is
+:mod:`osvl.trainer.evaluation`), the no-tool prior and the before/after summary.
 
 ``python -m osvl.demo tokenizer --data DIR``   byte-level BPE over the curated set
 ``python -m osvl.demo evaluate --recipe tiny_grpo --checkpoint DIR|init --out FILE [--samples K] [--faults]``
@@ -24,21 +25,18 @@ The fatal-mode ablation (paper Table 3b) that starts from the demo's checkpoint 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import dataclasses
 import itertools
 import json
 import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imports stay light: the tool workers `evaluate` spawns re-import this module as __main__
-    from osvl.config.recipe import Recipe
-    from osvl.rl.trajectory import Prompt, Trajectory
+    from osvl.rl.trajectory import Prompt
 
 # GRPO's per-step metrics the summary compares first vs last: the rollouts' reward and accuracy, the
 # share of answers read from a tool observation, the share of groups that carry a gradient (any reward
@@ -95,136 +93,6 @@ def demo_tokenizer(
     return target
 
 
-def evaluation_rollouts(
-    recipe: Recipe,
-    checkpoint: str,
-    limit: int = 0,
-    engine_wrapper: Callable | None = None,
-    samples: int = 0,
-    faults: bool = False,
-) -> list[Trajectory]:
-    """Greedy rollouts of a policy on ``data.train_path``'s prompts under the GRPO stage's prompt,
-    tools and turn budget, scored as in training; with ``samples`` > 0, that many rollouts a prompt at
-    the GRPO stage's temperature and top-p instead (for pass@k). Faults and outages are off unless
-    ``faults``: then the recipe's injected ones strike, as in training, on the same calls for every
-    checkpoint (each decision is fixed by the job seed and the call's prompt, sample and turn).
-
-    ``checkpoint`` is an HF directory, or ``init`` for the recipe's seeded initialization (what
-    the SFT stage starts from).
-    """
-    import torch
-
-    from osvl.data.tokenizer import load_tokenizer
-    from osvl.model import build_model
-    from osvl.rl.rewards import score_batch
-    from osvl.rollout import LocalEngine
-    from osvl.trainer.grpo_data import load_prompts, reward_scoring, rollout_configs
-    from osvl.trainer.policy import build_policy, policy_arch, policy_renderer
-    from osvl.trainer.tool_env import stage_environment
-    from osvl.trainer.validation import collect_rollouts
-
-    pretrained = "" if checkpoint == "init" else checkpoint
-    recipe = dataclasses.replace(
-        recipe,
-        model=dataclasses.replace(recipe.model, pretrained=pretrained),
-        tools=recipe.tools if faults else dataclasses.replace(recipe.tools, fault_rate=0.0, outage_rate=0.0),
-    )
-    tokenizer = load_tokenizer(recipe.data.tokenizer or pretrained)
-    arch = policy_arch(recipe, tokenizer.vocab_size, tokenizer.special)
-    renderer = policy_renderer(recipe, tokenizer, arch)
-    prompts = load_prompts(recipe.data)
-    prompts = prompts[:limit] if limit else prompts
-    engine_model = build_model(arch, init=False)
-    with torch.no_grad():
-        engine_model.load_state_dict(build_policy(recipe, arch, world_size=1).state_dict())
-    engine = LocalEngine(engine_model, tokenizer, renderer.image_config, max_batch=recipe.rollout.max_in_flight)
-    engine = engine_wrapper(engine) if engine_wrapper else engine  # tests script the policy
-    if samples < 0:
-        raise ValueError(f"samples must be >= 0, got {samples}")
-    agent, workers = rollout_configs(recipe, greedy=not samples, group_size=max(samples, 1), max_retries=0)
-    with stage_environment(recipe, 0) as env:
-        trajectories = asyncio.run(collect_rollouts(prompts, engine, env, renderer, agent, workers))
-    order = {p.id: i for i, p in enumerate(prompts)}
-    scored = score_batch(trajectories, *reward_scoring(recipe))
-    return sorted(scored, key=lambda t: (order[t.prompt.id], t.sample_index))
-
-
-def chain_breaks(trajectories: Sequence[Trajectory]) -> dict:
-    """Where the rollouts of chain questions stopped following their evidence
-    (:func:`osvl.rl.judges.chain_progress`): ``rollouts`` counts those rollouts, ``broken_at[i]`` those whose
-    i-th lookup (1-based) was never issued on the entity the evidence named, ``complete`` those that issued
-    every lookup."""
-    from osvl.rl.judges import chain_progress
-
-    progress = [chain_progress(t.prompt.question, t.steps) for t in trajectories]
-    progress = [p for p in progress if p is not None]
-    broken = Counter(done + 1 for done, asked in progress if done < asked)
-    return {
-        "rollouts": len(progress),
-        "complete": sum(done == asked for done, asked in progress),
-        "broken_at": {str(lookup): count for lookup, count in sorted(broken.items())},
-    }
-
-
-def evaluate_policy(
-    recipe: Recipe,
-    checkpoint: str,
-    limit: int = 0,
-    engine_wrapper: Callable | None = None,
-    samples: int = 0,
-    rollouts: str | Path | None = None,
-    faults: bool = False,
-) -> dict:
-    """Greedy Pass@1 summary of :func:`evaluation_rollouts`, so before/after numbers differ only by the
-    weights, with each prompt's accuracy (``per_prompt``, for paired comparisons) and where chains broke
-    (``chains``, :func:`chain_breaks`); with ``samples`` = n, the means are over all n x prompts rollouts,
-    ``per_prompt`` holds each prompt's n accuracies and ``pass_at_k`` the unbiased pass@k for every k <= n.
-    ``anchors`` and ``hops`` map each prompt that carries them to its anchor entity and hop count.
-    ``rollouts``: a JSONL file (replaced) that receives every scored rollout, its images in ``images/``
-    beside it, for reading what the policy did (:func:`osvl.rl.trajectory.read_jsonl`). ``faults``: with
-    the recipe's injected tool faults (``tool_faults`` in the result says which rates struck)."""
-    from osvl.eval.interval import pass_at_k
-    from osvl.rl.trajectory import append_jsonl
-    from osvl.trainer.validation import summary_means, summary_sums
-
-    if rollouts is not None and Path(rollouts).is_dir():  # before the rollouts, not after them
-        raise ValueError(f"rollouts: {rollouts} is a directory; give a JSONL file path")
-    started = time.perf_counter()
-    scored = evaluation_rollouts(recipe, checkpoint, limit, engine_wrapper, samples, faults)
-    if rollouts is not None:
-        Path(rollouts).unlink(missing_ok=True)
-        append_jsonl(rollouts, scored)
-    statuses = Counter(s.tool_result.status.value for t in scored for s in t.steps if s.tool_result is not None)
-    sums = summary_sums(scored)
-    per_prompt: dict[str, list[float | None]] = {}
-    for t in scored:
-        per_prompt.setdefault(t.prompt.id, []).append(t.reward.acc if t.reward is not None else None)
-    result = {
-        "checkpoint": checkpoint,
-        "prompts": len(per_prompt),
-        "samples": samples,
-        "scored": int(sums["scored"]),
-        **summary_means(sums),
-        "tool_statuses": dict(statuses),
-        "tool_faults": {
-            "fault_rate": recipe.tools.fault_rate if faults else 0.0,
-            "outage_rate": recipe.tools.outage_rate if faults else 0.0,
-        },
-        "chains": chain_breaks(scored),
-        "wall_s": time.perf_counter() - started,
-    }
-    prompts = {t.prompt.id: t.prompt for t in scored}
-    result["anchors"] = {p: prompt.anchor for p, prompt in prompts.items() if prompt.anchor}
-    result["hops"] = {p: prompt.hops for p, prompt in prompts.items() if prompt.hops}
-    if samples:
-        result["temperature"], result["top_p"] = recipe.grpo.temperature, recipe.grpo.top_p
-        result["pass_at_k"] = {str(k): pass_at_k(per_prompt.values(), k) for k in range(1, samples + 1)}
-        result["per_prompt"] = per_prompt
-    else:
-        result["per_prompt"] = {prompt: accs[0] for prompt, accs in per_prompt.items()}
-    return result
-
-
 _ASKED = re.compile(r"(?:What is|In what year is) the (.+?) of ")
 
 
@@ -233,7 +101,7 @@ def answer_prior(sft_path: str | Path, prompts: Sequence[Prompt]) -> dict[str, f
     answer to the same asked attribute (or overall, when the question names none): the floor a
     policy's accuracy must clear before it shows that it used what its tools returned."""
     from osvl.jsonl import iter_jsonl
-    from osvl.rl.judges import ExactMatchAccuracyJudge
+    from osvl.rl.offline_judges import ExactMatchAccuracyJudge
 
     def asked(question: str) -> str:
         match = _ASKED.match(question)
@@ -627,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.command == "evaluate":
             from osvl.config.loader import load_recipe
+            from osvl.trainer.evaluation import evaluate_policy
 
             recipe = load_recipe(args.recipe, args.set)
             result = evaluate_policy(

@@ -26,7 +26,15 @@ PANELS: dict[str, tuple[str, ...]] = {
     "fatal": ("fatal_rate", "clamped_frac"),
     "policy": ("clip_frac", "kl", "entropy", "logprob_abs_diff"),
     "throughput": ("tokens_per_s",),
-    "step_time": ("time_rollout_s", "time_tools_s", "time_scoring_s", "time_train_s", "time_sync_s", "step_time_s"),
+    "step_time": (
+        "time_rollout_s",
+        "time_tools_s",
+        "time_advantages_s",
+        "time_pack_s",
+        "time_train_s",
+        "time_sync_s",
+        "step_time_s",
+    ),
     "memory": ("memory_peak_gib",),
     "lr": ("lr",),
 }

@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from osvl.config import load_recipe
 
     parser = argparse.ArgumentParser(prog="python -m osvl.train", description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", required=True, help="a name in recipes/ or a path to a .toml file")
+    parser.add_argument("--recipe", required=True, help="a name in osvl/recipes/ or a path to a .toml file")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -221,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     from osvl.trainer.inputs import input_problems
+    from osvl.trainer.metrics import missing_trackers
 
     problems = input_problems(recipe)  # before any process group: every rank reads the same files and stops alike
+    problems += missing_trackers(recipe.metrics.tensorboard, recipe.metrics.wandb, recipe.metrics.mlflow)
     if problems:
         if rank == 0:
             print(f"python -m osvl.train: error: {'; '.join(problems)}", file=sys.stderr)
@@ -238,6 +240,7 @@ def _train(recipe: Recipe, rank: int, world: int) -> int:
     from osvl.rollout.engine import EngineError
     from osvl.run_lock import RunDirError, own_run_dir
     from osvl.serve.preflight import PreflightError
+    from osvl.step import NonFiniteGradient
     from osvl.trainer import run_grpo, run_sft
     from osvl.trainer.watchdog import RunStopped, collective_timeout_s
 
@@ -249,7 +252,7 @@ def _train(recipe: Recipe, rank: int, world: int) -> int:
         if rank == 0:
             print(f"python -m osvl.train: error: {error}", file=sys.stderr)
         return 2
-    except RunStopped as stopped:  # every rank together, after what could be saved
+    except (RunStopped, NonFiniteGradient) as stopped:  # every rank together, after what could be saved
         if rank == 0:
             print(f"python -m osvl.train: stopped: {stopped}", file=sys.stderr)
         return 1

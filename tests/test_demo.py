@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from osvl.config import load_recipe
-from osvl.demo import chain_breaks, evaluate_policy, main, phase_lines, seed_lines, summary_lines
+from osvl.demo import main, phase_lines, seed_lines, summary_lines
 from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory, read_jsonl, write_prompts
 from osvl.rollout import ReplayEngine
+from osvl.trainer.evaluation import chain_breaks, evaluate_policy
 from osvl.trainer.validation import answer_is_grounded
 from osvl.world.__main__ import main as world_main
 from osvl.world.build import load_world

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from bench.kernels.report import git_info
+from bench.rollout.worker_pool import RolloutSetup, RolloutWorkerPool, WorkerPoolConfig
 from osvl.data.chat import ChatRenderer
 from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import train_bpe_tokenizer
@@ -34,11 +35,8 @@ from osvl.rollout import (
     AgentConfig,
     LocalEngine,
     RolloutMetrics,
-    RolloutSetup,
     RolloutWorkerConfig,
-    RolloutWorkerPool,
     SamplingParams,
-    WorkerPoolConfig,
     stream_groups,
 )
 from osvl.tools import ToolEnvironment, ToolRegistry

@@ -2,7 +2,7 @@
 in-process engine at equal work, and weight-sync seconds and bytes against model size.
 
 Throughput: the same prompts and seeds roll out through (a) the in-process local engine and (b) an
-SGLang-protocol server process (``python -m osvl.rollout.loopback``) over a checkpoint of the same
+SGLang-protocol server process (``python -m osvl.serve.loopback_engine``) over a checkpoint of the same
 weights, interleaved over repeats; the ratio is the protocol's cost (JSON, PNG images, HTTP, a
 process boundary). Weight sync: ``DiskSync`` and ``DistributedSync`` into a server process for
 models of growing width; seconds are fitted as ``a + bytes / rate`` per path and extrapolated to
@@ -99,7 +99,7 @@ def start_server(path: Path, directory: Path, max_batch: int) -> tuple[subproces
         [
             sys.executable,
             "-m",
-            "osvl.rollout.loopback",
+            "osvl.serve.loopback_engine",
             "--model-path",
             str(path),
             "--port",

@@ -42,8 +42,8 @@ import numpy as np  # noqa: E402
 from bench.kernels.report import git_info  # noqa: E402
 from osvl.rl.trajectory import ToolResult, ToolStatus  # noqa: E402
 from osvl.tools import Job  # noqa: E402
+from osvl.tools.client import RemoteToolPool  # noqa: E402
 from osvl.tools.registry import ToolOutput, ToolSpec  # noqa: E402
-from osvl.tools.server import RemoteToolPool  # noqa: E402
 
 SCHEMA = "osvl.bench.overload/1"
 MODES = ("one_request", "waits_out_overload")

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from osvl_kernels.autograd import loss_with_grads
-from osvl_kernels.importance import RolloutCorrection
-from osvl_kernels.inputs import LossHyper, LossPlan, check_logits_inputs, plan_grpo_loss
+from osvl_kernels.inputs import LossPlan, check_logits_inputs, plan_grpo_loss
+from osvl_kernels.loss_config import GRPOLossConfig, resolve_loss_config
 from osvl_kernels.token_pass import token_pass
 from osvl_kernels.token_results import TokenPassResult
 
@@ -97,42 +97,30 @@ def grpo_loss(
     token_step: torch.Tensor | None = None,
     advantages: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    dual_clip: float | None = None,
-    kl_coef: float = 0.0,
-    entropy_coef: float = 0.0,
-    temperature: float = 1.0,
-    estimator: str = "grpo",
-    std: str = "unbiased",
-    adv_eps: float = 1e-6,
-    clamp_fatal: bool = True,
-    loss_agg: str = "seq-mean-token-mean",
+    *,
     num_seqs: int | torch.Tensor | None = None,
     num_tokens: int | torch.Tensor | None = None,
-    max_response_len: int | None = None,
-    inplace_grad: bool = False,
-    backend: str = "auto",
-    validate: bool = True,
-    kl_max: float | None = None,
-    kl_is_weighted: bool = False,
     is_weights: torch.Tensor | None = None,
     behavior_logprobs: torch.Tensor | None = None,
-    rollout_correction: RolloutCorrection | None = None,
+    inplace_grad: bool = False,
+    config: GRPOLossConfig | None = None,
+    **settings,
 ) -> GRPOLossOutput:
     """Fatal-aware GRPO loss over packed logits [T, V]; row t scores target_ids[t].
 
+    The loss's settings are ``config`` with any of its fields given as keywords on top
+    (:class:`GRPOLossConfig`: clip range, KL and entropy, advantages, aggregation, backend, validate).
     The gradient w.r.t. `logits` is written during this call (closed form) and handed to autograd;
     with `inplace_grad=True` it overwrites `logits` itself (the logits are consumed), so no second
-    [T, V] buffer exists. `validate=False` skips the value checks that need a host sync.
-    `kl_max` / `kl_is_weighted` shape the KL term (see LossHyper). Importance weights of the
-    policy-gradient term: `is_weights` [T], or `behavior_logprobs` [T] (the sampling engine's
-    log-probs) with a `rollout_correction` (see importance.py).
-    See reference.py for the exact semantics.
+    [T, V] buffer exists. Importance weights of the policy-gradient term: `is_weights` [T], or
+    `behavior_logprobs` [T] (the sampling engine's log-probs) with the config's `rollout_correction`
+    (see importance.py). `num_seqs` / `num_tokens`: the aggregation's global normalisers (default:
+    this call's). See reference.py for the exact semantics.
     """
+    config = resolve_loss_config("grpo_loss", config, settings)
     check_logits_inputs(logits, target_ids)
-    hyper = LossHyper(eps_low, eps_high, dual_clip, kl_coef, entropy_coef, temperature, kl_max, kl_is_weighted)
     plan = plan_grpo_loss(
+        config,
         num_tokens_total=logits.shape[0],
         device=logits.device,
         target_ids=target_ids,
@@ -146,19 +134,10 @@ def grpo_loss(
         token_step=token_step,
         advantages=advantages,
         ref_logprobs=ref_logprobs,
-        kl_coef=kl_coef,
-        estimator=estimator,
-        std=std,
-        adv_eps=adv_eps,
-        clamp_fatal=clamp_fatal,
-        loss_agg=loss_agg,
         num_seqs=num_seqs,
         num_tokens=num_tokens,
-        max_response_len=max_response_len,
-        validate=validate,
         is_weights=is_weights,
         behavior_logprobs=behavior_logprobs,
-        rollout_correction=rollout_correction,
     )
     grad = None
     if logits.requires_grad:
@@ -171,8 +150,8 @@ def grpo_loss(
             plan.token_advantage,
             None if old_logprobs is None else old_logprobs.detach(),
             None if ref_logprobs is None else ref_logprobs.detach(),
-            hyper,
+            config.hyper,
             grad,
-            backend=backend,
+            backend=config.backend,
         )
     return grpo_loss_output(result, plan, old_logprobs, [logits], [grad])

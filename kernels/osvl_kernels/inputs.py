@@ -16,48 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
-from osvl_kernels.advantages import check_advantage_args, group_scores
+from osvl_kernels.advantages import group_scores
 from osvl_kernels.importance import RolloutCorrection, rollout_is_weights
+from osvl_kernels.loss_config import GRPOLossConfig
 
-LOSS_AGGREGATIONS = ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm", "token-sum")
-BACKENDS = ("auto", "triton", "torch")
 # Dtypes the entry points accept for logits / hidden states (fp64 for reference-precision tests).
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-@dataclass(frozen=True)
-class LossHyper:
-    """Scalar hyper-parameters of the per-token objective (identical on every backend and rank).
-
-    kl_max: the k3 estimate is clamped to <= kl_max (no gradient where it is), as verl clamps
-    its k3 / low_var_kl at 10. kl_is_weighted: the KL term is multiplied by the ratio
-    pi/pi_old (DeepSeek-V3.2's importance-sampling-corrected KL; TRL's use_bias_correction_kl).
-    """
-
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    dual_clip: float | None = None
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    temperature: float = 1.0
-    kl_max: float | None = None
-    kl_is_weighted: bool = False
-
-    def __post_init__(self) -> None:
-        if not (0.0 <= self.eps_low < 1.0):
-            raise ValueError(f"eps_low must be in [0, 1), got {self.eps_low}")
-        if not self.eps_high >= 0.0:
-            raise ValueError(f"eps_high must be >= 0, got {self.eps_high}")
-        if self.dual_clip is not None and not self.dual_clip > 1.0:
-            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
-        if not self.temperature > 0.0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        for name in ("kl_coef", "entropy_coef"):
-            value = getattr(self, name)
-            if value != value or value in (float("inf"), float("-inf")):
-                raise ValueError(f"{name} must be finite, got {value}")
-        if self.kl_max is not None and not (0.0 < self.kl_max < float("inf")):
-            raise ValueError(f"kl_max must be a finite number > 0 (or None), got {self.kl_max}")
 
 
 @dataclass
@@ -124,6 +88,7 @@ def check_linear_inputs(hidden: torch.Tensor, weight: torch.Tensor, target_ids: 
 
 
 def plan_grpo_loss(
+    config: GRPOLossConfig,
     *,
     num_tokens_total: int,
     device: torch.device,
@@ -138,28 +103,17 @@ def plan_grpo_loss(
     token_step: torch.Tensor | None,
     advantages: torch.Tensor | None,
     ref_logprobs: torch.Tensor | None,
-    kl_coef: float,
-    estimator: str,
-    std: str,
-    adv_eps: float,
-    clamp_fatal: bool,
-    loss_agg: str,
     num_seqs: int | torch.Tensor | None,
     num_tokens: int | torch.Tensor | None,
-    max_response_len: int | None,
-    validate: bool,
     is_weights: torch.Tensor | None = None,
     behavior_logprobs: torch.Tensor | None = None,
-    rollout_correction: RolloutCorrection | None = None,
 ) -> LossPlan:
     """Checks every input (raising ValueError before any work) and resolves the per-token plan.
 
     Importance weights (importance.py) come either as `is_weights` [T] or from
     `behavior_logprobs` [T] with a `rollout_correction`; they multiply each token's advantage."""
     T = num_tokens_total
-    if loss_agg not in LOSS_AGGREGATIONS:
-        raise ValueError(f"unknown loss_agg {loss_agg!r}; expected one of {LOSS_AGGREGATIONS}")
-    check_advantage_args(estimator, std, adv_eps)
+    loss_agg, rollout_correction = config.loss_agg, config.rollout_correction
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError("cu_seqlens must be a 1-D tensor [S+1] with S >= 1")
     if cu_seqlens.is_floating_point() or cu_seqlens.dtype == torch.bool:
@@ -174,7 +128,7 @@ def plan_grpo_loss(
     _check_1d("fatal_step", fatal_step, S, "int", device)
     if fatal_step is not None and token_step is None:
         raise ValueError("fatal_step needs token_step (the step index of every token)")
-    if kl_coef != 0.0 and ref_logprobs is None:
+    if config.kl_coef != 0.0 and ref_logprobs is None:
         raise ValueError("kl_coef != 0 needs ref_logprobs")
     _check_importance_inputs(T, device, old_logprobs, is_weights, behavior_logprobs, rollout_correction)
     if advantages is not None:
@@ -188,12 +142,10 @@ def plan_grpo_loss(
             raise ValueError("pass rewards and group_ids (or precomputed advantages)")
         _check_1d("rewards", rewards, S, "float", device)
         _check_1d("group_ids", group_ids, S, "int", device)
-    if loss_agg == "seq-mean-token-sum-norm" and (max_response_len is None or max_response_len <= 0):
-        raise ValueError("loss_agg='seq-mean-token-sum-norm' needs max_response_len > 0")
     for name, value in (("num_seqs", num_seqs), ("num_tokens", num_tokens)):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             raise ValueError(f"{name} must be > 0, got {value}")
-    if validate:
+    if config.validate:
         _check_values(T, vocab_size, cu_seqlens, target_ids, loss_mask, fatal_step, token_step, rewards, is_weights)
 
     # --- resolve the plan (device-side, no synchronisation) ---
@@ -214,8 +166,8 @@ def plan_grpo_loss(
         token_advantage = adv if per_token else adv[seq_id]
         clamped = torch.zeros(S, dtype=torch.bool, device=device)
     else:
-        scores = group_scores(rewards, group_ids, estimator=estimator, std=std, eps=adv_eps)
-        clamped = is_fatal & (scores < 0) if clamp_fatal else torch.zeros_like(is_fatal)
+        scores = group_scores(rewards, group_ids, estimator=config.estimator, std=config.std, eps=config.adv_eps)
+        clamped = is_fatal & (scores < 0) if config.clamp_fatal else torch.zeros_like(is_fatal)
         adv = torch.where(clamped, torch.zeros_like(scores), scores)
         token_advantage = adv[seq_id]
 
@@ -240,7 +192,7 @@ def plan_grpo_loss(
     elif loss_agg == "seq-mean-token-mean":
         weight = valid.float() / (per_seq_valid.clamp_min(1.0)[seq_id] * num_seqs_f)
     else:
-        weight = valid.float() / (num_seqs_f * float(max_response_len))
+        weight = valid.float() / (num_seqs_f * float(config.max_response_len))
     return LossPlan(
         valid=valid,
         weight=weight.float(),
@@ -267,8 +219,6 @@ def _check_importance_inputs(
         raise ValueError("pass either is_weights or behavior_logprobs + rollout_correction, not both")
     if (behavior_logprobs is None) != (rollout_correction is None):
         raise ValueError("behavior_logprobs and rollout_correction go together (one was given without the other)")
-    if rollout_correction is not None and not isinstance(rollout_correction, RolloutCorrection):
-        raise ValueError(f"rollout_correction must be a RolloutCorrection, got {type(rollout_correction).__name__}")
     if behavior_logprobs is not None and old_logprobs is None:
         raise ValueError("behavior_logprobs needs old_logprobs (the weight is exp(old_logprobs - behavior_logprobs))")
 

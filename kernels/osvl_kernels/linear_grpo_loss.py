@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from osvl_kernels.grpo_loss import GRPOLossOutput, grpo_loss_output
-from osvl_kernels.importance import RolloutCorrection
-from osvl_kernels.inputs import LossHyper, check_linear_inputs, plan_grpo_loss
+from osvl_kernels.inputs import check_linear_inputs, plan_grpo_loss
+from osvl_kernels.loss_config import GRPOLossConfig, resolve_loss_config
 from osvl_kernels.token_pass import resolve_backend, token_pass
 from osvl_kernels.token_results import TokenPassResult
 from osvl_kernels.vocab_parallel import vocab_parallel_token_pass, vocab_shard
@@ -113,32 +113,18 @@ def linear_grpo_loss(
     token_step: torch.Tensor | None = None,
     advantages: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    dual_clip: float | None = None,
-    kl_coef: float = 0.0,
-    entropy_coef: float = 0.0,
-    temperature: float = 1.0,
-    estimator: str = "grpo",
-    std: str = "unbiased",
-    adv_eps: float = 1e-6,
-    clamp_fatal: bool = True,
-    loss_agg: str = "seq-mean-token-mean",
+    *,
     num_seqs: int | torch.Tensor | None = None,
     num_tokens: int | torch.Tensor | None = None,
-    max_response_len: int | None = None,
+    is_weights: torch.Tensor | None = None,
+    behavior_logprobs: torch.Tensor | None = None,
     inplace_grad: bool = False,
-    backend: str = "auto",
-    validate: bool = True,
     tp_group: dist.ProcessGroup | None = None,
     vocab_start: int | None = None,
     chunk_size: int | None = None,
     grad_weight_accum_dtype: torch.dtype | None = None,
-    kl_max: float | None = None,
-    kl_is_weighted: bool = False,
-    is_weights: torch.Tensor | None = None,
-    behavior_logprobs: torch.Tensor | None = None,
-    rollout_correction: RolloutCorrection | None = None,
+    config: GRPOLossConfig | None = None,
+    **settings,
 ) -> GRPOLossOutput:
     """`grpo_loss` on logits = hidden @ weight.T, computed a chunk of tokens at a time.
 
@@ -155,16 +141,19 @@ def linear_grpo_loss(
     `chunk_size` is tokens per chunk; None sizes it from the problem (see `lm_head_chunk_rows`).
     `grad_weight_accum_dtype`: None accumulates dW in the weight's dtype (fp32 inside each
     chunk's GEMM, one rounding per chunk); torch.float32 keeps an fp32 accumulator instead.
-    KL shaping and importance weights: as in `grpo_loss`.
+    Settings (``config`` and keywords), KL shaping and importance weights: as in `grpo_loss`.
     """
+    config = resolve_loss_config("linear_grpo_loss", config, settings)
+    backend, validate = config.backend, config.validate
     check_linear_inputs(hidden, weight, target_ids)
     chunk_rows = lm_head_chunk_rows(weight.shape[0], weight.shape[1], hidden.dtype, chunk_size)
     accum_dtype = grad_weight_accum_dtype_for(weight.dtype, grad_weight_accum_dtype)
     resolve_backend(backend, hidden.device)
-    hyper = LossHyper(eps_low, eps_high, dual_clip, kl_coef, entropy_coef, temperature, kl_max, kl_is_weighted)
+    hyper = config.hyper
     shard = vocab_shard(weight.shape[0], tp_group, hidden.device, vocab_start, validate)
     T = hidden.shape[0]
     plan = plan_grpo_loss(
+        config,
         num_tokens_total=T,
         device=hidden.device,
         target_ids=target_ids,
@@ -178,19 +167,10 @@ def linear_grpo_loss(
         token_step=token_step,
         advantages=advantages,
         ref_logprobs=ref_logprobs,
-        kl_coef=kl_coef,
-        estimator=estimator,
-        std=std,
-        adv_eps=adv_eps,
-        clamp_fatal=clamp_fatal,
-        loss_agg=loss_agg,
         num_seqs=num_seqs,
         num_tokens=num_tokens,
-        max_response_len=max_response_len,
-        validate=validate,
         is_weights=is_weights,
         behavior_logprobs=behavior_logprobs,
-        rollout_correction=rollout_correction,
     )
     old = None if old_logprobs is None else old_logprobs.detach()
     ref = None if ref_logprobs is None else ref_logprobs.detach()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from osvl_kernels.inputs import LossHyper
+from osvl_kernels.loss_config import LossHyper
 
 
 @dataclass

@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from osvl_kernels.loss_config import GRPOLossConfig, resolve_loss_config
+
 
 def reference_advantages(
     rewards: list[float],
@@ -61,31 +63,22 @@ def reference_grpo_loss(
     advantages: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    dual_clip: float | None = None,
-    kl_coef: float = 0.0,
-    entropy_coef: float = 0.0,
-    temperature: float = 1.0,
-    estimator: str = "grpo",
-    std: str = "unbiased",
-    adv_eps: float = 1e-6,
-    clamp_fatal: bool = True,
-    loss_agg: str = "seq-mean-token-mean",
     num_seqs: int | None = None,
     num_tokens: int | None = None,
-    max_response_len: int | None = None,
-    kl_max: float | None = None,
-    kl_is_weighted: bool = False,
     is_weights: torch.Tensor | None = None,
     behavior_logprobs: torch.Tensor | None = None,
-    rollout_correction=None,
+    config: GRPOLossConfig | None = None,
+    **settings,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (loss, logprobs [T], advantages) in float64; `loss` is differentiable w.r.t. `logits`.
 
     The importance weight of a token (`is_weights`, or exp(old - behavior) of the token or of its
     whole sequence under `rollout_correction`, truncated or masked outside [low, high]) scales its
-    clipped policy-gradient term only."""
+    clipped policy-gradient term only. Settings as in `grpo_loss` (the backend and validate do nothing here)."""
+    c = resolve_loss_config("reference_grpo_loss", config, settings)
+    eps_low, eps_high, dual_clip, temperature = c.eps_low, c.eps_high, c.dual_clip, c.temperature
+    kl_coef, kl_max, kl_is_weighted, entropy_coef = c.kl_coef, c.kl_max, c.kl_is_weighted, c.entropy_coef
+    loss_agg, max_response_len, rollout_correction = c.loss_agg, c.max_response_len, c.rollout_correction
     z = logits.to(torch.float64) / temperature
     T = z.shape[0]
     bounds = [int(x) for x in cu_seqlens.tolist()]
@@ -102,10 +95,10 @@ def reference_grpo_loss(
                 rewards.tolist(),
                 group_ids.tolist(),
                 is_fatal,
-                estimator=estimator,
-                std=std,
-                eps=adv_eps,
-                clamp_fatal=clamp_fatal,
+                estimator=c.estimator,
+                std=c.std,
+                eps=c.adv_eps,
+                clamp_fatal=c.clamp_fatal,
             ),
             dtype=torch.float64,
             device=z.device,

@@ -22,7 +22,7 @@ from dataclasses import fields
 
 import torch
 
-from osvl_kernels.inputs import LossHyper
+from osvl_kernels.loss_config import LossHyper
 from osvl_kernels.objective import TokenTerms, token_terms
 from osvl_kernels.token_results import RowStats, TokenPassResult
 from osvl_kernels.triton_token_pass import grad_from_stats_triton, row_stats_triton, token_pass_triton

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from osvl_kernels.inputs import LossHyper
+from osvl_kernels.loss_config import LossHyper
 from osvl_kernels.token_results import RowStats, TokenPassResult
 
 MAX_BLOCK_V = 4096

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from osvl_kernels.inputs import LossHyper
+from osvl_kernels.loss_config import LossHyper
 from osvl_kernels.objective import token_terms
 from osvl_kernels.token_pass import (
     finish_stats,

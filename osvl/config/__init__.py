@@ -1,4 +1,4 @@
-"""Typed recipes: TOML files in ``recipes/`` validated into one frozen config per component."""
+"""Typed recipes: TOML files in ``osvl/recipes/`` (package data) validated into one frozen config per component."""
 
 from osvl.config.loader import apply_overrides, build, load_recipe, parse_override, recipe_to_dict, resolve_recipe_path
 from osvl.config.recipe import (
@@ -8,6 +8,7 @@ from osvl.config.recipe import (
     JobConfig,
     JudgesConfig,
     MetricsConfig,
+    MLflowConfig,
     ModelConfig,
     MoEConfig,
     OptimizerConfig,
@@ -17,6 +18,7 @@ from osvl.config.recipe import (
     SFTConfig,
     ToolsConfig,
     ValidationConfig,
+    WandbConfig,
 )
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "GRPOConfig",
     "JobConfig",
     "JudgesConfig",
+    "MLflowConfig",
     "MetricsConfig",
     "ModelConfig",
     "MoEConfig",
@@ -35,6 +38,7 @@ __all__ = [
     "SchedulerConfig",
     "ToolsConfig",
     "ValidationConfig",
+    "WandbConfig",
     "apply_overrides",
     "build",
     "load_recipe",

@@ -19,11 +19,12 @@ from typing import Any, Literal
 
 from osvl.config.recipe import Recipe
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+# package data (pyproject.toml), so a name resolves the same in a clone and in an installed wheel
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def resolve_recipe_path(name: str | Path) -> Path:
-    """A recipe name (``grpo_8b``) from ``recipes/`` or a path to a TOML file."""
+    """A recipe name (``grpo_8b``) from ``osvl/recipes/`` or a path to a TOML file."""
     path = Path(name)
     if path.suffix == ".toml" or path.parent != Path("."):
         if not path.is_file():

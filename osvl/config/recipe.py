@@ -130,10 +130,15 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     grad_clip: float = 1.0  # max global grad norm; 0 = off
+    # a step whose global gradient norm is inf or nan: "stop" the run before the update, or "skip" the
+    # update (the weights stay, the step is counted in the metrics as nonfinite_skipped)
+    on_nonfinite: Literal["stop", "skip"] = "stop"
 
     def __post_init__(self) -> None:
         _positive(self, "lr", "eps")
         _non_negative(self, "weight_decay", "grad_clip")
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise ValueError(f'on_nonfinite must be "stop" or "skip", got {self.on_nonfinite!r}')
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
 
@@ -190,6 +195,7 @@ class GRPOConfig:
     max_prompt_tokens: int = 8192
     max_response_tokens: int = 32768
     loss_chunk: int = 4096
+    check_loss_inputs: bool = False  # the fused loss's host-side value checks, one sync per micro-batch (debug)
     # The PPO ratio's old policy: "engine" takes the engine's logprobs (no extra forward; exact only when engine
     # and trainer agree and nothing is stale); "trainer" recomputes them with a no-grad forward of the trainer's
     # weights before the step's first update (verl, slime, AReaL; the proximal policy of decoupled PPO).
@@ -376,7 +382,7 @@ class ToolsConfig:
 class JudgesConfig:
     accuracy: Literal["exact", "llm"] = "exact"
     # heuristic: four search-process proxies; chain: the share of a chain question's lookups issued on the
-    # entities the agent's own evidence named (osvl.rl.judges.EvidenceChainQueryJudge); llm: the rubric judge
+    # entities the agent's own evidence named (osvl.rl.chain.EvidenceChainQueryJudge); llm: the rubric judge
     query: Literal["heuristic", "chain", "llm"] = "heuristic"
     url: str = ""  # OpenAI-compatible chat endpoint for the llm judges
     model: str = ""
@@ -411,11 +417,44 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    """A Weights & Biases run beside ``metrics.jsonl`` (the ``wandb`` extra). ``offline`` writes it under ``dir``
+    without a network, for ``wandb sync`` later; ``online`` needs a login or ``WANDB_API_KEY``."""
+
+    mode: Literal["disabled", "offline", "online"] = "disabled"
+    project: str = "osvl"
+    entity: str = ""  # "" = the account's default entity
+    dir: str = ""  # where its wandb/ folder goes; "" = job.run_dir
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("disabled", "offline", "online"):
+            raise ValueError(f'mode must be "disabled", "offline" or "online", got {self.mode!r}')
+        if not self.project:
+            raise ValueError("project must not be empty")
+
+
+@dataclass(frozen=True)
+class MLflowConfig:
+    """An MLflow run beside ``metrics.jsonl`` (the ``mlflow`` extra): the recipe as its params, every step's values
+    as its metrics."""
+
+    enabled: bool = False
+    tracking_uri: str = ""  # "" = a SQLite store in job.run_dir (mlflow.db), no server; else http://host:5000, ...
+    experiment: str = "osvl"
+
+    def __post_init__(self) -> None:
+        if not self.experiment:
+            raise ValueError("experiment must not be empty")
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     log_every: int = 1
-    tensorboard: bool = True
+    tensorboard: bool = True  # the tensorboard extra (torchtitan installs it too); missing while on: an error
     console: bool = True
     peak_tflops: float = 0.0  # dense bf16 per GPU for MFU (H100/H200 989, H20 148); 0 = detect, unknown = no MFU
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    mlflow: MLflowConfig = field(default_factory=MLflowConfig)
 
     def __post_init__(self) -> None:
         _positive(self, "log_every")

@@ -193,7 +193,7 @@ def build_engine(args: argparse.Namespace, model_dir: ModelDir) -> object:
 def build_judge(args: argparse.Namespace) -> AnswerJudge:
     if not args.judge_url:
         return NormalizedMatchJudge()
-    from osvl.rl.judges import ChatCompletionsClient, ChatJudgeConfig
+    from osvl.rl.chat_client import ChatCompletionsClient, ChatJudgeConfig
 
     config = ChatJudgeConfig(
         base_url=args.judge_url,

@@ -14,12 +14,9 @@ from importlib import resources
 from typing import Protocol
 
 from osvl.eval.items import EvalItem
-from osvl.rl.judges import (
-    ChatCompletionsClient,
-    Verdict,
-    normalize_answer,
-    parse_accuracy_verdict,
-)
+from osvl.rl.chat_client import ChatCompletionsClient
+from osvl.rl.judges import Verdict, parse_accuracy_verdict
+from osvl.rl.offline_judges import normalize_answer
 
 DEFAULT_PROMPT = "equivalence_judge.v1.txt"
 

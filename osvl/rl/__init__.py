@@ -7,17 +7,11 @@ processes that only need the records (``from osvl.rl.trajectory import ToolResul
 from importlib import import_module
 from typing import Any
 
+from osvl.rl.chain import EvidenceChainQueryJudge
+from osvl.rl.chat_client import ChatCompletionsClient, ChatJudgeConfig
 from osvl.rl.fatal import FatalConfig, find_fatal_step, has_infra_error, trajectory_fatal_step, valid_prefix
-from osvl.rl.judges import (
-    ChatCompletionsClient,
-    ChatJudgeConfig,
-    EvidenceChainQueryJudge,
-    ExactMatchAccuracyJudge,
-    HeuristicQueryJudge,
-    LLMAccuracyJudge,
-    LLMQueryJudge,
-    Verdict,
-)
+from osvl.rl.judges import LLMAccuracyJudge, LLMQueryJudge, Verdict
+from osvl.rl.offline_judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.rewards import RewardConfig, composite_reward, format_reward, score_batch, score_trajectory
 from osvl.rl.trajectory import (
     FinishReason,

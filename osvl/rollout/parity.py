@@ -29,7 +29,7 @@ class ParityReport:
 
 
 @torch.no_grad()
-def trainer_logprobs(
+def trajectory_logprobs(
     model: Qwen3VLModel, renderer: ChatRenderer, traj: Trajectory, temperature: float = 1.0, backend: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
     """(trainer, engine) fp32 logprobs of the trajectory's policy tokens, in order."""
@@ -64,7 +64,7 @@ def logprob_parity(
 ) -> ParityReport:
     """Mean and max |trainer - engine| over every policy token of the batch."""
     diffs = [
-        np.abs(a - b) for a, b in (trainer_logprobs(model, renderer, t, temperature, backend) for t in trajectories)
+        np.abs(a - b) for a, b in (trajectory_logprobs(model, renderer, t, temperature, backend) for t in trajectories)
     ]
     flat = np.concatenate(diffs) if diffs else np.zeros(0)
     if flat.size == 0:

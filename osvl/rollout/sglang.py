@@ -101,7 +101,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -118,25 +117,11 @@ from osvl.rollout.engine import (
     StopKind,
     hits_stop,
 )
+from osvl.rollout.server_admin import FleetConfig, ServerFleet
 
-Routing = Literal["round_robin", "least_loaded"]
 log = logging.getLogger(__name__)
 GONE = (httpx.NetworkError, httpx.RemoteProtocolError)  # refused, reset, or dropped mid-request: the server died
 RECONNECT_POLL_S = 1.0  # how often a server that went away is asked whether it is back
-
-
-def check_server_fleet(config: Any) -> None:
-    """The checks an HTTP engine's config shares (SGLang's and vLLM's): generation URLs (at least one),
-    weight-update URLs, routing and timeout."""
-    kind = type(config).__name__
-    for name in ("urls", "update_urls"):
-        urls = getattr(config, name)
-        if (name == "urls" and not urls) or any(not u.startswith(("http://", "https://")) for u in urls):
-            raise ValueError(f"{kind}.{name} needs http(s) base URLs, got {urls!r}")
-    if config.routing not in ("round_robin", "least_loaded"):
-        raise ValueError(f"unknown routing {config.routing!r}; expected round_robin or least_loaded")
-    if not config.timeout_s > 0:
-        raise ValueError(f"timeout_s must be positive, got {config.timeout_s}")
 
 
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"  # the SGLang server flag rollout.deterministic needs
@@ -145,11 +130,9 @@ MAX_IDLE_ABORTS = 8  # aborts in a row that return no token before a request cou
 
 
 @dataclass(frozen=True)
-class SGLangConfig:
-    urls: tuple[str, ...]  # where /generate goes: server base URLs, or one sglang-router URL
-    update_urls: tuple[str, ...] = ()  # the servers that take weight updates; () = urls (no router)
-    routing: Routing = "least_loaded"
-    timeout_s: float = 600.0
+class SGLangConfig(FleetConfig):
+    """``urls``: server base URLs, or one sglang-router URL (then ``update_urls`` names the servers)."""
+
     deterministic: bool = False  # recipe rollout.deterministic: servers must run DETERMINISTIC_FLAG
     partial_rollouts: PartialRollouts = "keep"  # an aborted request: continue it (keep its tokens), or restart
     reconnect_s: float = 600.0  # how long a server reached before may be gone (restarting) before requests fail
@@ -159,11 +142,7 @@ class SGLangConfig:
             raise ValueError(f"unknown partial_rollouts {self.partial_rollouts!r}; expected keep or restart")
         if not self.reconnect_s > 0:
             raise ValueError(f"reconnect_s must be positive, got {self.reconnect_s}")
-        check_server_fleet(self)
-
-    @property
-    def weight_urls(self) -> tuple[str, ...]:
-        return self.update_urls or self.urls
+        super().__post_init__()
 
 
 def image_data_url(pixels) -> str:
@@ -283,12 +262,17 @@ class _Recovery:
     failure: str | None = None
 
 
-class SGLangEngine:
+class SGLangEngine(ServerFleet):
     """The ``Engine`` protocol over SGLang servers, and the servers' weight-update and info routes.
 
     Every failure names the server it came from; a weight update counts only when every server
     reports the new version afterwards (never assumed from a 200). A server that went away and came
     back is given the trainer's weights before it generates again (see the module's notes)."""
+
+    kind = "SGLang"
+    version_route = "/get_model_info"
+
+    config: SGLangConfig
 
     def __init__(
         self,
@@ -297,12 +281,8 @@ class SGLangEngine:
         policy_version: int = 0,
         decode: Callable[[Sequence[int]], str] | None = None,
     ) -> None:
-        self.config = config
+        super().__init__(config, client, policy_version)
         self.decode = decode  # the tokenizer's, to find a stop string split by a continued abort
-        self.client = client or httpx.AsyncClient(timeout=config.timeout_s, trust_env=False)
-        self._version = policy_version
-        self._next = itertools.cycle(range(len(config.urls)))
-        self.in_flight = [0] * len(config.urls)
         self._reached: set[str] = set()  # servers that answered once: one that goes away later is restarting
         self._recovering: dict[str, _Recovery] = {}
         self._disk_weights: tuple[str, int] | None = None  # the last synced weights on disk, and their version
@@ -313,18 +293,9 @@ class SGLangEngine:
         taken, self.restarts = self.restarts, 0
         return taken
 
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
     def for_server(self, url: str) -> SGLangEngine:
         """This client aimed at one server (pre-flight probes each), sharing the connection pool."""
         return SGLangEngine(SGLangConfig((url,), timeout_s=self.config.timeout_s), self.client, self._version)
-
-    def _pick(self) -> int:
-        if self.config.routing == "round_robin":
-            return next(self._next)
-        return min(range(len(self.in_flight)), key=lambda i: self.in_flight[i])
 
     async def _generate_once(self, request: GenerationRequest) -> GenerationResult:
         server = self._pick()
@@ -516,14 +487,8 @@ class SGLangEngine:
     async def continue_generation(self) -> None:
         await self._post_all("/continue_generation", [{}] * len(self.config.weight_urls), "continuing generation")
 
-    async def get_json(self, url: str, path: str, timeout_s: float | None = None) -> Any:
-        """A GET route's JSON body; ``EngineError`` naming the server otherwise."""
-        try:
-            response = await self._send("GET", url, path, timeout_s=timeout_s)
-            response.raise_for_status()
-            return response.json()
-        except (httpx.HTTPError, ValueError) as error:
-            raise EngineError(f"SGLang server {url}: GET {path} failed: {error!r}") from None
+    async def _get(self, url: str, path: str, timeout_s: float | None) -> httpx.Response:
+        return await self._send("GET", url, path, timeout_s=timeout_s)
 
     async def _post_all(
         self, path: str, bodies: Sequence[dict[str, Any]], what: str, urls: Sequence[str] | None = None
@@ -546,18 +511,6 @@ class SGLangEngine:
         failures = [f for f in await asyncio.gather(*(post(u, b) for u, b in zip(urls, bodies))) if f]
         if failures:
             raise EngineError(f"{what} refused by {len(failures)} of {len(urls)} server(s): " + "; ".join(failures))
-
-    async def confirm_version(self, version: int) -> None:
-        """Every weight server reports ``version`` (``/get_model_info``), or ``EngineError`` names the skew."""
-        infos = await asyncio.gather(*(self.get_json(url, "/get_model_info") for url in self.config.weight_urls))
-        stale = [
-            f"{url} reports {info.get('weight_version')!r}"
-            for url, info in zip(self.config.weight_urls, infos)
-            if str(info.get("weight_version")) != str(version)
-        ]
-        if stale:
-            raise EngineError(f"weight version skew after the update to {version}: " + "; ".join(stale))
-        self._version = version
 
     async def check_deterministic_inference(self) -> list[ServerDeterminism]:
         """Pre-flight: what every server reports; with ``config.deterministic`` a server that does not run
@@ -648,6 +601,3 @@ class SGLangEngine:
             [{"group_name": group_name}] * len(self.config.weight_urls),
             f"destroying weights update group {group_name}",
         )
-
-    async def aclose(self) -> None:
-        await self.client.aclose()

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,25 +63,15 @@ from typing import Any
 import httpx
 
 from osvl.rollout.engine import EngineError, GenerationRequest, GenerationResult, StopKind
-from osvl.rollout.sglang import Routing, check_server_fleet, image_data_url
+from osvl.rollout.server_admin import FleetConfig, ServerFleet
+from osvl.rollout.sglang import image_data_url
 
 PROCESSED_LOGPROBS = "processed_logprobs"
 
 
 @dataclass(frozen=True)
-class VLLMConfig:
-    urls: tuple[str, ...]  # the vLLM servers /generate goes to
-    update_urls: tuple[str, ...] = ()  # the servers that take weight updates; () = urls
-    routing: Routing = "least_loaded"
-    timeout_s: float = 600.0
+class VLLMConfig(FleetConfig):
     image_token_id: int | None = None  # the policy's <|image_pad|>: requests with images need it
-
-    def __post_init__(self) -> None:
-        check_server_fleet(self)
-
-    @property
-    def weight_urls(self) -> tuple[str, ...]:
-        return self.update_urls or self.urls
 
 
 def collapse_image_pads(input_ids: Sequence[int], images: Sequence, image_token_id: int) -> list[int]:
@@ -169,32 +158,21 @@ def _refusal(response: httpx.Response) -> str:
     return str(body)[:300]
 
 
-class VLLMEngine:
+class VLLMEngine(ServerFleet):
     """The ``Engine`` protocol over vLLM servers, and their pause, reload, NCCL-update and version routes.
 
     Every failure names its server; a weight update counts only once every server reports the new
     version on ``/weight_info`` (never assumed from a 200)."""
 
-    def __init__(self, config: VLLMConfig, client: httpx.AsyncClient | None = None, policy_version: int = 0) -> None:
-        self.config = config
-        self.client = client or httpx.AsyncClient(timeout=config.timeout_s, trust_env=False)
-        self._version = policy_version
-        self._next = itertools.cycle(range(len(config.urls)))
-        self.in_flight = [0] * len(config.urls)
+    kind = "vLLM"
+    version_route = "/weight_info"
 
-    @property
-    def policy_version(self) -> int:
-        return self._version
+    config: VLLMConfig
 
     def for_server(self, url: str) -> VLLMEngine:
         """This client aimed at one server (pre-flight probes each), sharing the connection pool."""
         config = VLLMConfig((url,), timeout_s=self.config.timeout_s, image_token_id=self.config.image_token_id)
         return VLLMEngine(config, self.client, self._version)
-
-    def _pick(self) -> int:
-        if self.config.routing == "round_robin":
-            return next(self._next)
-        return min(range(len(self.in_flight)), key=lambda i: self.in_flight[i])
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         server = self._pick()
@@ -216,15 +194,6 @@ class VLLMEngine:
         except ValueError:
             raise EngineError(f"vLLM server {url} answered non-JSON: {response.text[:200]}") from None
         return parse_generate_response(body, version)
-
-    async def get_json(self, url: str, path: str, timeout_s: float | None = None) -> Any:
-        """A GET route's JSON body; ``EngineError`` naming the server otherwise."""
-        try:
-            response = await self.client.get(f"{url}{path}", timeout=timeout_s or self.config.timeout_s)
-            response.raise_for_status()
-            return response.json()
-        except (httpx.HTTPError, ValueError) as error:
-            raise EngineError(f"vLLM server {url}: GET {path} failed: {error!r}") from None
 
     async def _post(self, url: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
@@ -258,18 +227,6 @@ class VLLMEngine:
                 f"vLLM server {url}: /server_info has no JSON vllm_config (is VLLM_SERVER_DEV_MODE=1 set?)"
             )
         return config
-
-    async def confirm_version(self, version: int) -> None:
-        """Every weight server reports ``version`` (``/weight_info``), or ``EngineError`` names the skew."""
-        infos = await asyncio.gather(*(self.get_json(url, "/weight_info") for url in self.config.weight_urls))
-        stale = [
-            f"{url} reports {info.get('weight_version')!r}"
-            for url, info in zip(self.config.weight_urls, infos)
-            if str(info.get("weight_version")) != str(version)
-        ]
-        if stale:
-            raise EngineError(f"weight version skew after the update to {version}: " + "; ".join(stale))
-        self._version = version
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Every weight server pauses (in-flight requests finish, caches cleared), reloads the HF
@@ -350,5 +307,7 @@ class VLLMEngine:
             "leaving the weight-transfer group", lambda url: self._post(url, "/shutdown_weight_transfer_engine")
         )
 
-    async def aclose(self) -> None:
-        await self.client.aclose()
+    async def take_restarts(self) -> int:
+        """Always 0: this client does not watch for restarts; a server that goes away fails the step that
+        needs it, naming it (the SGLang client waits for one to come back)."""
+        return 0

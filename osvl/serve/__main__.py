@@ -27,7 +27,7 @@ from osvl.serve.supervisor import RestartPolicy, Supervisor
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m osvl.serve", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", required=True, help="a GRPO recipe name in recipes/ or a .toml path")
+    parser.add_argument("--recipe", required=True, help="a GRPO recipe name in osvl/recipes/ or a .toml path")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=8)

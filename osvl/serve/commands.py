@@ -168,7 +168,7 @@ def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str, engine: str =
             "-m",
             "osvl.tools.server",
             "--tools",
-            "recipes/tools/online.toml",
+            "osvl/recipes/tools/online.toml",
             "--host",
             "0.0.0.0",
             "--port",

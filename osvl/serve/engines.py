@@ -37,11 +37,17 @@ class Serving:
     engine: Engine  # what the rollouts call
     sync: WeightSync
     local: LocalEngine | None = None  # the CPU form's in-process engine
+    remote: SGLangEngine | VLLMEngine | None = None  # the client of the recipe's inference servers
 
     def close(self, run: Runner) -> None:
         self.sync.close()
-        if isinstance(self.engine, SGLangEngine | VLLMEngine):
-            run(self.engine.aclose())
+        if self.remote is not None:
+            run(self.remote.aclose())
+
+    async def take_restarts(self) -> int:
+        """Inference servers seen going away and coming back since the last call (on the engine's loop);
+        0 for the in-process engine, which cannot restart without the trainer."""
+        return await self.remote.take_restarts() if self.remote is not None else 0
 
 
 def weights_dir(recipe: Recipe) -> Path:
@@ -119,4 +125,4 @@ def build_serving(
             text_only=r.text_only_export,
             pause=pause,
         )
-    return Serving(engine, sync)
+    return Serving(engine, sync, remote=engine)

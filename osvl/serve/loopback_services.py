@@ -40,14 +40,14 @@ def loopback_services(recipe: Recipe, any_ports: bool = False) -> list[ServiceSp
             _port(recipe.judges.url, "judges.url") if llm and recipe.judges.url else JUDGE_PORT,
         ]
     )
-    engine = (sys.executable, "-m", "osvl.rollout.loopback", "--model-path", recipe.model.pretrained)
+    engine = (sys.executable, "-m", "osvl.serve.loopback_engine", "--model-path", recipe.model.pretrained)
     tools = (sys.executable, "-m", "osvl.tools.server", "--world", t.world_dir, "--workers", str(t.workers))
     specs = [
         ServiceSpec("SGLang loopback", (*engine, "--max-batch", str(r.max_in_flight)), ports[0]),
         ServiceSpec("tool server", tools, ports[1]),
     ]
     if llm:
-        specs.append(ServiceSpec("loopback judge", (sys.executable, "-m", "osvl.rl.loopback_judge"), ports[2]))
+        specs.append(ServiceSpec("loopback judge", (sys.executable, "-m", "osvl.serve.loopback_judge"), ports[2]))
     return specs
 
 

@@ -40,7 +40,6 @@ from osvl.data.chat import ChatRenderer
 from osvl.data.packing import pack_microbatch, train_sequence
 from osvl.data.vision_filler import with_grpo_filler
 from osvl.model import Qwen3VLConfig, config_from_hf
-from osvl.parallel import lm_head_weight
 from osvl.rl.scoring import GroupScorer
 from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory
 from osvl.rollout import (
@@ -55,9 +54,10 @@ from osvl.rollout.engine import DEFAULT_STOP
 from osvl.rollout.reserved import find_unusable, reserved_vision_ids
 from osvl.rollout.vllm import PROCESSED_LOGPROBS, VLLMEngine
 from osvl.serve.engines import Serving, remote_engine
+from osvl.step import grpo_loss_on_hidden, packed_forward
 from osvl.tools import ToolEnvironment
 from osvl.tools.fleet import ToolServerFleet, tool_fleet
-from osvl_kernels import linear_grpo_loss
+from osvl_kernels import GRPOLossConfig
 
 PROBE_TOKENS = 16
 PROBE_SEED = 1234
@@ -253,35 +253,15 @@ async def _probe(
 def trainer_logprobs(
     model: torch.nn.Module, renderer: ChatRenderer, prompt: Prompt, result: GenerationResult, temperature: float
 ) -> np.ndarray:
-    """The trainer's logprobs of the probe's generated tokens, by the training forward and fused
+    """The trainer's logprobs of the probe's generated tokens, by the training step's forward and fused
     loss (collective under FSDP/TP: every rank calls it with the same probe)."""
     step = Step(token_ids=list(result.token_ids), logprobs=list(result.logprobs), text="")
     traj = Trajectory(prompt, [step], FinishReason.MAX_TURNS, group_id=0, sample_index=0)
     seq = train_sequence(traj, renderer, reward=0.0, advantage=0.0)
-    b = with_grpo_filler(pack_microbatch([seq], renderer.image_config, renderer.tokenizer.special), renderer)
-    b = b.to(next(model.parameters()).device)
-    hidden = model(
-        b.input_ids,
-        cu_seqlens=b.cu_seqlens,
-        position_ids=b.position_ids,
-        pixel_values=b.pixel_values,
-        image_grid_thw=b.image_grid_thw,
-        return_hidden=True,
-    )
-    out = linear_grpo_loss(
-        hidden,
-        lm_head_weight(model),
-        b.target_ids,
-        b.cu_seqlens,
-        b.loss_mask,
-        old_logprobs=b.old_logprobs,
-        fatal_step=b.fatal_step,
-        token_step=b.token_step,
-        advantages=b.advantages,
-        temperature=temperature,
-        backend="auto" if hidden.is_cuda else "torch",
-    )
-    return out.logprobs[b.loss_mask.bool()].double().cpu().numpy()
+    batch = with_grpo_filler(pack_microbatch([seq], renderer.image_config, renderer.tokenizer.special), renderer)
+    batch, hidden = packed_forward(model, batch)
+    out = grpo_loss_on_hidden(model, hidden, batch, GRPOLossConfig(temperature=temperature), chunk_size=None)
+    return out.logprobs[batch.loss_mask.bool()].double().cpu().numpy()
 
 
 def _check_prompt_tokens(url: str, request: GenerationRequest, result: GenerationResult) -> None:

@@ -39,7 +39,8 @@ import torch
 
 from osvl.rl.advantages import DROP_INFRA, DROP_UNSCORED, MODES, AdvantageConfig, compute_advantages
 from osvl.rl.fatal import FatalConfig, FatalErrors, InfraRollouts, find_fatal_step
-from osvl.rl.judges import ExactMatchAccuracyJudge, Verdict
+from osvl.rl.judges import Verdict
+from osvl.rl.offline_judges import ExactMatchAccuracyJudge
 from osvl.rl.rewards import INFRA_UNSCORED, RewardConfig, score_trajectory
 from osvl.rl.trajectory import FinishReason, Prompt, Step, ToolCall, ToolResult, Trajectory
 from osvl_kernels import grpo_loss, linear_grpo_loss

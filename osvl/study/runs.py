@@ -219,7 +219,7 @@ def run_one(study: StudyConfig, spec: RunSpec | None, threads: int = 1, engine_w
     import torch
 
     from osvl.config import load_recipe
-    from osvl.demo import evaluation_rollouts
+    from osvl.trainer.evaluation import evaluation_rollouts
     from osvl.trainer.grpo import run_grpo
 
     torch.set_num_threads(threads)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from osvl.rl.judges import ChatCompletionsClient, ChatJudgeConfig
+from osvl.rl.chat_client import ChatCompletionsClient, ChatJudgeConfig
 from osvl.synth.chat_expert import ChatExpert, ChatExpertConfig
 from osvl.synth.environment import EnvironmentTools
 from osvl.synth.expert import ScriptedExpert, ToolExecutor, WorldTools

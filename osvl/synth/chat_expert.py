@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from osvl.rl.actions import parse_action
+from osvl.rl.chat_client import ChatCompletionsClient
 from osvl.rl.fatal import FatalConfig, find_fatal_step
-from osvl.rl.judges import ChatCompletionsClient
 from osvl.rl.trajectory import FinishReason, Step, ToolResult, ToolStatus
 from osvl.synth.expert import ToolExecutor
 from osvl.synth.records import QAItem

@@ -25,7 +25,8 @@ from typing import Protocol
 import cv2
 import numpy as np
 
-from osvl.rl.judges import AccuracyJudge, QueryJudge, normalize_answer
+from osvl.rl.judges import AccuracyJudge, QueryJudge
+from osvl.rl.offline_judges import normalize_answer
 from osvl.rl.trajectory import (
     FinishReason,
     Prompt,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from osvl.jsonl import iter_jsonl
-from osvl.rl.judges import normalize_answer
+from osvl.rl.offline_judges import normalize_answer
 from osvl.synth.question import Rel, Resolver, name_index, obfuscate
 from osvl.synth.records import Drop, QAItem
 from osvl.world.build import ImageRecord

@@ -16,7 +16,7 @@ from typing import Protocol
 import cv2
 import numpy as np
 
-from osvl.rl.judges import normalize_answer
+from osvl.rl.offline_judges import normalize_answer
 from osvl.synth.question import Mention, leaked_forms, render_question
 from osvl.synth.records import Drop, QAItem
 from osvl.world.build import ImageRecord

@@ -13,7 +13,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from osvl.rl.judges import ChatCompletionsClient, normalize_answer
+from osvl.rl.chat_client import ChatCompletionsClient
+from osvl.rl.offline_judges import normalize_answer
 from osvl.synth.question import Mention, Question, render_mention, render_question
 from osvl.synth.rewrite import UniquenessVerdict
 from osvl.synth.sampling import SampledPath

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from osvl.jsonl import iter_jsonl
-from osvl.rl.judges import ChatCompletionsClient, ChatJudgeConfig, ChatOutcome
+from osvl.rl.chat_client import ChatCompletionsClient, ChatJudgeConfig, ChatOutcome
 
 REQUEST_ERRORS = frozenset({"http_400", "http_413", "http_422"})  # this request is bad; others would fare alike
 

@@ -20,7 +20,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
+from osvl.rl.offline_judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.trajectory import Prompt, append_jsonl, write_prompts
 from osvl.synth.environment import EnvironmentTools
 from osvl.synth.expert import (

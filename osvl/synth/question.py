@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from osvl.rl.judges import normalize_answer
+from osvl.rl.offline_judges import normalize_answer
 from osvl.world.graph import Graph
 
 # ---------------------------------------------------------------------------------------------

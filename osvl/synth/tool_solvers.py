@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from osvl.rl.judges import ChatCompletionsClient, normalize_answer
+from osvl.rl.chat_client import ChatCompletionsClient
+from osvl.rl.offline_judges import normalize_answer
 from osvl.rl.trajectory import ToolCall, ToolStatus
 from osvl.synth.chat_expert import image_content_part
 from osvl.synth.expert import ToolExecutor, top_match_page

@@ -4,9 +4,10 @@
 addressed by index into the trajectory's ``VisualContext``; ``tool_schemas()`` is what the
 prompt renders.
 
-The HTTP tool server and its client live in :mod:`osvl.tools.server` (``RemoteToolPool``,
-``ToolServer``), imported from there: the package does not import its own ``__main__`` module, so
-``python -m osvl.tools.server`` runs it once, without runpy's warning.
+The HTTP tool server (:mod:`osvl.tools.server`, ``ToolServer``) and its client
+(:mod:`osvl.tools.client`, ``RemoteToolPool``) are imported from their modules: the package does not
+import the server's ``__main__`` module, so ``python -m osvl.tools.server`` runs it once, without
+runpy's warning.
 """
 
 from osvl.tools.cache import CacheStats, ToolCache

@@ -10,7 +10,7 @@ an exception.
 A server that answers a call with its overload refusal (503 ``overloaded``: nothing ran) is left
 alone by that call for the wait the server asked for, and the call goes to another healthy server;
 when every one is resting it waits for the first to be ready. Only a call whose own deadline passes
-that way is an ``infra_error``, marked ``overloaded`` (:class:`osvl.tools.server.OverloadWaits`).
+that way is an ``infra_error``, marked ``overloaded`` (:class:`osvl.tools.client.OverloadWaits`).
 ``take_restarts`` counts the servers that came back as a new process (their instance changed).
 """
 
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 import httpx
 
 from osvl.rl.trajectory import ToolResult, ToolStatus
+from osvl.tools.client import OverloadWaits, RemoteToolPool
 from osvl.tools.environment import ToolEnvironment
 from osvl.tools.faults import FaultInjectingRunner
 from osvl.tools.pool import Job, PoolStats
-from osvl.tools.server import OverloadWaits, RemoteToolPool
 
 
 @dataclass

@@ -7,7 +7,6 @@ service and the cause, because an unreachable web service is never the policy's 
 
 from __future__ import annotations
 
-import email.utils
 import functools
 import json
 import time
@@ -15,25 +14,11 @@ from typing import Any
 
 import httpx
 
+from osvl.http_retry import retry_after_seconds
 from osvl.tools.config import HttpConfig
 from osvl.tools.errors import BackendError
 
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    """Parse ``Retry-After`` (delta seconds or an HTTP date); None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        parsed = email.utils.parsedate_to_datetime(value)
-    except (ValueError, TypeError):
-        return None
-    return max(0.0, parsed.timestamp() - time.time())
 
 
 @functools.cache

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import importlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from osvl.tools.config import HttpConfig, OcrConfig, ToolBackendsConfig
 from osvl.tools.errors import BackendError
 from osvl.tools.http_client import request_json
 from osvl.tools.image_io import encode_png
+from osvl.tools.optional_packages import INSTALL, warn_missing
 from osvl.tools.registry import ToolOutput
 
 Box = tuple[float, float, float, float]  # x1, y1, x2, y2
@@ -120,11 +122,19 @@ def render_observation(blocks: Sequence[OcrBlock], formatted_text: str | None = 
 # -- offline backend --------------------------------------------------------------------------
 
 
+def _backend_module(module: str) -> Any:
+    """``module``, or a ``BackendError`` naming the install (and a warning, once) when it is missing: the local
+    backend has no fallback, so without it every OCR call fails."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        warn_missing("ocr", module, "every call of the local OCR backend fails")
+        raise BackendError(f"the local OCR backend needs {module}, which is not installed: {INSTALL}") from None
+
+
 @functools.cache
 def _rapidocr(use_cls: bool) -> Any:
-    from rapidocr import RapidOCR
-
-    return RapidOCR(
+    return _backend_module("rapidocr").RapidOCR(
         params={
             "Global.use_cls": use_cls,
             "Global.log_level": "error",
@@ -138,12 +148,11 @@ def _rapidocr(use_cls: bool) -> Any:
 
 @functools.cache
 def _rapid_layout() -> Any:
-    from rapid_layout import RapidLayout
-
+    layout = _backend_module("rapid_layout")
     for name in list(logging.root.manager.loggerDict):  # its INFO lines would flood every worker's stderr
         if name.startswith("rapid_layout"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    return RapidLayout(engine_cfg={"intra_op_num_threads": 1, "inter_op_num_threads": 1})
+    return layout.RapidLayout(engine_cfg={"intra_op_num_threads": 1, "inter_op_num_threads": 1})
 
 
 def read_lines(image: np.ndarray, use_cls: bool = False) -> list[OcrLine]:

@@ -1,23 +1,13 @@
 """Serve a tool pool over HTTP so many rollout nodes share one set of tool workers.
 
-Protocol (JSON): ``GET /v1/tools`` -> the OpenAI tool schemas; ``GET /v1/stats`` -> pool counters;
-``POST /v1/call`` with ``{"tool", "arguments", "images": [base64 PNG], "deadline_s", "end_to_end_s"?}``
--> ``{"status", "tool", "text", "images", "error", "elapsed_s", "queue_s", "run_s", "worker"}``. The
-client sends the images its call references (resolved from its own visual context); the server looks
-the tool up in its own registry (a client never names code to run), re-validates the arguments, and
-decodes images under the byte and pixel limits. Tool outcomes, including the policy's bad arguments,
-are HTTP 200 with a typed ``status``; protocol mistakes are 4xx and overload 503, each with a JSON
-``{"error", "kind"}`` body. ``RemoteToolPool`` is the client with the ``ToolPool`` calling interface,
-so a ``ToolEnvironment`` runs unchanged against a remote server.
+The wire format is ``osvl.tools.wire``'s; the client is ``osvl.tools.client.RemoteToolPool``. The
+server looks the tool up in its own registry (a client never names code to run), re-validates the
+arguments, and decodes images under the byte and pixel limits.
 
 Overload is back-pressure, not a failure: a full queue (or too many connections) answers 503 with
 kind ``overloaded``, a ``Retry-After`` header (whole seconds, as HTTP has it) and, for a full queue,
 ``retry_after_s``, the server's estimate of when a queue slot frees (its recent run time over its
-workers). Nothing ran, so the client asks again after that long (jittered, growing when no estimate
-came) until the call's own deadline (``Job.end_to_end_s``, else ``Job.deadline_s``); only a call whose
-deadline passes that way is an ``infra_error``, marked ``overloaded``. Every result says how many
-overload answers its call met (``ToolResult.overloads``). ``osvl.tools.fleet`` does the same over
-several servers, trying the others first.
+workers). Nothing ran, so the client asks again after that long, within the call's own deadline.
 
 The HTTP stack is aiohttp: its C parser (llhttp) rejects malformed framing (a ``Content-Length`` that
 is negative, not a number or repeated, chunked encoding mixed with a length) with 400 before our
@@ -30,31 +20,24 @@ to write an answer to a client that does not read, and the time any call may tak
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import logging
 import math
-import random
 import socket
 import threading
-import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import httpx
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from osvl.rl.trajectory import ToolResult, ToolStatus
+from osvl.rl.trajectory import ToolResult
 from osvl.tools.call_json import loads_call_json, reject_unusable
 from osvl.tools.errors import CallParseError, InvalidArguments, ToolError, error_status
-from osvl.tools.http_client import retry_after_seconds
-from osvl.tools.image_io import decode_image, encode_png
-from osvl.tools.pool import Job, PoolBusy, PoolClosed, PoolStats, ToolPool
+from osvl.tools.pool import Job, PoolBusy, PoolClosed, ToolPool
 from osvl.tools.registry import ToolRegistry
+from osvl.tools.wire import INSTANCE_HEADER, decode_images, dumps, result_to_json
 
 
 class _ClientFaults(logging.Filter):
@@ -69,10 +52,7 @@ class _ClientFaults(logging.Filter):
 _HTTP_LOG = logging.getLogger("osvl.tools.server.http")
 _HTTP_LOG.addFilter(_ClientFaults())
 _KINDS = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
-INSTANCE_HEADER = "X-Tool-Server-Instance"  # on every answer: a new value after the server restarted
 MIN_RETRY_AFTER_S = 0.01  # the shortest wait a full queue asks for
-FIRST_OVERLOAD_WAIT_S = 0.05  # a client's wait after an overload answer without an estimate; doubles per answer
-MAX_OVERLOAD_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -106,19 +86,6 @@ class _BadRequest(Exception):
         self.status, self.kind = status, kind
 
 
-def _encode_images(images: list[Any]) -> list[str]:
-    return [base64.b64encode(encode_png(image)).decode("ascii") for image in images]
-
-
-def _decode_images(encoded: Any, max_pixels: int, max_bytes: int | None = None) -> list[Any]:
-    if not isinstance(encoded, list) or not all(isinstance(item, str) for item in encoded):
-        raise ValueError("'images' must be a list of base64 PNG strings")
-    try:
-        return [decode_image(base64.b64decode(item, validate=True), max_pixels, max_bytes) for item in encoded]
-    except binascii.Error as err:
-        raise ValueError(f"an image is not valid base64: {err}") from None
-
-
 def _printable(name: str) -> str:
     """A tool name fit to echo back: the policy's unknown name may hold lone surrogates or be huge."""
     try:
@@ -126,39 +93,6 @@ def _printable(name: str) -> str:
     except UnicodeEncodeError:
         return ""
     return name[:200]
-
-
-def result_to_json(result: ToolResult) -> dict[str, Any]:
-    return {
-        "status": result.status.value,
-        "tool": result.tool,
-        "text": result.text,
-        "images": _encode_images(result.images),
-        "error": result.error,
-        "elapsed_s": result.elapsed_s,
-        "queue_s": result.queue_s,
-        "run_s": result.run_s,
-        "worker": result.worker,
-    }
-
-
-def result_from_json(payload: dict[str, Any], max_pixels: int, max_bytes: int | None = None) -> ToolResult:
-    return ToolResult(
-        status=ToolStatus.parse(payload["status"]),
-        tool=str(payload["tool"]),
-        text=str(payload["text"]),
-        images=_decode_images(payload["images"], max_pixels, max_bytes),
-        error=payload.get("error"),
-        elapsed_s=float(payload.get("elapsed_s", 0.0)),
-        queue_s=float(payload.get("queue_s", 0.0)),
-        run_s=float(payload.get("run_s", 0.0)),
-        worker=str(payload.get("worker", "")),
-    )
-
-
-def _dumps(payload: Any) -> bytes:
-    # ASCII escapes keep any lone surrogate in an echoed value valid JSON; NaN cannot occur in our payloads
-    return json.dumps(payload, ensure_ascii=True).encode("ascii")
 
 
 def _positive_seconds(body: dict[str, Any], key: str) -> float | None:
@@ -282,7 +216,7 @@ class ToolServer:
         self, request: web.Request, status: int, payload: Any, headers: dict[str, str] | None = None
     ) -> web.StreamResponse:
         """Write the answer here, under the write timeout: a client that does not read is dropped."""
-        response = web.Response(status=status, body=_dumps(payload), content_type="application/json", headers=headers)
+        response = web.Response(status=status, body=dumps(payload), content_type="application/json", headers=headers)
 
         async def write() -> None:
             await response.prepare(request)
@@ -369,7 +303,7 @@ class ToolServer:
         deadline_s = _positive_seconds(body, "deadline_s")
         end_to_end_s = _positive_seconds(body, "end_to_end_s")
         try:
-            images = _decode_images(
+            images = decode_images(
                 body.get("images", []), self.registry.limits.max_image_pixels, self.registry.limits.max_image_bytes
             )
         except ValueError as err:
@@ -409,7 +343,7 @@ class _Overloaded(asyncio.Protocol):
     """Answers a connection over the limit with 503 and closes it, without reading its request."""
 
     def __init__(self, limit: int, instance: str) -> None:
-        body = _dumps({"error": f"the tool server has {limit} open connections; retry later", "kind": "overloaded"})
+        body = dumps({"error": f"the tool server has {limit} open connections; retry later", "kind": "overloaded"})
         self._answer = (
             b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
             + f"Retry-After: 1\r\n{INSTANCE_HEADER}: {instance}\r\n".encode()
@@ -422,180 +356,6 @@ class _Overloaded(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.write(self._answer)
         transport.close()
-
-
-@dataclass(frozen=True)
-class Overloaded:
-    """A tool server's refusal for load (HTTP 503, kind ``overloaded``): nothing ran; ask again later."""
-
-    url: str
-    retry_after_s: float | None  # the server's estimate (body), else its Retry-After header; None: neither
-    message: str
-
-
-class OverloadWaits:
-    """One call's waits on overloaded servers: when it may ask each again, and when its deadline passes."""
-
-    def __init__(self, job: Job, rng: random.Random) -> None:
-        self.job, self.rng = job, rng
-        self.started = time.monotonic()
-        self.budget_s = job.end_to_end_s if job.end_to_end_s is not None else job.deadline_s
-        self.answers = 0
-        self.last: Overloaded | None = None
-        self._resting: dict[str, float] = {}  # url -> when this call may ask it again
-        self._in_a_row: dict[str, int] = {}
-
-    def refused(self, answer: Overloaded) -> None:
-        """``answer`` came back: leave its server alone for its estimate (or a growing wait), jittered so
-        the callers it refused together do not come back together."""
-        self.answers += 1
-        self.last = answer
-        row = self._in_a_row[answer.url] = self._in_a_row.get(answer.url, 0) + 1
-        wait = answer.retry_after_s
-        if wait is None:
-            wait = min(FIRST_OVERLOAD_WAIT_S * 2 ** (row - 1), MAX_OVERLOAD_WAIT_S)
-        self._resting[answer.url] = time.monotonic() + wait * self.rng.uniform(1.0, 2.0)
-
-    def ready_in(self, url: str) -> float:
-        return max(0.0, self._resting.get(url, 0.0) - time.monotonic())
-
-    def passes_deadline(self, wait_s: float) -> bool:
-        return time.monotonic() + wait_s >= self.started + self.budget_s
-
-    def end_to_end_s(self) -> float | None:
-        """What is left of the job's end-to-end deadline (None when it has none)."""
-        if self.job.end_to_end_s is None:
-            return None
-        return max(self.job.end_to_end_s - (time.monotonic() - self.started), 1e-3)
-
-    def failure(self) -> ToolResult:
-        """The ``infra_error`` of a call whose deadline passed while every server it could ask was overloaded."""
-        last = f"; last: {self.last.url}: {self.last.message}" if self.last else ""
-        return ToolResult(
-            ToolStatus.INFRA_ERROR,
-            self.job.tool,
-            error=f"tool servers overloaded for the call's whole {self.budget_s:g}s deadline "
-            f"({self.answers} overload answers{last})",
-            elapsed_s=time.monotonic() - self.started,
-            overloads=self.answers,
-            overloaded=True,
-        )
-
-
-class RemoteToolPool:
-    """``ToolPool``'s calling interface over HTTP; transport failures become ``infra_error``, overload
-    answers are waited out within the call's deadline."""
-
-    def __init__(
-        self,
-        url: str,
-        max_image_pixels: int = 24_000_000,
-        grace_s: float = 10.0,
-        max_image_bytes: int | None = 32 << 20,
-    ) -> None:
-        self.url = url.rstrip("/")
-        self.max_image_pixels, self.max_image_bytes = max_image_pixels, max_image_bytes
-        self.grace_s = grace_s  # transport allowance on top of the call's deadline
-        self.stats = PoolStats()
-        self.instance: str | None = None  # the server process answering (its X-Tool-Server-Instance)
-        self.restarts = 0  # times the instance changed: the server was restarted
-        self._lock = threading.Lock()
-        self._rng = random.Random()
-        self._client = httpx.Client(trust_env=False)
-
-    def call(self, job: Job) -> ToolResult:
-        with self._lock:
-            self.stats.submitted += 1
-        waits = OverloadWaits(job, self._rng)
-        while True:
-            outcome = self.attempt(job, waits.end_to_end_s())
-            if isinstance(outcome, ToolResult):
-                break
-            waits.refused(outcome)
-            pause = waits.ready_in(self.url)
-            if waits.passes_deadline(pause):
-                outcome = waits.failure()
-                break
-            time.sleep(pause)
-        outcome.overloads = waits.answers
-        with self._lock:
-            self.stats.completed += 1
-        return outcome
-
-    def attempt(self, job: Job, end_to_end_s: float | None) -> ToolResult | Overloaded:
-        """One request: the call's result (transport failures as ``infra_error``), or the server's overload
-        answer, which leaves the next move to the caller."""
-        started = time.monotonic()
-        body = {
-            "tool": job.tool,
-            "arguments": job.arguments,
-            "images": _encode_images(job.images),
-            "deadline_s": job.deadline_s,
-        }
-        budget = job.deadline_s + self.grace_s
-        if end_to_end_s is not None:
-            body["end_to_end_s"] = end_to_end_s
-            budget = min(budget, end_to_end_s + self.grace_s)
-        try:
-            response = self._client.post(
-                f"{self.url}/v1/call",
-                content=_dumps(body),
-                headers={"content-type": "application/json"},
-                timeout=budget,
-            )
-            self._note_instance(response.headers.get(INSTANCE_HEADER))
-            overloaded = _overload_answer(self.url, response)
-            if overloaded is not None:
-                return overloaded
-            if response.status_code != 200:
-                raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
-            result = result_from_json(response.json(), self.max_image_pixels, self.max_image_bytes)
-            result.worker = f"{self.url} {result.worker}".strip()
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
-            result = ToolResult(
-                ToolStatus.INFRA_ERROR,
-                job.tool,
-                error=f"tool server failed: {err}",
-                elapsed_s=time.monotonic() - started,
-            )
-        return result
-
-    def _note_instance(self, instance: str | None) -> None:
-        if not instance:
-            return
-        with self._lock:
-            if self.instance is not None and instance != self.instance:
-                self.restarts += 1
-            self.instance = instance
-
-    async def acall(self, job: Job) -> ToolResult:
-        return await asyncio.to_thread(self.call, job)
-
-    def tool_schemas(self) -> list[dict[str, Any]]:
-        response = self._client.get(f"{self.url}/v1/tools", timeout=30)
-        response.raise_for_status()
-        return response.json()
-
-    def close(self) -> None:
-        self._client.close()
-
-
-def _overload_answer(url: str, response: httpx.Response) -> Overloaded | None:
-    """The server's typed overload answer (503, kind ``overloaded``), or None for any other response."""
-    if response.status_code != 503:
-        return None
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    if not isinstance(body, dict) or body.get("kind") != "overloaded":
-        return None
-    estimate = body.get("retry_after_s")
-    if isinstance(estimate, (int, float)) and not isinstance(estimate, bool) and math.isfinite(estimate):
-        wait = max(float(estimate), 0.0)
-    else:
-        wait = retry_after_seconds(response.headers.get("retry-after"))
-    return Overloaded(url, wait, str(body.get("error", ""))[:200])
 
 
 def main(argv: list[str] | None = None) -> int:

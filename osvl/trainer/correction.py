@@ -1,4 +1,4 @@
-"""The PPO ratio's old policy and the rollout-training mismatch correction of the GRPO stage.
+"""The rollout-training mismatch of the GRPO stage: how far the trainer's old policy is from the engine's.
 
 Engines and trainers compute log-probs with different kernels (and, with ``rollout.max_staleness
 > 0``, a group may come from older weights), so the engine's log-probs are the *behaviour*
@@ -7,63 +7,15 @@ the old policy's log-probs with a no-grad forward of its weights before the step
 step (verl's, slime's and AReaL's recompute: the proximal policy of decoupled PPO when groups are
 stale), and ``grpo.rollout_correction`` weighs each token's policy-gradient term by
 ``exp(old_trainer - engine)``, truncated at C (or masked outside it), in the fused loss
-(``osvl_kernels.RolloutCorrection``). The ``|old_trainer - engine|`` histogram is logged either way.
+(``osvl.step.rollout_correction``). The ``|old_trainer - engine|`` histogram is logged either way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
-
-from osvl.config.recipe import GRPOConfig
-from osvl.data.packing import PackedBatch
-from osvl.model import Qwen3VLModel
-from osvl.parallel import lm_head_weight
-from osvl_kernels import RolloutCorrection, linear_token_logprobs
 
 DELTA_EDGES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # |old_trainer - engine| histogram bins (nats), open above
 DELTA_NAMES = ("lt_1e-4", "1e-4_1e-3", "1e-3_1e-2", "1e-2_1e-1", "1e-1_1", "ge_1")
-
-
-def rollout_correction(config: GRPOConfig) -> RolloutCorrection | None:
-    """The recipe's correction for the fused loss; None when ``grpo.rollout_correction = "off"``."""
-    if config.rollout_correction == "off":
-        return None
-    return RolloutCorrection(
-        level=config.rollout_correction, mode=config.rollout_correction_mode, high=config.rollout_correction_cap
-    )
-
-
-@torch.no_grad()
-def old_policy_logprobs(
-    model: Qwen3VLModel, batches: Sequence[PackedBatch], temperature: float, chunk_size: int | None = None
-) -> list[torch.Tensor]:
-    """fp32 log-probs of every micro-batch's target tokens under the model's current weights (no grad;
-    collective under FSDP: every rank passes the same number of micro-batches)."""
-    out = []
-    device = next(model.parameters()).device
-    for b in batches:
-        b = b.to(device)
-        hidden = model(
-            b.input_ids,
-            cu_seqlens=b.cu_seqlens,
-            position_ids=b.position_ids,
-            pixel_values=b.pixel_values,
-            image_grid_thw=b.image_grid_thw,
-            return_hidden=True,
-        )
-        logprobs = linear_token_logprobs(
-            hidden,
-            lm_head_weight(model),
-            b.target_ids,
-            temperature=temperature,
-            chunk_size=chunk_size,
-            backend="auto" if hidden.is_cuda else "torch",
-            validate=False,
-        )
-        out.append(torch.where(b.loss_mask, logprobs, torch.zeros_like(logprobs)))
-    return out
 
 
 def mismatch_sums(old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:

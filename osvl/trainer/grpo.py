@@ -19,43 +19,46 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
-from torchtitan.distributed.utils import clip_grad_norm_
 
 from osvl.config.recipe import Recipe
 from osvl.data.chat import ChatRenderer
 from osvl.data.distributed import global_normalizers
-from osvl.data.packing import PackedBatch
-from osvl.parallel import lm_head_weight
+from osvl.data.packing import PackedBatch, TrainSequence
 from osvl.rl.advantages import AdvantageConfig, trajectory_advantages
-from osvl.rl.fatal import has_infra_error
 from osvl.rl.scoring import GroupScorer, JudgeStats
-from osvl.rl.stats import batch_stats, group_signal
-from osvl.rl.trajectory import ToolResult, Trajectory
-from osvl.rollout import RolloutRecorder, SGLangEngine
+from osvl.rl.stats import BatchStats, batch_stats
+from osvl.rl.trajectory import Trajectory
+from osvl.rollout import RolloutRecorder
 from osvl.rollout.event_loop import EventLoopThread
 from osvl.rollout.generator import GeneratorFailed, GeneratorStats, GroupsOverdue, RolloutGenerator
-from osvl.rollout.replay import ScoredGroup, staleness_metrics
-from osvl.serve.engines import EngineWrapper, Serving, build_serving
+from osvl.rollout.replay import ScoredGroup
+from osvl.serve.engines import EngineWrapper, build_serving
 from osvl.serve.preflight import preflight
-from osvl.tools.fleet import ToolServerFleet, tool_fleet
-from osvl.trainer.correction import mismatch_metrics, mismatch_sums, old_policy_logprobs, rollout_correction
-from osvl.trainer.flops import generation_flops, mfu, packed_batch_flops, packed_forward_flops, trajectory_turns
+from osvl.step import grpo_loss_config, grpo_loss_on_hidden, optim_step, packed_forward, policy_logprobs
+from osvl.tools.fleet import tool_fleet
+from osvl.trainer.correction import mismatch_sums
+from osvl.trainer.flops import packed_batch_flops, packed_forward_flops
 from osvl.trainer.grpo_data import load_prompts, rank_minibatch, stage_scorer, training_sequences
-from osvl.trainer.metrics import peak_memory_gib
+from osvl.trainer.grpo_telemetry import (
+    StepClock,
+    rollout_flops,
+    service_restarts,
+    service_states,
+    step_record,
+)
 from osvl.trainer.rollouts import GroupRoller, stage_generator
 from osvl.trainer.router_losses import RouterLosses
-from osvl.trainer.stage import Stage, StageResult, all_reduce_max, all_reduce_sums, stage_inputs, start_stage
+from osvl.trainer.stage import Stage, StageResult, all_reduce_sums, stage_inputs, start_stage
 from osvl.trainer.tool_env import EnvironmentFactory, stage_environment
-from osvl.trainer.validation import Validator, answer_is_grounded
+from osvl.trainer.validation import Validator
 from osvl.trainer.watchdog import WAIT_REPORT_S, Overdue, RunStopped, StepOverdue, step_deadline_s, stop_message
-from osvl_kernels import RolloutCorrection, linear_grpo_loss
+from osvl_kernels import GRPOLossConfig
 
 __all__ = ["run_grpo"]
 
@@ -128,7 +131,7 @@ def old_policy(
     router_losses.idle()
     out = []
     for batches in minibatches:
-        logprobs = old_policy_logprobs(stage.model, batches, g.temperature, g.loss_chunk)
+        logprobs = [policy_logprobs(stage.model, b, g.temperature, g.loss_chunk) for b in batches]
         for b, lp in zip(batches, logprobs):
             for key, value in mismatch_sums(lp, b.old_logprobs.to(lp.device), b.loss_mask.to(lp.device)).items():
                 _add(sums, key, value)
@@ -140,57 +143,32 @@ def old_policy(
 def train_minibatch(
     stage: Stage,
     batches: Sequence[PackedBatch],
+    loss_config: GRPOLossConfig,
     sums: dict[str, torch.Tensor | float],
     router_losses: RouterLosses,
     first: bool,
     old_logprobs: Sequence[torch.Tensor] | None = None,
-    correction: RolloutCorrection | None = None,
 ) -> None:
     """Forward, fused loss (and the MoE router losses) and backward of this rank's micro-batches of one
     mini-batch, then the optimizer step. The PPO ratio is taken against ``old_logprobs`` (the trainer's)
-    when given, else against the engine's; ``correction`` weighs tokens by exp(trainer - engine).
-    Metric sums stay on the device (``sums``)."""
-    g, model = stage.recipe.grpo, stage.model
+    when given, else against the engine's. Metric sums stay on the device (``sums``)."""
     norms = global_normalizers(batches)
     train_vision = not stage.recipe.model.freeze_vision
     router_losses.start(batches)
-    device = next(model.parameters()).device
     for i, b in enumerate(batches):
         router_losses.prepare(b)  # reads host-side counts
-        b = b.to(device)  # packed on the host; the forward runs where the shards live
-        old = b.old_logprobs if old_logprobs is None else old_logprobs[i].to(device)
-        hidden = model(
-            b.input_ids,
-            cu_seqlens=b.cu_seqlens,
-            position_ids=b.position_ids,
-            pixel_values=b.pixel_values,
-            image_grid_thw=b.image_grid_thw,
-            return_hidden=True,
-        )
-        out = linear_grpo_loss(
+        b, hidden = packed_forward(stage.model, b)
+        old = b.old_logprobs if old_logprobs is None else old_logprobs[i].to(hidden.device)
+        out = grpo_loss_on_hidden(
+            stage.model,
             hidden,
-            lm_head_weight(model),
-            b.target_ids,
-            b.cu_seqlens,
-            b.loss_mask,
+            b,
+            loss_config,
+            chunk_size=stage.recipe.grpo.loss_chunk,
             old_logprobs=old,
-            behavior_logprobs=None if correction is None else b.old_logprobs,
-            rollout_correction=correction,
-            fatal_step=b.fatal_step,
-            token_step=b.token_step,
-            advantages=b.advantages,
-            eps_low=g.eps_low,
-            eps_high=g.eps_high,
-            kl_coef=g.kl_coef,
-            entropy_coef=g.entropy_coef,
-            temperature=g.temperature,
-            loss_agg=g.loss_agg,
             num_seqs=norms.num_seqs.clamp_min(1),
             num_tokens=norms.num_valid_tokens.clamp_min(1),
-            max_response_len=g.max_response_tokens,
-            chunk_size=g.loss_chunk,
-            backend="auto" if hidden.is_cuda else "torch",
-        )  # Triton on CPU is the test interpreter
+        )
         out.loss.backward()
         n = out.metrics["num_valid_tokens"].double()
         scored = out.logprobs != 0
@@ -207,20 +185,51 @@ def train_minibatch(
         if first:  # the first mini-batch runs on the weights that generated the rollouts
             _add(sums, "lp_diff", out.metrics["logprob_abs_diff_mean"] * n)
             _add(sums, "valid_first", n)
-    grad_norm = clip_grad_norm_(stage.params, stage.recipe.optimizer.grad_clip or float("inf"))
-    _add(sums, "grad_norm", grad_norm / stage.world_size)  # the global norm on every rank: sums to it
-    stage.optimizer.step()
-    stage.scheduler.step()
-    stage.optimizer.zero_grad(set_to_none=True)
+    update = optim_step(stage.params, stage.optimizer, stage.scheduler, stage.recipe.optimizer)
+    _add(sums, "grad_norm", update.grad_norm / stage.world_size)  # the global norm on every rank: sums to it
+    _add(sums, "nonfinite_skipped", float(update.skipped) / stage.world_size)  # every rank skips alike
 
 
 def _add(sums: dict[str, torch.Tensor | float], key: str, value: torch.Tensor | float) -> None:
     sums[key] = sums.get(key, 0.0) + value
 
 
-def _mean(values) -> float:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else 0.0
+def pack_step(
+    stage: Stage, sequences: Sequence[TrainSequence], renderer: ChatRenderer
+) -> tuple[list[list[PackedBatch]], list[float]]:
+    """This rank's micro-batches of each PPO mini-batch (whole groups, token-balanced over the ranks), and
+    each mini-batch's padding fraction."""
+    g = stage.recipe.grpo
+    minis = g.batch_prompts // g.mini_batch_prompts
+    packed = [
+        rank_minibatch(
+            [s for s in sequences if s.group_id // g.mini_batch_prompts == m],
+            stage.recipe.data.max_tokens,
+            stage.dp_size,
+            stage.dp_rank,
+            renderer,
+        )
+        for m in range(minis)
+    ]
+    return [list(batches) for batches, _ in packed], [padding for _, padding in packed]
+
+
+def update_policy(
+    stage: Stage,
+    minibatches: Sequence[Sequence[PackedBatch]],
+    loss_config: GRPOLossConfig,
+    router_losses: RouterLosses,
+    sums: dict[str, torch.Tensor | float],
+) -> int:
+    """One optimizer step per mini-batch (the old policy's log-probs first, when the recipe recomputes
+    them); returns the number of updates, by which the policy version advances."""
+    old = old_policy(stage, minibatches, router_losses, sums) if stage.recipe.grpo.old_logprobs == "trainer" else None
+    stage.model.train()
+    for m, batches in enumerate(minibatches):
+        train_minibatch(
+            stage, batches, loss_config, sums, router_losses, first=m == 0, old_logprobs=None if old is None else old[m]
+        )
+    return len(minibatches)
 
 
 def run_grpo(
@@ -257,7 +266,7 @@ def run_grpo(
     router_losses = RouterLosses(stage.model, recipe.moe, recipe.parallel.tp)
     validator = Validator(recipe, renderer, rank, stage.dp_size) if recipe.validation.path else None
     advantage_config = AdvantageConfig(mode=g.fatal_mode, estimator=g.estimator)
-    correction = rollout_correction(g)
+    loss_config = grpo_loss_config(g)  # the fused loss's settings, once for the stage
     final_loss = stage.resumption.final_loss  # recorded at the resumed step; nan when fresh
     end = stage.total if stop_after is None else min(stage.total, stage.step + stop_after)
     stage.extra_state = {"policy_version": version, "replay": stage.state.get("replay")}
@@ -279,57 +288,29 @@ def run_grpo(
             stage.restore_rng()
             generator.start()
             while stage.step < end:
-                t0 = time.perf_counter()
-                try:
-                    rolled = rollout_step(generator, scorer, deadline, services)
-                except StepOverdue as late:
-                    raise RunStopped(stop_together(stage, late.ranks)) from None
-                t1 = time.perf_counter()
-                advantages = trajectory_advantages(rolled.scored, advantage_config)
-                stats = batch_stats(advantages, rolled.scored)
-                sequences = training_sequences(rolled.scored, advantages, renderer)
-                minibatches, padding = zip(
-                    *[
-                        rank_minibatch(
-                            [s for s in sequences if s.group_id // g.mini_batch_prompts == m],
-                            recipe.data.max_tokens,
-                            stage.dp_size,
-                            stage.dp_rank,
-                            renderer,
-                        )
-                        for m in range(minis)
-                    ]
-                )
-                t2 = time.perf_counter()
-                sums: dict[str, torch.Tensor | float] = {"rollout_flops": _rollout_flops(rolled.mine, renderer, arch)}
-                old = old_policy(stage, minibatches, router_losses, sums) if g.old_logprobs == "trainer" else None
-                stage.model.train()
-                for m, batches in enumerate(minibatches):
-                    train_minibatch(
-                        stage,
-                        batches,
-                        sums,
-                        router_losses,
-                        first=m == 0,
-                        old_logprobs=None if old is None else old[m],
-                        correction=correction,
-                    )
-                    version += 1
-                t3 = time.perf_counter()
-                sync = generator.update_weights(functools.partial(serving.sync.sync, stage.model, version), version)
-                t4 = time.perf_counter()
+                clock = StepClock()
+                with clock("rollout"):  # this rank's groups, judged as each completes, then every rank's
+                    try:
+                        rolled = rollout_step(generator, scorer, deadline, services)
+                    except StepOverdue as late:
+                        raise RunStopped(stop_together(stage, late.ranks)) from None
+                with clock("advantages"):
+                    advantages = trajectory_advantages(rolled.scored, advantage_config)
+                    stats = batch_stats(advantages, rolled.scored)
+                with clock("pack"):
+                    sequences = training_sequences(rolled.scored, advantages, renderer)
+                    minibatches, padding = pack_step(stage, sequences, renderer)
+                with clock("update"):
+                    sums: dict[str, torch.Tensor | float] = {}  # the step's metric sums, on the device
+                    version += update_policy(stage, minibatches, loss_config, router_losses, sums)
+                with clock("sync"):
+                    sync = generator.update_weights(functools.partial(serving.sync.sync, stage.model, version), version)
                 stage.step += 1
-                sums["tool_s"] = sum(s.tool_result.elapsed_s for t in rolled.mine for s in t.steps if s.tool_result)
                 sums["restarts"] = loop.run(roller.take_restarts())
-                summed = all_reduce_sums(sums)
+                record = record_step(stage, rolled, stats, padding, sums, version, sync, clock, renderer)
+                record.update(router_losses.metrics() | service_restarts(serving, fleet, loop))
                 if rank == 0:
-                    recorder.write(stage.step, rolled.scored)
-                    dropped = [t for s in rolled.generated for group in s.dropped for t in group.trajectories]
-                    if dropped:
-                        stale_recorder.write(stage.step, dropped)
-                record = step_record(stage, summed, rolled, stats, list(padding), version, sync, (t0, t1, t2, t3, t4))
-                record.update(router_losses.metrics())
-                record.update(service_restarts(serving, fleet, loop))
+                    write_rollouts(recorder, stale_recorder, stage.step, rolled)
                 final_loss = record["loss"]
                 validating = validator is not None and validator.due(stage.step, stage.total)
                 if validating:
@@ -343,12 +324,6 @@ def run_grpo(
             scorer.close()
             serving.close(loop.run)
     return stage.finish(tokenizer, renderer, final_loss)
-
-
-def service_states(serving: Serving, fleet: ToolServerFleet | None, scorer: GroupScorer) -> str:
-    """What the services last answered, for a rank that waited too long."""
-    tools = f"tool servers: {fleet.health()}" if fleet is not None else "tools: local workers"
-    return f"engine: {type(serving.engine).__name__}; {tools}; judges: {scorer.describe()}"
 
 
 def stop_together(stage: Stage, late: list[Overdue]) -> str:
@@ -365,113 +340,28 @@ def stop_together(stage: Stage, late: list[Overdue]) -> str:
     return stop_message(stage.step + 1, late, saved)
 
 
-def service_restarts(serving: Serving, fleet: ToolServerFleet | None, loop: EventLoopThread) -> dict[str, float]:
-    """The step's restarts of services as the trainer saw them (the largest count over ranks: every rank
-    may see the same restart): tool servers that came back as a new process, engine servers that went
-    away and came back (given the trainer's weights again when they had lost them)."""
-    engine = serving.engine
-    return all_reduce_max(
-        {
-            "tool_server_restarts": fleet.take_restarts() if fleet is not None else 0,
-            "engine_restarts": loop.run(engine.take_restarts()) if isinstance(engine, SGLangEngine) else 0,
-        }
-    )
-
-
-def step_record(
+def record_step(
     stage: Stage,
-    summed: dict[str, float],
     rolled: RolloutBatch,
-    stats,
-    padding: list[float],
+    stats: BatchStats,
+    padding: Sequence[float],
+    sums: dict[str, torch.Tensor | float],
     version: int,
     sync,
-    times: tuple[float, ...],
+    clock: StepClock,
+    renderer: ChatRenderer,
 ) -> dict[str, float]:
-    """The step's metrics line (every value reduced over ranks where it is a sum). ``version`` is the
-    policy version after the step's updates; the step trained from ``version - updates``."""
-    t0, t1, t2, t3, t4 = times
-    recipe = stage.recipe
-    valid = max(summed.get("valid", 0.0), 1.0)
-    parts = [t.reward for t in rolled.scored if t.reward is not None and t.reward.scored]
-    minis = recipe.grpo.batch_prompts // recipe.grpo.mini_batch_prompts
-    generated = rolled.generated
-    ranks = len(generated)
-    record = {
-        "loss": summed.get("loss", 0.0) / max(recipe.parallel.tp, 1),
-        "grad_norm": summed["grad_norm"] / minis,
-        "lr": stage.scheduler.get_last_lr()[0],
-        "policy_version": version,
-        "reward": _mean(p.total for p in parts),
-        "reward_fmt": _mean(p.fmt for p in parts),
-        "reward_acc": _mean(p.acc for p in parts),
-        "reward_query": _mean(p.query for p in parts),
-        "accuracy": _mean(p.acc for p in parts),
-        "grounded": _mean(map(answer_is_grounded, rolled.scored)),  # answers read from a tool, right or wrong
-        **group_signal(rolled.scored).as_metrics(),
-        "fatal_rate": stats.fatal_fraction or 0.0,
-        "clamped_frac": stats.clamped_fraction or 0.0,
-        "fatal": stats.fatal,
-        "clamped": stats.clamped,
-        "preserved": stats.preserved,
-        "dropped": stats.infra_dropped + stats.unscored + stats.hard_masked,
-        "unscored": stats.unscored,
-        "infra_dropped": stats.infra_dropped,
-        "infra_kept": stats.infra_kept,
-        "infra_hit": sum(map(has_infra_error, rolled.scored)),
-        "tool_calls_mean": _mean(sum(s.tool_result is not None for s in t.steps) for t in rolled.scored),
-        "tool_calls_overloaded": sum(r.overloads > 0 for r in _tool_results(rolled.scored)),
-        "tool_overload_failures": sum(r.overloaded for r in _tool_results(rolled.scored)),
-        "clip_frac": summed.get("clip", 0.0) / valid,
-        "entropy": summed.get("entropy", 0.0) / valid,
-        "kl": summed.get("kl_old", 0.0) / valid,
-        "logprob_abs_diff": summed.get("lp_diff", 0.0) / max(summed.get("valid_first", 0.0), 1.0),
-        "train_tokens": summed.get("valid", 0.0),
-        "tokens_per_s": summed.get("tokens", 0.0) / max(t3 - t2, 1e-9),
-        "padding_frac": _mean(padding),
-        "turns_mean": _mean(len(t.steps) for t in rolled.scored),
-        "time_rollout_s": t1 - t0,
-        "time_tools_s": summed["tool_s"],
-        "time_scoring_s": t2 - t1,
-        "time_train_s": t3 - t2,
-        "time_sync_s": t4 - t3,
-        "step_time_s": t4 - t0,
-        "sync_s": sync.seconds,
-        "sync_bytes": float(sync.bytes),
-        "memory_peak_gib": peak_memory_gib(),
-        "model_tflops": summed.get("train_flops", 0.0) / 1e12,
-        "rollout_tflops": summed["rollout_flops"] / 1e12,
-        "is_weight_mean": summed.get("is_weight", 0.0) / valid,
-        "is_capped_frac": summed.get("is_capped", 0.0) / valid,
-        "stale_groups": float(sum(s.stale for s in generated)),
-        "regenerated": float(sum(s.regenerated for s in generated)),
-        "restarts": summed["restarts"],
-        "time_wait_s": sum(s.wait_s for s in generated) / ranks,
-        "trainer_idle_frac": sum(s.wait_s / max(s.elapsed_s, 1e-9) for s in generated) / ranks,
-        "generator_idle_frac": sum(s.idle_s / max(s.elapsed_s, 1e-9) for s in generated) / ranks,
-        **staleness_metrics(rolled.groups, version - minis, minis),
-        **mismatch_metrics(summed),
-        **rolled.judges,
-    }
-    for key in ("mean_pre_clamp_zeroed", "mean_pre_clamp_preserved"):
-        if getattr(stats, key) is not None:
-            record[key] = getattr(stats, key)
-    utilisation = mfu(
-        summed.get("train_flops", 0.0) + summed["rollout_flops"], t4 - t0, stage.world_size, stage.peak_tflops
-    )
-    if utilisation is not None:
-        record["mfu"] = utilisation
-    return record
+    """The step's sums reduced over ranks once, then its metrics line."""
+    sums["rollout_flops"] = rollout_flops(rolled.mine, renderer, stage.model.arch)
+    sums["tool_s"] = sum(s.tool_result.elapsed_s for t in rolled.mine for s in t.steps if s.tool_result)
+    summed = all_reduce_sums(sums)
+    scored, groups, generated, judges = rolled.scored, rolled.groups, rolled.generated, rolled.judges
+    return step_record(stage, summed, scored, groups, generated, judges, stats, padding, version, sync, clock)
 
 
-def _tool_results(trajectories: Sequence[Trajectory]) -> list[ToolResult]:
-    return [s.tool_result for t in trajectories for s in t.steps if s.tool_result is not None]
-
-
-def _rollout_flops(trajectories: list[Trajectory], renderer: ChatRenderer, arch) -> float:
-    """Engine FLOPs of this rank's rollouts (text decoder; the engine re-prefills every turn)."""
-    turns = []
-    for t in trajectories:
-        prompt_tokens = len(renderer.render_prompt(t.prompt).ids)
-        turns += trajectory_turns(prompt_tokens, [(len(s.token_ids), len(s.observation_token_ids)) for s in t.steps])
-    return generation_flops(arch.text, turns)
+def write_rollouts(recorder: RolloutRecorder, stale: RolloutRecorder, step: int, rolled: RolloutBatch) -> None:
+    """The step's scored rollouts, and the groups the generator dropped past the staleness bound."""
+    recorder.write(step, rolled.scored)
+    dropped = [t for s in rolled.generated for group in s.dropped for t in group.trajectories]
+    if dropped:
+        stale.write(step, dropped)

@@ -29,18 +29,11 @@ from osvl.data.packing import (
 )
 from osvl.data.vision_filler import with_grpo_filler
 from osvl.rl.advantages import AdvantageBatch
+from osvl.rl.chain import EvidenceChainQueryJudge
+from osvl.rl.chat_client import ChatCompletionsClient, ChatJudgeConfig
 from osvl.rl.fatal import FatalConfig
-from osvl.rl.judges import (
-    AccuracyJudge,
-    ChatCompletionsClient,
-    ChatJudgeConfig,
-    EvidenceChainQueryJudge,
-    ExactMatchAccuracyJudge,
-    HeuristicQueryJudge,
-    LLMAccuracyJudge,
-    LLMQueryJudge,
-    QueryJudge,
-)
+from osvl.rl.judges import AccuracyJudge, LLMAccuracyJudge, LLMQueryJudge, QueryJudge
+from osvl.rl.offline_judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.rewards import RewardConfig
 from osvl.rl.scoring import GroupScorer
 from osvl.rl.trajectory import Prompt, Trajectory, read_prompts

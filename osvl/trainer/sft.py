@@ -5,30 +5,14 @@ from __future__ import annotations
 import time
 
 import torch
-from torchtitan.distributed.utils import clip_grad_norm_
 
 from osvl.config.recipe import Recipe
-from osvl.data.packing import PackedBatch
-from osvl.parallel import lm_head_weight
+from osvl.step import optim_step, sft_forward_loss
 from osvl.trainer.flops import mfu, packed_batch_flops
-from osvl.trainer.loss import sft_loss
 from osvl.trainer.metrics import peak_memory_gib
 from osvl.trainer.router_losses import RouterLosses
 from osvl.trainer.sft_data import load_sft_sequences, rank_microbatches
 from osvl.trainer.stage import StageResult, all_reduce_sums, stage_inputs, start_stage
-
-
-def _forward_loss(model, batch: PackedBatch, normalizer: int, chunk: int) -> torch.Tensor:
-    batch = batch.to(next(model.parameters()).device)  # packed on the host; the forward runs where the shards live
-    hidden = model(
-        batch.input_ids,
-        cu_seqlens=batch.cu_seqlens,
-        position_ids=batch.position_ids,
-        pixel_values=batch.pixel_values,
-        image_grid_thw=batch.image_grid_thw,
-        return_hidden=True,
-    )
-    return sft_loss(hidden, lm_head_weight(model), batch.target_ids, batch.loss_mask, normalizer, chunk)
 
 
 def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int | None = None) -> StageResult:
@@ -54,6 +38,7 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
     train_vision = not recipe.model.freeze_vision
     loss_value = stage.resumption.final_loss  # recorded at the resumed step; nan when fresh
     end = stage.total if stop_after is None else min(stage.total, stage.step + stop_after)
+    skipped = 0  # non-finite updates dropped since the last logged step
     stage.restore_rng()
     while stage.step < end:
         start = time.perf_counter()
@@ -66,21 +51,19 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
         router_losses.start(batches)
         for batch in batches:
             router_losses.prepare(batch)
-            micro = _forward_loss(model, batch, max(valid_tokens, 1), recipe.sft.loss_chunk)
+            micro = sft_forward_loss(model, batch, max(valid_tokens, 1), recipe.sft.loss_chunk)
             micro.backward()
             loss += micro.detach()
         t_backward = time.perf_counter()
-        grad_norm = clip_grad_norm_(stage.params, recipe.optimizer.grad_clip or float("inf"))
         lr = stage.scheduler.get_last_lr()[0]
-        stage.optimizer.step()
-        stage.scheduler.step()
-        stage.optimizer.zero_grad(set_to_none=True)
+        update = optim_step(stage.params, stage.optimizer, stage.scheduler, recipe.optimizer)
+        skipped += update.skipped
         t_optimizer = time.perf_counter()
         stage.step += 1
         sums = all_reduce_sums(
             {
                 "loss": loss,
-                "grad_norm": grad_norm / world_size,
+                "grad_norm": update.grad_norm / world_size,
                 "tokens": sum(b.num_tokens for b in batches),
                 "flops": sum(packed_batch_flops(arch, b, train_vision) for b in batches),
             }
@@ -102,11 +85,13 @@ def run_sft(recipe: Recipe, rank: int = 0, world_size: int = 1, stop_after: int 
                 "time_forward_backward_s": t_backward - t_data,
                 "time_optimizer_s": t_optimizer - t_backward,
                 "memory_peak_gib": peak_memory_gib(),
+                "nonfinite_skipped": float(skipped),
                 **router_losses.metrics(),
             }
             utilisation = mfu(sums["flops"], elapsed, world_size, stage.peak_tflops)
             if utilisation is not None:
                 record["mfu"] = utilisation
             stage.metrics.log(stage.step, stage.total, record)
+            skipped = 0
         stage.maybe_save()
     return stage.finish(tokenizer, renderer, loss_value)

@@ -161,7 +161,7 @@ def start_stage(
         step,
         step,
         state,
-        stage_metrics(recipe, rank),
+        stage_metrics(recipe, rank, resumed=bool(state)),
         resolve_peak_tflops(recipe.metrics.peak_tflops, device_name()),
         resumption,
     )

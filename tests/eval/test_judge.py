@@ -11,7 +11,7 @@ import pytest
 
 from osvl.eval.items import EvalItem
 from osvl.eval.judge import EquivalenceJudge, NormalizedMatchJudge, load_prompt
-from osvl.rl.judges import ChatCompletionsClient, ChatJudgeConfig
+from osvl.rl.chat_client import ChatCompletionsClient, ChatJudgeConfig
 
 ITEM = EvalItem("fvqa", "1", "Which city is shown?", ("Oslo", "Christiania"))
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from osvl_kernels.autograd import scale_grad_
-from osvl_kernels.inputs import LossHyper
+from osvl_kernels.loss_config import LossHyper
 from osvl_kernels.objective import token_terms
 from osvl_kernels.token_pass import grad_from_stats, row_stats, token_pass
 from osvl_kernels.triton_token_pass import (

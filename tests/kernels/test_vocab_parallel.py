@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from osvl_kernels import linear_grpo_loss, linear_token_logprobs, token_logprobs
-from osvl_kernels.inputs import LossHyper
+from osvl_kernels.loss_config import LossHyper
 from osvl_kernels.reference import reference_grpo_loss, reference_token_logprobs
 from osvl_kernels.token_pass import row_stats, token_pass
 from osvl_kernels.vocab_parallel import VocabShard, all_reduce_row_stats, vocab_parallel_token_pass, vocab_shard

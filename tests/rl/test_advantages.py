@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from osvl.rl import AdvantageConfig, batch_stats, compute_advantages, trajectory_advantages
-from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
+from osvl.rl.offline_judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.rewards import score_batch
 from osvl.rl.trajectory import RewardParts
 

@@ -11,13 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from osvl.rl.judges import (
-    ChatCompletionsClient,
-    ChatJudgeConfig,
-    HeuristicQueryJudge,
-    LLMAccuracyJudge,
-    LLMQueryJudge,
-)
+from osvl.rl.chat_client import ChatCompletionsClient, ChatJudgeConfig
+from osvl.rl.judges import LLMAccuracyJudge, LLMQueryJudge
+from osvl.rl.offline_judges import HeuristicQueryJudge
 from osvl.rl.rewards import score_batch
 
 from .helpers import PROMPT, trajectory

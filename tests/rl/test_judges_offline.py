@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from osvl.rl.judges import (
-    QUERY_DIMENSIONS,
-    EvidenceChainQueryJudge,
-    ExactMatchAccuracyJudge,
-    HeuristicQueryJudge,
-    chain_progress,
-    describe_calls,
-    load_prompt,
-    normalize_answer,
-    parse_accuracy_verdict,
-    parse_query_scores,
-    parse_retry_after,
-    question_lookups,
-)
+from osvl.rl.chain import EvidenceChainQueryJudge, chain_progress, question_lookups
+from osvl.rl.judges import QUERY_DIMENSIONS, describe_calls, load_prompt, parse_accuracy_verdict, parse_query_scores
+from osvl.rl.offline_judges import ExactMatchAccuracyJudge, HeuristicQueryJudge, normalize_answer
 from osvl.rl.trajectory import Prompt
 
 from .helpers import PROMPT, rgb, tool_step
@@ -189,20 +176,6 @@ def test_parse_accuracy_verdict(text, score) -> None:
 )
 def test_parse_query_scores(text, score) -> None:
     assert parse_query_scores(text) == (None if score is None else pytest.approx(score))
-
-
-def test_parse_retry_after() -> None:
-    from datetime import datetime
-
-    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-    assert parse_retry_after("5") == 5.0
-    assert parse_retry_after(" 1.5 ") == 1.5
-    assert parse_retry_after("-3") == 0.0
-    assert parse_retry_after("Thu, 01 Jan 2026 12:00:30 GMT", now=now) == 30.0
-    assert parse_retry_after("Thu, 01 Jan 2026 11:00:00 GMT", now=now) == 0.0
-    assert parse_retry_after("soon") is None
-    assert parse_retry_after("nan") is None
-    assert parse_retry_after(None) is None
 
 
 def test_prompt_files_are_versioned_and_complete() -> None:

@@ -9,19 +9,13 @@ import time
 
 import pytest
 
-from osvl.rl.judges import (
-    ChatCompletionsClient,
-    ChatJudgeConfig,
-    ExactMatchAccuracyJudge,
-    HeuristicQueryJudge,
-    LLMAccuracyJudge,
-    LLMQueryJudge,
-    Verdict,
-)
-from osvl.rl.loopback_judge import LoopbackJudgeServer, verdict_text
+from osvl.rl.chat_client import ChatCompletionsClient, ChatJudgeConfig
+from osvl.rl.judges import LLMAccuracyJudge, LLMQueryJudge, Verdict
+from osvl.rl.offline_judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.rewards import RewardConfig
 from osvl.rl.scoring import GroupScorer, JudgeStats, VerdictCache
 from osvl.rl.trajectory import FinishReason, Prompt, Step, ToolCall, ToolResult, ToolStatus, Trajectory
+from osvl.serve.loopback_judge import LoopbackJudgeServer, verdict_text
 
 
 def _answered(

@@ -11,8 +11,8 @@ import osvl.rollout.local_engine as local_engine_module
 from osvl.data.image import process_image
 from osvl.rollout.engine import EngineError, GenerationRequest, SamplingParams
 from osvl.rollout.local_engine import LocalEngine
-from osvl.rollout.loopback import LoopbackServer
 from osvl.rollout.sglang import DETERMINISTIC_FLAG, SGLangConfig, SGLangEngine, server_determinism
+from osvl.serve.loopback_engine import LoopbackServer
 from tests.rollout.helpers import IMAGE_CONFIG, rgb, tiny_model, tokenizer
 
 

@@ -20,8 +20,8 @@ import osvl.rollout.local_engine as local_engine_module
 from osvl.model import save_pretrained
 from osvl.rollout.engine import EngineError, GenerationPreempted, GenerationRequest, SamplingParams, StopKind
 from osvl.rollout.local_engine import LocalEngine
-from osvl.rollout.loopback import LoopbackServer
 from osvl.rollout.sglang import MAX_IDLE_ABORTS, SGLangConfig, SGLangEngine
+from osvl.serve.loopback_engine import LoopbackServer
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 
 FREE = SamplingParams(temperature=1.0, max_new_tokens=24, stop=(), stop_token_ids=(), seed=7)  # runs to the end

@@ -16,8 +16,8 @@ import torch
 from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.model import save_pretrained
 from osvl.rollout import EngineError, GenerationRequest, LocalEngine, SamplingParams, SGLangConfig, SGLangEngine
-from osvl.rollout.loopback import LoopbackServer, engine_from_checkpoint
 from osvl.rollout.weight_sync import DiskSync, DistributedSync
+from osvl.serve.loopback_engine import LoopbackServer, engine_from_checkpoint
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 
 REQUEST = GenerationRequest(

@@ -17,12 +17,6 @@ from osvl.rollout.engine import (
     StopKind,
 )
 from osvl.rollout.local_engine import LocalEngine
-from osvl.rollout.loopback import (
-    LoopbackServer,
-    finish_reason,
-    request_from_json,
-    response_json,
-)
 from osvl.rollout.parity import logprob_parity
 from osvl.rollout.sglang import (
     SGLangConfig,
@@ -31,6 +25,12 @@ from osvl.rollout.sglang import (
     parse_generate_response,
 )
 from osvl.rollout.workers import RolloutWorkerConfig, stream_groups
+from osvl.serve.loopback_engine import (
+    LoopbackServer,
+    finish_reason,
+    request_from_json,
+    response_json,
+)
 from tests.rollout.helpers import IMAGE_CONFIG, prompts, tiny_model, tokenizer
 
 AGENT = AgentConfig(max_turns=3, sampling=SamplingParams(temperature=1.0, max_new_tokens=10))

@@ -14,8 +14,8 @@ from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.model import save_pretrained
 from osvl.model.checkpoint import to_hf_state_dict
 from osvl.rollout import EngineError, SGLangConfig, SGLangEngine
-from osvl.rollout.loopback import LoopbackServer, engine_from_checkpoint
 from osvl.rollout.weight_sync import DiskSync, DistributedSync
+from osvl.serve.loopback_engine import LoopbackServer, engine_from_checkpoint
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 
 

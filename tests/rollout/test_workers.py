@@ -7,7 +7,7 @@ from osvl.rl.trajectory import FinishReason
 from osvl.rollout.agent import AgentConfig
 from osvl.rollout.engine import EngineError, SamplingParams
 from osvl.rollout.local_engine import ReplayEngine
-from osvl.rollout.parity import logprob_parity, trainer_logprobs
+from osvl.rollout.parity import logprob_parity, trajectory_logprobs
 from osvl.rollout.recorder import RolloutRecorder
 from osvl.rollout.workers import RolloutMetrics, RolloutWorkerConfig, stream_groups
 from tests.rollout.helpers import prompts
@@ -90,7 +90,7 @@ def test_sampled_rollouts_recorded_and_logprobs_match_the_trainer(local_engine, 
     report = logprob_parity(local_engine.model, renderer, replayed, backend="torch")
     assert report.tokens == sum(len(s.token_ids) for t in trajectories for s in t.steps)
     assert report.mean_abs_diff < 1e-5 and report.max_abs_diff < 1e-4
-    trainer, engine_lp = trainer_logprobs(local_engine.model, renderer, replayed[0])
+    trainer, engine_lp = trajectory_logprobs(local_engine.model, renderer, replayed[0])
     engine_lp = engine_lp.copy()
     engine_lp[0] += 0.5  # a corrupted record is caught
     assert np.abs(trainer - engine_lp).max() > 0.4

@@ -22,7 +22,7 @@ from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.model import save_pretrained
 from osvl.serve.__main__ import main
 from osvl.serve.commands import Layout, plan_commands
-from osvl.tools.server import INSTANCE_HEADER
+from osvl.tools.wire import INSTANCE_HEADER
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +137,7 @@ def test_loopback_launch_serves_what_the_overrides_name(tmp_path):
         models = httpx.get(recipe.judges.url + "/models", timeout=30)
         assert models.status_code == 200
 
-        engine_pid = _service_pid(process.pid, "osvl.rollout.loopback")
+        engine_pid = _service_pid(process.pid, "osvl.serve.loopback_engine")
         tool_pid = _service_pid(process.pid, "osvl.tools.server")
         instance = httpx.get(f"{recipe.tools.servers[0]}/v1/tools", timeout=30).headers[INSTANCE_HEADER]
         os.kill(tool_pid, signal.SIGKILL)  # an OOM or a crash in a native library looks the same
@@ -145,7 +145,7 @@ def test_loopback_launch_serves_what_the_overrides_name(tmp_path):
         while _instance(recipe.tools.servers[0]) in (None, instance):
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        assert _service_pid(process.pid, "osvl.rollout.loopback") == engine_pid  # the others stay up
+        assert _service_pid(process.pid, "osvl.serve.loopback_engine") == engine_pid  # the others stay up
         assert httpx.get(f"{recipe.rollout.sglang_urls[0]}/get_model_info", timeout=30).status_code == 200
         assert f"tool server (pid {tool_pid}) ended with signal SIGKILL while serving; restart 1" in log.read_text()
     finally:

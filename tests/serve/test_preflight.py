@@ -18,11 +18,11 @@ from osvl.config.recipe import JudgesConfig, RolloutConfig
 from osvl.data.chat import ChatRenderer
 from osvl.data.formats.processor import PREPROCESSOR_FILE
 from osvl.model import save_pretrained
-from osvl.rl.loopback_judge import LoopbackJudgeServer
 from osvl.rollout import GenerationRequest, GenerationResult, LocalEngine, SGLangConfig, SGLangEngine
-from osvl.rollout.loopback import LoopbackServer
 from osvl.rollout.weight_sync import InProcessSync
 from osvl.serve.engines import Serving
+from osvl.serve.loopback_engine import LoopbackServer
+from osvl.serve.loopback_judge import LoopbackJudgeServer
 from osvl.serve.preflight import PROBE_ATTEMPTS, PreflightError, preflight
 from osvl.tools import ToolEnvironment, ToolRegistry
 from osvl.train import dry_run

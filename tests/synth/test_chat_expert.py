@@ -10,12 +10,8 @@ import shutil
 import numpy as np
 import pytest
 
-from osvl.rl.judges import (
-    ChatCompletionsClient,
-    ChatJudgeConfig,
-    ExactMatchAccuracyJudge,
-    HeuristicQueryJudge,
-)
+from osvl.rl.chat_client import ChatCompletionsClient, ChatJudgeConfig
+from osvl.rl.offline_judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.trajectory import FinishReason, ToolStatus, append_jsonl, read_jsonl
 from osvl.synth.chat_expert import ChatExpert, ChatExpertConfig
 from osvl.synth.expert import SynthesisReport, WorldTools, synthesize

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
+from osvl.rl.offline_judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.trajectory import ToolCall, ToolStatus
 from osvl.synth.expert import (
     ExpertConfig,

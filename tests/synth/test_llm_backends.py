@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 
-from osvl.rl.judges import ChatCompletionsClient, ChatJudgeConfig
+from osvl.rl.chat_client import ChatCompletionsClient, ChatJudgeConfig
 from osvl.synth.llm import (
     LLMDescriptorProposer,
     LLMUniquenessEvaluator,

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from osvl.rl.judges import normalize_answer
+from osvl.rl.offline_judges import normalize_answer
 from osvl.rl.trajectory import read_jsonl, read_prompts
 from osvl.synth.__main__ import main
 from osvl.synth.pipeline import CurationConfig, curate

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from osvl.rl.judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
+from osvl.rl.offline_judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.rl.trajectory import ToolCall, ToolResult, ToolStatus, read_jsonl
 from osvl.synth.environment import EnvironmentTools
 from osvl.synth.expert import (

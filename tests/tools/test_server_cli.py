@@ -14,8 +14,8 @@ import httpx
 
 from osvl.rl.trajectory import ToolStatus
 from osvl.tools import Job
+from osvl.tools.client import RemoteToolPool
 from osvl.tools.image_io import encode_png
-from osvl.tools.server import RemoteToolPool
 from tests.tools.images import scene
 
 REPO = Path(__file__).resolve().parents[2]

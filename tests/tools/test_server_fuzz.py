@@ -23,8 +23,9 @@ import pytest
 
 from osvl.rl.trajectory import ToolStatus
 from osvl.tools import ToolEnvironment, VisualContext
+from osvl.tools.client import RemoteToolPool
 from osvl.tools.image_io import encode_png
-from osvl.tools.server import RemoteToolPool, ServerLimits, ToolServer
+from osvl.tools.server import ServerLimits, ToolServer
 from tests.tools.test_hostile_inputs import gif_header_claiming, png_header_claiming
 
 LIMITS = ServerLimits(

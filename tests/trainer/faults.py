@@ -127,7 +127,7 @@ def services(root: Path, model_dir: Path):
     specs = [
         ServiceSpec("engine", (*python, "tests.trainer.services", "sglang", str(model_dir))),
         ServiceSpec("tools", (*python, "tests.trainer.services", "tools")),
-        ServiceSpec("judge", (*python, "osvl.rl.loopback_judge")),
+        ServiceSpec("judge", (*python, "osvl.serve.loopback_judge")),
     ]
     log: list[str] = []
     supervisor = Supervisor(specs, root, RestartPolicy(first_delay_s=0.5), log=log.append)

@@ -25,7 +25,7 @@ def _ready(path: str, url: str) -> None:
 
 
 def serve_sglang(model_dir: str, ready: str, port: int, gated: bool) -> None:
-    from osvl.rollout.loopback import LoopbackServer, engine_from_checkpoint
+    from osvl.serve.loopback_engine import LoopbackServer, engine_from_checkpoint
     from tests.trainer.grpo_fixtures import gated_script_for, script_for
 
     engine = engine_from_checkpoint(model_dir)

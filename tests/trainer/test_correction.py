@@ -14,16 +14,8 @@ from osvl.config.recipe import GRPOConfig
 from osvl.data.chat import ChatRenderer
 from osvl.data.packing import TrainSequence, pack_microbatch
 from osvl.data.vision_filler import with_grpo_filler
-from osvl.parallel import lm_head_weight
-from osvl.trainer.correction import (
-    DELTA_EDGES,
-    DELTA_NAMES,
-    mismatch_metrics,
-    mismatch_sums,
-    old_policy_logprobs,
-    rollout_correction,
-)
-from osvl_kernels import linear_grpo_loss
+from osvl.step import grpo_loss_config, grpo_loss_on_hidden, packed_forward, policy_logprobs, rollout_correction
+from osvl.trainer.correction import DELTA_EDGES, DELTA_NAMES, mismatch_metrics, mismatch_sums
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 
 TEMPERATURE = 0.7
@@ -72,10 +64,10 @@ def reference_logprobs(model, batch) -> torch.Tensor:
     return torch.log_softmax(logits / TEMPERATURE, -1).gather(1, batch.target_ids[:, None])[:, 0]
 
 
-def test_old_policy_logprobs_equal_a_float64_forward():
+def test_policy_logprobs_equal_a_float64_forward():
     model = tiny_model(3).eval()
     batch = _batch(model)
-    (old,) = old_policy_logprobs(model, [batch], TEMPERATURE)
+    old = policy_logprobs(model, batch, TEMPERATURE)
     reference = torch.where(batch.loss_mask, reference_logprobs(model, batch), 0.0)
     assert old.dtype == torch.float32 and not old.requires_grad
     assert torch.allclose(old.double(), reference, atol=2e-5, rtol=0)
@@ -89,33 +81,16 @@ def test_correction_weights_and_loss_equal_float64(level, mode, cap):
     model = tiny_model(3).eval()
     batch = _batch(model, seed=1)
     config = GRPOConfig(
-        old_logprobs="trainer", rollout_correction=level, rollout_correction_mode=mode, rollout_correction_cap=cap
-    )
-    (old,) = old_policy_logprobs(model, [batch], TEMPERATURE)
-    hidden = model(
-        batch.input_ids,
-        cu_seqlens=batch.cu_seqlens,
-        position_ids=batch.position_ids,
-        pixel_values=batch.pixel_values,
-        image_grid_thw=batch.image_grid_thw,
-        return_hidden=True,
-    )
-    out = linear_grpo_loss(
-        hidden,
-        lm_head_weight(model),
-        batch.target_ids,
-        batch.cu_seqlens,
-        batch.loss_mask,
-        old_logprobs=old,
-        behavior_logprobs=batch.old_logprobs,
-        rollout_correction=rollout_correction(config),
-        fatal_step=batch.fatal_step,
-        token_step=batch.token_step,
-        advantages=batch.advantages,
+        old_logprobs="trainer",
+        rollout_correction=level,
+        rollout_correction_mode=mode,
+        rollout_correction_cap=cap,
         temperature=TEMPERATURE,
         loss_agg="token-mean",
-        backend="torch",
     )
+    old = policy_logprobs(model, batch, TEMPERATURE)
+    on_device, hidden = packed_forward(model, batch)  # the trainer's step
+    out = grpo_loss_on_hidden(model, hidden, on_device, grpo_loss_config(config), chunk_size=None, old_logprobs=old)
 
     valid = batch.loss_mask
     log_ratio = torch.where(valid, reference_logprobs(model, batch) - batch.old_logprobs.double(), 0.0)

@@ -70,13 +70,17 @@ def test_metrics_written_and_finite(two_rank_run):
             "padding_frac",
             "time_rollout_s",
             "time_tools_s",
-            "time_scoring_s",
+            "time_advantages_s",
+            "time_pack_s",
             "time_train_s",
             "time_sync_s",
             "memory_peak_gib",
         ):
             assert math.isfinite(m[key]), (key, m[key])
     assert metrics[0]["policy_version"] == 2 and metrics[1]["policy_version"] == 4  # 2 mini-batches a step
+    for m in metrics:  # every update applied; the loop's spans are parts of the step
+        spans = ("time_rollout_s", "time_advantages_s", "time_pack_s", "time_train_s", "time_sync_s")
+        assert m["nonfinite_skipped"] == 0 and sum(m[k] for k in spans) <= m["step_time_s"]
     # step 1 trains on the weights that generated it: the engine's logprobs are the trainer's
     assert metrics[0]["logprob_abs_diff"] < 1e-4
     assert 0 < metrics[0]["accuracy"] < 1 and metrics[0]["entropy"] > 0

@@ -106,7 +106,7 @@ def services_run(tmp_path_factory):
         ServiceSpec("sglang", (*python, "tests.trainer.services", "sglang", str(model_dir))),
         ServiceSpec("tools a", tools),
         ServiceSpec("tools b", tools),
-        ServiceSpec("judge", (*python, "osvl.rl.loopback_judge")),
+        ServiceSpec("judge", (*python, "osvl.serve.loopback_judge")),
     ]
     log: list[str] = []
     supervisor = Supervisor(specs, root, RestartPolicy(first_delay_s=0.5), log=log.append)
@@ -253,7 +253,7 @@ def sync_paths_body(rank: int, world: int, overrides: list[str], disk_url: str, 
 
 def test_disk_and_distributed_sync_of_fsdp_shards_give_identical_server_weights(tmp_path):
     from osvl.model import from_pretrained
-    from osvl.rollout.loopback import LoopbackServer, engine_from_checkpoint
+    from osvl.serve.loopback_engine import LoopbackServer, engine_from_checkpoint
 
     overrides = grpo_overrides(tmp_path, tmp_path / "run", "model.preset=small")
     served = _served_checkpoint(tmp_path, overrides)  # seed-7 weights; the policy is seeded by job.seed

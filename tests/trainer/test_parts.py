@@ -18,8 +18,9 @@ from osvl.data.formats import tokenize_steps
 from osvl.data.image import ImageConfig
 from osvl.data.tokenizer import load_tokenizer
 from osvl.data.vision_filler import with_vision_filler
+from osvl.step import sft_loss
 from osvl.train import dry_run, main
-from osvl.trainer import MetricsWriter, lr_factor, progress_line, read_metrics, sft_loss
+from osvl.trainer import MetricsWriter, lr_factor, progress_line, read_metrics
 from osvl.trainer.index_stream import IndexStream
 from osvl.trainer.sft_data import load_sft_sequences, rank_microbatches
 from tests.trainer.fixtures import trajectory, write_sft_data

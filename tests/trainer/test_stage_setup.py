@@ -10,7 +10,8 @@ import torch
 
 from osvl.config import load_recipe
 from osvl.config.recipe import SchedulerConfig
-from osvl.rl.judges import EvidenceChainQueryJudge, ExactMatchAccuracyJudge, HeuristicQueryJudge
+from osvl.rl.chain import EvidenceChainQueryJudge
+from osvl.rl.offline_judges import ExactMatchAccuracyJudge, HeuristicQueryJudge
 from osvl.trainer.checkpoint import resume_state, save_checkpoint, stage_state
 from osvl.trainer.grpo_data import reward_scoring, rollout_configs
 from osvl.trainer.index_stream import IndexStream

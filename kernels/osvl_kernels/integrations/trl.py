@@ -1,34 +1,37 @@
-"""TRL adapter: a drop-in for GRPOTrainer's fused-linear GRPO loss (`trainer.liger_loss`).
+"""TRL adapter: osvl's fused lm_head + GRPO loss as the loss of TRL's `GRPOTrainer` (TRL 1.16).
 
-TRL 1.0-1.13 route `compute_loss` through `compute_liger_loss` when `use_liger_kernel=True`, which
-calls `self.liger_loss(_input=last_hidden [B, L, H], lin_weight, selected_token_ids [B, L],
-attention_mask=loss mask [B, L], advantages [B], bias, old_per_token_logps, ref_per_token_logps,
-vllm_is_ratio, num_items_in_batch)` and reads back `(loss, [kl if beta != 0, clip_ratio])`.
-TRL 1.14 removed that hook (1.14-1.16 keep `use_liger_kernel` only for chunked log-probs), so
-1.13 is the newest release this adapter can serve; it is tested on 1.13.0. Usage::
+TRL 1.0-1.13 called a replaceable fused-loss module (`trainer.liger_loss`); TRL 1.14 removed it, and since then the
+loss hook GRPOTrainer offers is the one every transformers `Trainer` has: `compute_loss(model, inputs, ...)`, which
+TRL routes to `_compute_loss` (full per-token log-probs from a chunked lm_head, then the surrogate). `install(trainer)`
+replaces that `compute_loss` on the trainer instance: the policy's backbone runs (no lm_head) and its last hidden
+states at the completion positions [B, L, H], the lm_head weight and TRL's batch (completion ids,
+completion_mask x tool_mask, advantages, old and reference log-probs, the vLLM importance-sampling ratio,
+num_items_in_batch) go to `OsvlFusedLinearGRPOLoss`, which packs the loss tokens and hands them to
+`linear_grpo_loss`: neither padding rows nor [B, L, V] logits are computed. Usage::
 
-    trainer = GRPOTrainer(..., args=GRPOConfig(use_liger_kernel=True, ...))
+    trainer = GRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(loss_type="dapo", ...), train_dataset=...)
     OsvlFusedLinearGRPOLoss.install(trainer)
 
-The padded batch is packed (the loss mask drops padding and tool tokens) and handed to
-`linear_grpo_loss`, so neither padding rows nor [B, L, V] logits are ever computed. Semantics are
-TRL's own `_compute_loss` for loss types grpo, bnpo, dr_grpo and dapo at token-level importance
-sampling, including: the vLLM importance-sampling ratio (any `vllm_importance_sampling_mode`)
-on the policy-gradient term; `use_bias_correction_kl` (the KL times pi/pi_old) when beta != 0;
-`delta` (INTELLECT-2's upper bound on the ratio for negative advantages, which is osvl's dual
-clip when delta > 1 + epsilon_high); `cast_lm_head_to_fp32` (half hidden states are upcast to
-the fp32 head, as TRL's non-fused path does; TRL's fused path instead rounds the head to the
-hidden dtype). Nothing here imports TRL.
+Semantics are TRL 1.16's `_compute_loss` for loss types grpo, bnpo, dr_grpo and dapo at token-level importance
+sampling, with its gradient-accumulation normalisers, including: the vLLM importance-sampling ratio (any
+`vllm_importance_sampling_mode`) on the policy-gradient term; `use_bias_correction_kl` (the KL times pi/pi_old) when
+beta != 0; `delta` (INTELLECT-2's upper bound on the ratio for negative advantages, which is osvl's dual clip when
+delta > 1 + epsilon_high); `cast_lm_head_to_fp32` (half hidden states are upcast to the fp32 head). The metrics TRL
+logs for these loss types (kl, entropy, clip_ratio/{low,high,region}_mean) are logged the same way. Nothing here
+imports TRL.
 """
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from osvl_kernels.integrations.padded import pack, pack_layout
+from osvl_kernels.grpo_loss import GRPOLossOutput
+from osvl_kernels.integrations.padded import PackedLayout, pack, pack_layout
 from osvl_kernels.linear_grpo_loss import linear_grpo_loss
 from osvl_kernels.token_logprobs import linear_token_logprobs
 
@@ -46,11 +49,38 @@ TRL_REFUSED_LOSS_TYPES = {
     "vespo": "a sequence-level gamma weight instead of the PPO clip",
     "luspo": "sequence-level importance sampling",
 }
+# GRPOTrainer settings its _compute_loss applies and the fused loss does not: (is it on?, GRPOConfig field, what it is).
+TRL_REFUSED_SETTINGS: list[tuple[Callable[[Any], bool], str, str]] = [
+    (lambda t: t.top_entropy_quantile < 1.0, "top_entropy_quantile", "a mask of the low-entropy tokens"),
+    (lambda t: t.off_policy_mask_threshold is not None, "off_policy_mask_threshold", "an off-policy sequence mask"),
+    (lambda t: t._entropy_bonus_enabled, "entropy_coef", "an entropy bonus with its own normaliser"),
+    (lambda t: t.aux_loss_enabled, "router_aux_loss_coef", "the MoE load-balancing loss"),
+]
+# Model configs whose logits are not hidden @ lm_head.T (capped or scaled): refused.
+LOGIT_TRANSFORMS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "output_multiplier",
+    "lm_head_multiplier",
+    "logits_scaling",
+)
+# The batch keys GRPOTrainer passes the model besides the token ids (vision inputs, token types).
+MODEL_INPUT_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
 
 
 class OsvlFusedLinearGRPOLoss(torch.nn.Module):
-    """Same constructor keywords and call signature as TRL's `FusedLinearGRPOLoss` for the loss
-    types osvl implements; anything else is a ValueError naming the GRPOConfig field to change."""
+    """The fused loss on TRL's padded batch. Takes the constructor and call keywords of Liger's
+    `LigerFusedLinearGRPOLoss` (which TRL 1.0-1.13's fused loss shared) for the loss types osvl implements; anything
+    else is a ValueError naming the GRPOConfig field to change."""
 
     def __init__(
         self,
@@ -63,7 +93,6 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
         temperature: float = 1.0,
         delta: float | None = None,
         use_bias_correction_kl: bool = False,
-        use_ref_model: bool = True,
         **ignored: Any,
     ) -> None:
         super().__init__()
@@ -95,12 +124,13 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
         self.delta = delta
         # TRL applies the correction only to the KL term, which exists only when beta != 0.
         self.use_bias_correction_kl = use_bias_correction_kl
-        self.use_ref_model = use_ref_model
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> OsvlFusedLinearGRPOLoss:
-        """Built from a GRPOTrainer's resolved settings (the ones TRL passes its own loss)."""
-        args = trainer.args
+        """Built from a GRPOTrainer's resolved settings (the ones its `_compute_loss` reads)."""
+        for enabled, field, what in TRL_REFUSED_SETTINGS:
+            if enabled(trainer):
+                raise ValueError(f"GRPOConfig.{field} ({what}) is not implemented by osvl's fused loss; leave it off")
         return cls(
             beta=trainer.beta,
             epsilon_low=trainer.epsilon_low,
@@ -109,23 +139,23 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
             max_completion_length=trainer.max_completion_length,
             importance_sampling_level=trainer.importance_sampling_level,
             temperature=trainer.temperature,
-            delta=getattr(args, "delta", None),
-            use_bias_correction_kl=getattr(args, "use_bias_correction_kl", False),
-            use_ref_model=trainer.beta != 0.0,
+            delta=trainer.args.delta,
+            use_bias_correction_kl=trainer.args.use_bias_correction_kl,
         )
 
     @classmethod
     def install(cls, trainer: Any) -> OsvlFusedLinearGRPOLoss:
-        """Replace `trainer.liger_loss`; the trainer must run with `use_liger_kernel=True`."""
-        if not getattr(trainer, "use_liger_kernel", False):
-            raise ValueError("the GRPOTrainer must be built with GRPOConfig(use_liger_kernel=True) (TRL 1.0-1.13)")
-        if not hasattr(trainer, "liger_loss"):
-            raise ValueError(
-                f"this GRPOTrainer ({type(trainer).__module__}) has no fused-loss hook `liger_loss`: TRL 1.14 removed "
-                "it, so osvl's loss plugs into TRL 1.0-1.13 only (tested on 1.13.0)"
-            )
-        trainer.liger_loss = cls.from_trainer(trainer)
-        return trainer.liger_loss
+        """Make `trainer.compute_loss` osvl's fused loss (kept as `trainer.osvl_loss`); returns the loss module."""
+        model = causal_lm(trainer.model)
+        config = model.config.get_text_config()
+        transforms = [name for name in LOGIT_TRANSFORMS if getattr(config, name, None) not in (None, 1.0)]
+        if transforms:
+            raise ValueError(f"the model's logits are not hidden @ lm_head.T ({transforms}); osvl cannot fuse them")
+        if model.get_output_embeddings().bias is not None:
+            raise ValueError("lm_head bias is not supported by linear_grpo_loss")
+        trainer.osvl_loss = cls.from_trainer(trainer)
+        trainer.compute_loss = types.MethodType(fused_compute_loss, trainer)
+        return trainer.osvl_loss
 
     def _num_tokens(self, num_valid: torch.Tensor, num_items_in_batch: Any) -> torch.Tensor | None:
         """DAPO's per-process token normaliser, as TRL computes it."""
@@ -141,7 +171,7 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
                 dist.all_reduce(total)
         return (total / world).clamp_min(1.0)
 
-    def forward(
+    def packed_loss(
         self,
         _input: torch.Tensor,
         lin_weight: torch.Tensor,
@@ -156,7 +186,9 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
         ref_bias: torch.Tensor | None = None,
         vllm_is_ratio: torch.Tensor | None = None,
         num_items_in_batch: Any = None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    ) -> tuple[GRPOLossOutput, PackedLayout, torch.Tensor | None, torch.Tensor | None]:
+        """`linear_grpo_loss` on the loss tokens; also returns the layout and the packed old and reference
+        log-probs the metrics need."""
         if bias is not None or ref_bias is not None:
             raise ValueError("lm_head bias is not supported by linear_grpo_loss")
         if _input.dim() != 3:
@@ -209,21 +241,118 @@ class OsvlFusedLinearGRPOLoss(torch.nn.Module):
             max_response_len=self.max_completion_length if self.loss_type == "dr_grpo" else None,
             is_weights=is_weights,
         )
-        metrics = [self._clip_ratio(out.logprobs, old, advantages, layout.cu_seqlens)]
+        return out, layout, old, ref
+
+    def forward(self, **batch: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(loss, [kl if beta != 0, clip_ratio]), as Liger's loss returns them."""
+        out, layout, old, _ = self.packed_loss(**batch)
+        low, high = self.clipped(out.logprobs, old, batch["advantages"], layout.cu_seqlens)
+        num_tokens = max(out.logprobs.shape[0], 1)
+        metrics = [(low | high).float().sum() / num_tokens]
         if self.beta != 0.0:
             metrics.insert(0, out.metrics["kl_mean"])
         return out.loss, metrics
 
-    def _clip_ratio(
+    def clipped(
         self, logp: torch.Tensor, old: torch.Tensor | None, advantages: torch.Tensor, cu_seqlens: torch.Tensor
-    ) -> torch.Tensor:
-        """TRL's clip_ratio: tokens whose ratio left the clip range on the side their advantage
-        pushes it, whatever the importance weight, over the loss tokens."""
-        num_tokens = logp.shape[0]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """TRL's clip flags per loss token: the ratio left the clip range on the side its advantage pushes it
+        (below 1 - epsilon_low with A < 0, above 1 + epsilon_high with A > 0), whatever the importance weight."""
         if old is None:
-            return torch.zeros((), device=logp.device)
+            none = torch.zeros_like(logp, dtype=torch.bool)
+            return none, none
         with torch.no_grad():
             ratio = torch.exp(logp - old)
-            adv = torch.repeat_interleave(advantages.float(), cu_seqlens.diff().long(), output_size=num_tokens)
-            clipped = ((ratio < 1.0 - self.epsilon_low) & (adv < 0)) | ((ratio > 1.0 + self.epsilon_high) & (adv > 0))
-            return clipped.float().sum() / max(num_tokens, 1)
+            adv = torch.repeat_interleave(advantages.float(), cu_seqlens.diff().long(), output_size=logp.shape[0])
+            return (ratio < 1.0 - self.epsilon_low) & (adv < 0), (ratio > 1.0 + self.epsilon_high) & (adv > 0)
+
+
+def causal_lm(model: Any) -> Any:
+    """The transformers model under a PEFT wrapper (its LoRA layers stay in place)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def through_forward(wrapper: torch.nn.Module, module: torch.nn.Module, step: Callable[[], Any]) -> Any:
+    """Runs `step` as `module`'s forward, called as `wrapper()` (DDP, FSDP, DeepSpeed or the module itself), so the
+    hooks a wrapper puts around a forward (gradient sync, parameter gathering) run around the fused loss too."""
+    previous = module.__dict__.get("forward")  # TRL's own fused-head forward, an instance attribute
+
+    def forward(*unused: Any, **unused_kw: Any) -> Any:
+        return step()
+
+    module.forward = forward
+    try:
+        return wrapper()
+    finally:
+        if previous is None:
+            del module.forward
+        else:
+            module.forward = previous
+
+
+def fused_compute_loss(trainer: Any, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
+    """GRPOTrainer.compute_loss through osvl's fused loss: TRL 1.16's `_compute_loss` for the loss types osvl
+    implements, with its normalisers and metrics. Bound to the trainer by `OsvlFusedLinearGRPOLoss.install`."""
+    if return_outputs:
+        raise ValueError("The GRPOTrainer does not support returning outputs")
+    unwrapped = trainer.accelerator.unwrap_model(model)
+    loss, stats = through_forward(model, unwrapped, lambda: _fused_step(trainer, causal_lm(unwrapped), inputs))
+    mode = "train" if trainer.model.training else "eval"
+    accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
+    if trainer.loss_type == "dapo":
+        # the module divides by num_items_in_batch / processes; TRL's window is `accumulation` of `steps_per_generation`
+        loss = loss * (trainer.args.steps_per_generation / accumulation if mode == "train" else 1.0)
+    else:
+        loss = loss / accumulation
+    totals = trainer.accelerator.reduce(stats, reduction="sum")
+    means = (totals[:, 0] / totals[:, 1].clamp(min=1.0)).tolist()
+    names = ["entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "kl"]
+    for name, value in zip(names, means):
+        trainer._metrics[mode][name].append(value)
+    return loss
+
+
+def _fused_step(trainer: Any, model: Any, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss (before TRL's accumulation normaliser) and [metric, (sum, count)] rows of TRL's masked means."""
+    completion_ids = inputs["completion_ids"]
+    input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+    extra = {key: inputs[key] for key in MODEL_INPUT_KEYS if inputs.get(key) is not None}
+    with trainer.accelerator.autocast():
+        backbone = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra)
+        # position t's hidden state scores token t + 1: the completion is scored by the L positions before its tokens
+        hidden = backbone.last_hidden_state[:, -completion_ids.shape[1] - 1 : -1]
+        # The head's dtype as TRL's fused head picks it: fp32 with cast_lm_head_to_fp32, else autocast's (bf16 by
+        # GRPOConfig's default, on CPU too), else the hidden states'.
+        dtype = hidden.dtype
+        if trainer.args.cast_lm_head_to_fp32:
+            dtype = torch.float32
+        elif torch.is_autocast_enabled(hidden.device.type):
+            dtype = torch.get_autocast_dtype(hidden.device.type)
+    vllm_ratio = None
+    if trainer.use_vllm and trainer.vllm_importance_sampling_correction:
+        vllm_ratio = inputs["importance_sampling_ratio"]
+    loss_fn = trainer.osvl_loss
+    out, layout, old, ref = loss_fn.packed_loss(
+        _input=hidden.to(dtype),
+        lin_weight=model.get_output_embeddings().weight.to(dtype),
+        selected_token_ids=completion_ids,
+        attention_mask=mask,
+        advantages=inputs["advantages"],
+        old_per_token_logps=inputs.get("old_per_token_logps"),
+        ref_per_token_logps=inputs.get("ref_per_token_logps"),
+        vllm_is_ratio=vllm_ratio,
+        num_items_in_batch=inputs.get("num_items_in_batch"),
+    )
+    count = torch.tensor(float(out.logprobs.shape[0]), device=out.logprobs.device)
+    low, high = loss_fn.clipped(out.logprobs, old, inputs["advantages"], layout.cu_seqlens)
+    rows = [out.metrics["entropy_mean"] * count, low.float().sum(), high.float().sum(), (low | high).float().sum()]
+    if ref is not None:
+        with torch.no_grad():
+            log_ratio = ref - out.logprobs
+            kl = torch.exp(log_ratio) - log_ratio - 1
+            if loss_fn.use_bias_correction_kl and old is not None:
+                kl = kl * torch.exp(out.logprobs - old)
+        rows.append(kl.sum())
+    return out.loss, torch.stack([torch.stack([row.float(), count]) for row in rows])

@@ -31,8 +31,9 @@ from typing import Any
 import torch
 
 from osvl_kernels.advantages import group_advantages
-from osvl_kernels.inputs import LossHyper, plan_grpo_loss
+from osvl_kernels.inputs import plan_grpo_loss
 from osvl_kernels.linear_grpo_loss import linear_grpo_loss
+from osvl_kernels.loss_config import GRPOLossConfig, LossHyper
 from osvl_kernels.objective import token_terms
 
 POLICY_LOSS_NAME = "osvl_fatal_grpo"
@@ -117,7 +118,9 @@ def osvl_policy_loss(
         raise ValueError(f"rollout_is_weights shape {tuple(rollout_is_weights.shape)} != {tuple(log_prob.shape)}")
     B, R = log_prob.shape
     device = log_prob.device
+    normalizers = global_normalizers(config, loss_agg_mode, R)
     plan = plan_grpo_loss(
+        GRPOLossConfig(loss_agg=loss_agg_mode, max_response_len=normalizers["max_response_len"], validate=False),
         num_tokens_total=B * R,
         device=device,
         target_ids=torch.zeros(B * R, dtype=torch.long, device=device),
@@ -131,14 +134,8 @@ def osvl_policy_loss(
         token_step=None,
         advantages=advantages.reshape(-1).float(),
         ref_logprobs=None,
-        kl_coef=0.0,
-        estimator="grpo",
-        std="unbiased",
-        adv_eps=1e-6,
-        clamp_fatal=True,
-        loss_agg=loss_agg_mode,
-        **global_normalizers(config, loss_agg_mode, R),
-        validate=False,
+        num_seqs=normalizers["num_seqs"],
+        num_tokens=normalizers["num_tokens"],
     )
     logp = log_prob.reshape(-1).float()
     terms = token_terms(logp, plan.token_advantage, old_log_prob.reshape(-1), None, clip_hyper(config))

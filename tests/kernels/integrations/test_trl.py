@@ -1,11 +1,12 @@
-"""The TRL adapter driven as TRL 1.13's GRPOTrainer.compute_liger_loss calls its loss, compared
-with TRL's own FusedLinearGRPOLoss (trl==1.13.0, eager) on the same padded batch."""
+"""The TRL adapter's loss module on TRL's padded batch, compared with Liger's `LigerFusedLinearGRPOLoss` (eager; the
+fused loss whose keywords TRL 1.0-1.13's shared) on the same batch. The adapter inside TRL 1.16's
+GRPOTrainer: test_trl_trainer.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from trl.losses.grpo_loss import FusedLinearGRPOLoss
+from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 
 from osvl_kernels import linear_grpo_loss
 from osvl_kernels.integrations import pack, pack_layout
@@ -61,10 +62,10 @@ def test_matches_trl_fused_linear_grpo_loss(loss_type, beta, bias_correction):
         temperature=0.9,
         use_bias_correction_kl=bias_correction,
     )
-    trl_loss = FusedLinearGRPOLoss(compiled=False, use_ref_model=beta != 0.0, chunk_size=2, **kw)
+    liger_loss = LigerFusedLinearGRPOLoss(compiled=False, use_ref_model=beta != 0.0, chunk_size=2, **kw)
     ours = OsvlFusedLinearGRPOLoss(**kw)
     num_items = torch.tensor(13.0) if loss_type == "dapo" else None
-    expected = run(trl_loss, batch, num_items)
+    expected = run(liger_loss, batch, num_items)
     got = run(ours, batch, num_items)
     assert_same(got, expected, beta)
 
@@ -76,7 +77,7 @@ def test_vllm_is_ratio_and_delta_match_trl_fused_loss(shape):
     ratio = torch.rand(4, 7 if shape == "token" else 1, generator=g) * 2.0
     ratio[1, 0] = 0.0  # masked by vllm_importance_sampling_mode="*_mask"
     kw = dict(beta=0.05, epsilon_low=0.2, epsilon_high=0.28, loss_type="dapo", delta=1.5, use_bias_correction_kl=True)
-    expected = run(FusedLinearGRPOLoss(compiled=False, chunk_size=2, **kw), batch, torch.tensor(13.0), ratio)
+    expected = run(LigerFusedLinearGRPOLoss(compiled=False, chunk_size=2, **kw), batch, torch.tensor(13.0), ratio)
     got = run(OsvlFusedLinearGRPOLoss(**kw), batch, torch.tensor(13.0), ratio)
     assert_same(got, expected, 0.05)
     unweighted = run(OsvlFusedLinearGRPOLoss(**kw), batch, torch.tensor(13.0))
@@ -135,42 +136,6 @@ def test_ref_logprobs_from_ref_input_and_weight():
     ref = torch.log_softmax(batch["_input"] @ ref_w.T, -1).gather(-1, batch["selected_token_ids"][..., None])[..., 0]
     given, _ = ours(**call, ref_per_token_logps=ref)
     torch.testing.assert_close(from_input, given)
-
-
-class _Args:
-    delta = None
-    use_bias_correction_kl = True  # GRPOConfig's default
-
-
-class _Trainer:
-    """The attributes GRPOTrainer (TRL 1.13) sets before building its liger_loss."""
-
-    def __init__(self, use_liger_kernel: bool = True):
-        self.args = _Args()
-        self.use_liger_kernel = use_liger_kernel
-        self.liger_loss = None
-        self.beta, self.epsilon_low, self.epsilon_high = 0.0, 0.2, 0.28
-        self.loss_type, self.max_completion_length = "dr_grpo", 64
-        self.importance_sampling_level, self.temperature = "token", 0.7
-
-
-def test_install_replaces_the_trainer_loss_with_its_settings():
-    trainer = _Trainer()
-    loss = OsvlFusedLinearGRPOLoss.install(trainer)
-    assert trainer.liger_loss is loss
-    assert (loss.loss_type, loss.max_completion_length, loss.temperature, loss.epsilon_high) == (
-        "dr_grpo",
-        64,
-        0.7,
-        0.28,
-    )
-    assert loss.use_bias_correction_kl is True
-    with pytest.raises(ValueError, match="use_liger_kernel=True"):
-        OsvlFusedLinearGRPOLoss.install(_Trainer(use_liger_kernel=False))
-    newer = _Trainer()
-    del newer.liger_loss  # TRL >= 1.14: use_liger_kernel only chunks the log-probs
-    with pytest.raises(ValueError, match="TRL 1.14 removed"):
-        OsvlFusedLinearGRPOLoss.install(newer)
 
 
 def test_unsupported_options_raise_value_error():

@@ -1,5 +1,5 @@
-"""osvl's loss inside a real TRL 1.13 GRPOTrainer (tiny Qwen2 on CPU), against TRL's own
-`_compute_loss` on the same generated batch: the loss and every parameter's gradient.
+"""osvl's loss inside a real TRL 1.16 GRPOTrainer (tiny Qwen2 on CPU), against TRL's own
+`_compute_loss` on the same generated batch: the loss, every parameter's gradient and the metrics TRL logs.
 
 Each case is a configuration TRL users run: its defaults (dapo, use_bias_correction_kl=True), a
 reference model with the bias-corrected KL, a bf16 policy with an fp32 lm_head, the vLLM
@@ -24,6 +24,8 @@ def policy_dir(tmp_path_factory):
 
 
 def make_trainer(policy_dir, tmp_path, **config):
+    # fp32 unless a test asks for GRPOConfig's default bf16 autocast: then both heads round to bf16 their own way
+    config.setdefault("bf16", False)
     trainer = build_trainer(policy_dir, str(tmp_path), tiny_tokenizer(), **config)
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop, which these tests skip
     return trainer
@@ -57,16 +59,32 @@ def loss_and_grads(trainer, compute) -> tuple[torch.Tensor, dict[str, torch.Tens
     return loss.detach(), grads
 
 
-def compare_with_trl(trainer, inputs, rtol=1e-4, atol=1e-6):
-    """TRL's `_compute_loss` vs `compute_loss` through the installed osvl loss."""
-    assert isinstance(trainer.liger_loss, OsvlFusedLinearGRPOLoss)
-    expected, expected_grads = loss_and_grads(trainer, lambda: trainer._compute_loss(trainer.model, inputs))
-    got, grads = loss_and_grads(trainer, lambda: trainer.compute_loss(trainer.model, inputs))
+# What TRL's _compute_loss logs for the loss types osvl implements, and osvl's compute_loss too.
+LOGGED = ["entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]
+
+
+def logged(trainer, compute) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+    """The loss, the gradients and the last value of each metric `compute` logged."""
+    trainer._metrics["train"].clear()
+    loss, grads = loss_and_grads(trainer, compute)
+    return loss, grads, {name: values[-1] for name, values in trainer._metrics["train"].items()}
+
+
+def compare_with_trl(trainer, inputs, rtol=1e-4, atol=1e-6, model=None):
+    """TRL's `_compute_loss` vs `compute_loss` through the installed osvl loss (called with `model`, a wrapper of
+    the trainer's model, when given)."""
+    assert isinstance(trainer.osvl_loss, OsvlFusedLinearGRPOLoss)
+    expected, expected_grads, expected_metrics = logged(trainer, lambda: trainer._compute_loss(trainer.model, inputs))
+    got, grads, metrics = logged(trainer, lambda: trainer.compute_loss(model or trainer.model, inputs))
     torch.testing.assert_close(got.double(), expected.double(), rtol=rtol, atol=atol)
     assert grads.keys() == expected_grads.keys() and len(grads) >= 10
     for name, grad in grads.items():
         torch.testing.assert_close(grad.float(), expected_grads[name].float(), rtol=rtol, atol=atol, msg=name)
     assert any(g.abs().max() > 0 for g in grads.values())
+    names = LOGGED + (["kl"] if trainer.beta != 0.0 else [])
+    assert set(names) <= set(metrics) and set(names) <= set(expected_metrics), (metrics, expected_metrics)
+    for name in names:
+        assert metrics[name] == pytest.approx(expected_metrics[name], rel=max(rtol, 1e-4), abs=1e-5), name
     return got
 
 
@@ -76,6 +94,13 @@ def test_trl_defaults_install_and_match(policy_dir, tmp_path, loss_type):
     trainer = make_trainer(policy_dir, tmp_path, loss_type=loss_type)
     assert trainer.args.use_bias_correction_kl is True and trainer.beta == 0.0
     compare_with_trl(trainer, generated_batch(trainer))
+
+
+def test_grpo_configs_default_bf16_autocast(policy_dir, tmp_path):
+    """GRPOConfig(bf16=True), TRL's default: the backbone under autocast and the head in bf16, as TRL's head."""
+    trainer = make_trainer(policy_dir, tmp_path, loss_type="dapo", bf16=True)
+    assert trainer.accelerator.mixed_precision == "bf16"
+    compare_with_trl(trainer, generated_batch(trainer, seed=7), rtol=2e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("bias_correction", [True, False])
@@ -96,7 +121,7 @@ def test_bf16_policy_with_fp32_lm_head(policy_dir, tmp_path):
 
 
 def trl_vllm_ratio(old, sampling, mask, mode: str, clip_min, clip_max) -> torch.Tensor:
-    """The importance-sampling ratio TRL 1.13 hands the loss for a vLLM rollout
+    """The importance-sampling ratio TRL 1.16 hands the loss for a vLLM rollout
     (`_generate_and_score_completions`, vllm_importance_sampling_correction=True)."""
     diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
     if mode.startswith("sequence"):
@@ -140,12 +165,39 @@ def test_delta_bounds_negative_advantage_ratios(policy_dir, tmp_path):
     compare_with_trl(trainer, generated_batch(trainer, seed=4, drift=0.6))
 
 
+def test_gradient_accumulation_normalisers(policy_dir, tmp_path):
+    """The loss a micro-batch contributes inside an accumulation window of 2 (dapo: of a generation batch split over
+    2 steps), as TRL scales it."""
+    trainer = make_trainer(policy_dir, tmp_path, loss_type="dapo", steps_per_generation=2)
+    trainer.current_gradient_accumulation_steps = 2
+    compare_with_trl(trainer, generated_batch(trainer, seed=5))
+    trainer.osvl_loss.loss_type = trainer.loss_type = "grpo"
+    compare_with_trl(trainer, generated_batch(trainer, seed=5))
+
+
+def test_the_loss_runs_inside_the_wrappers_forward(policy_dir, tmp_path):
+    """Called with a wrapped model (DDP, FSDP, DeepSpeed wrap it for training), the fused loss runs as the wrapped
+    model's forward, so the wrapper's hooks fire around it; TRL's own forward is back afterwards."""
+    trainer = make_trainer(policy_dir, tmp_path, loss_type="bnpo")
+    inputs = generated_batch(trainer, seed=6)
+    wrapper = torch.nn.DataParallel(trainer.model)  # on CPU it just calls the module, as a wrapper does
+    calls = []
+    wrapper.register_forward_pre_hook(lambda module, args: calls.append(module))
+    trls_forward = trainer.model.forward
+    compare_with_trl(trainer, inputs, model=wrapper)
+    assert calls == [wrapper]
+    assert trainer.model.forward == trls_forward
+
+
 def test_refused_configurations_name_the_field(policy_dir, tmp_path):
     for config, field in [
         (dict(loss_type="cispo"), "loss_type='cispo'"),
         (dict(loss_type="sapo"), "loss_type='sapo'"),
         (dict(importance_sampling_level="sequence", loss_type="grpo"), "importance_sampling_level='sequence'"),
         (dict(delta=1.1), r"delta=1.1 must be > 1 \+ epsilon_high"),
+        (dict(top_entropy_quantile=0.5), "top_entropy_quantile"),
+        (dict(off_policy_mask_threshold=0.1), "off_policy_mask_threshold"),
+        (dict(entropy_coef=0.01), "entropy_coef"),
     ]:
         with pytest.raises(ValueError, match=field):
             make_trainer(policy_dir, tmp_path, **config)
@@ -156,6 +208,6 @@ def test_example_trains_two_steps(tmp_path):
 
     result = main(["--steps", "1", "--out", str(tmp_path), "--beta", "0.04", "--loss-type", "grpo"])
     trainer = result["trainer"]
-    assert isinstance(trainer.liger_loss, OsvlFusedLinearGRPOLoss)
+    assert isinstance(trainer.osvl_loss, OsvlFusedLinearGRPOLoss)
     assert math.isfinite(result["train_loss"])
     assert trainer.state.global_step == 1

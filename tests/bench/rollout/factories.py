@@ -9,10 +9,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.rollout.worker_pool import RolloutSetup
 from osvl.rollout.agent import AgentConfig
 from osvl.rollout.engine import SamplingParams
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
-from osvl.rollout.worker_pool import RolloutSetup
 from osvl.rollout.workers import RolloutWorkerConfig
 from tests.rollout.helpers import IMAGE_CONFIG, tiny_model, tokenizer
 from tests.rollout.inline_tools import inline_environment, renderer_for

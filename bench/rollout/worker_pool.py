@@ -7,6 +7,9 @@ instead of piling groups up (no pipe ever holds more than its worker's credits).
 dies, or keeps a group past ``group_deadline_s`` (it is then killed), is replaced with the newest
 weights; its groups go back to the queue up to ``max_group_retries`` times and are otherwise
 returned as ``infra_error`` records (``RolloutMetrics.dropped``), so a stream always ends.
+
+Only ``bench_rollout`` runs it (the worker-process configurations it measures against in-process
+rollouts), so it lives with the benchmark rather than in ``osvl.rollout``.
 """
 
 from __future__ import annotations
@@ -25,11 +28,7 @@ from typing import Any, Self
 
 import torch
 
-from osvl.data.chat import ChatRenderer
-from osvl.rl.trajectory import FinishReason, Prompt, Trajectory
-from osvl.rollout.agent import AgentConfig
-from osvl.rollout.engine import Engine
-from osvl.rollout.engine_process import (
+from bench.rollout.engine_process import (
     await_ready,
     load_weights_file,
     save_weights,
@@ -37,6 +36,10 @@ from osvl.rollout.engine_process import (
     spawn,
     start_context,
 )
+from osvl.data.chat import ChatRenderer
+from osvl.rl.trajectory import FinishReason, Prompt, Trajectory
+from osvl.rollout.agent import AgentConfig
+from osvl.rollout.engine import Engine
 from osvl.rollout.workers import Group, RolloutMetrics, RolloutWorkerConfig, run_group
 from osvl.tools.environment import ToolEnvironment
 

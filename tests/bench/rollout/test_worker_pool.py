@@ -4,10 +4,10 @@ import functools
 import pytest
 import torch
 
+from bench.rollout.worker_pool import RolloutWorkerPool, WorkerPoolConfig
 from osvl.rl.trajectory import FinishReason
-from osvl.rollout.worker_pool import RolloutWorkerPool, WorkerPoolConfig
 from osvl.rollout.workers import RolloutMetrics, stream_groups
-from tests.rollout import factories
+from tests.bench.rollout import factories
 from tests.rollout.helpers import prompts
 from tests.rollout.scripts import call, respond
 

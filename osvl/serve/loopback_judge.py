@@ -7,21 +7,20 @@ the verdict parsing, retries and outages. ``POST /admin/outage {"status": 503}``
 chat request fail with that status until ``{"status": null}`` (with ``"match": TEXT``, only the
 requests whose prompt contains TEXT): how tests take the judge down.
 
-``python -m osvl.rl.loopback_judge --port P`` runs it as a process.
+``python -m osvl.serve.loopback_judge --port P`` runs it as a process.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-from typing import Any, Self
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 
-from osvl.rl.judges import normalize_answer
+from osvl.rl.offline_judges import normalize_answer
+from osvl.serve.stand_in import StandInServer, serve_until_interrupted, service_parser
 
 _ACCURACY = re.compile(
     r"Question:\n(?P<question>.*?)\n\nReference answer \(any of these forms is acceptable\):\n"
@@ -54,7 +53,7 @@ def verdict_text(prompt: str) -> str | None:
     return None
 
 
-class LoopbackJudgeServer:
+class LoopbackJudgeServer(StandInServer):
     """``with LoopbackJudgeServer() as judge: judge.base_url`` (ends in ``/v1``)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -62,23 +61,8 @@ class LoopbackJudgeServer:
         self.outage_match = ""  # ... only those whose prompt contains this text, when set
         self.requests = 0
         self._lock = threading.Lock()
-        self.httpd = _Server((host, port), _handler(self))
+        super().__init__(_handler(self), host, port, "osvl-loopback-judge")
         self.base_url = f"http://{host}:{self.httpd.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="osvl-loopback-judge")
-
-    def start(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
     def chat(self, body: Any) -> tuple[int, dict[str, Any]]:
         with self._lock:
@@ -100,13 +84,6 @@ class LoopbackJudgeServer:
             "model": body.get("model", ""),
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}],
         }
-
-
-class _Server(ThreadingHTTPServer):
-    """A listen backlog for many concurrent clients (the stdlib's 5 refuses connections under load)."""
-
-    request_queue_size = 1024
-    daemon_threads = True
 
 
 def _handler(server: LoopbackJudgeServer):
@@ -145,22 +122,12 @@ def _handler(server: LoopbackJudgeServer):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m osvl.rl.loopback_judge", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 = any free port (printed, and in --ready-file)")
-    parser.add_argument("--ready-file", default="", help="write the base URL (ending in /v1) here once it serves")
+    parser = service_parser(
+        "python -m osvl.serve.loopback_judge", __doc__.splitlines()[0], 8000, "the base URL (ending in /v1)"
+    )
     args = parser.parse_args(argv)
     server = LoopbackJudgeServer(args.host, args.port).start()
-    print(f"osvl loopback judge on {server.base_url}", flush=True)
-    if args.ready_file:
-        tmp = Path(args.ready_file).with_suffix(".tmp")
-        tmp.write_text(server.base_url)
-        tmp.replace(args.ready_file)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        server.close()
-    return 0
+    return serve_until_interrupted(server, "loopback judge", server.base_url, args.ready_file)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import functools
 import pytest
 import torch
 
+from bench.rollout.engine_process import ProcessEngine, ProcessEngineConfig, save_weights
 from osvl.rl.trajectory import FinishReason
 from osvl.rollout.agent import AgentConfig
 from osvl.rollout.engine import (
@@ -12,10 +13,9 @@ from osvl.rollout.engine import (
     SamplingParams,
     derive_seed,
 )
-from osvl.rollout.engine_process import ProcessEngine, ProcessEngineConfig, save_weights
 from osvl.rollout.local_engine import LocalEngine
 from osvl.rollout.workers import RolloutWorkerConfig, stream_groups
-from tests.rollout import factories
+from tests.bench.rollout import factories
 from tests.rollout.helpers import IMAGE_CONFIG, prompts, tiny_model, tokenizer
 from tests.rollout.inline_tools import inline_environment, renderer_for
 from tests.rollout.scripts import call, respond

@@ -27,12 +27,11 @@ forced decoding (scripted ids, the model's own logprobs; see ``ReplayEngine``), 
 know what the policy does. ``logprobs="raw"`` makes the server report pre-temperature logprobs,
 as SGLang does under ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``: the pre-flight must catch that mode.
 
-``python -m osvl.rollout.loopback --model-path DIR [--port P]`` runs it as a process.
+``python -m osvl.serve.loopback_engine --model-path DIR [--port P]`` runs it as a process.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import dataclasses
@@ -44,9 +43,9 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -61,6 +60,7 @@ from osvl.rollout.engine import (
 )
 from osvl.rollout.local_engine import LocalEngine, ReplayEngine
 from osvl.rollout.weight_sync import update_group_store
+from osvl.serve.stand_in import StandInServer, serve_until_interrupted, service_parser
 from osvl.tools.image_io import decode_image
 
 SAMPLING_KEYS = frozenset(
@@ -271,7 +271,7 @@ def _engine_loop(engine: LocalEngine) -> asyncio.AbstractEventLoop:
         return loop
 
 
-class LoopbackServer:
+class LoopbackServer(StandInServer):
     """``with LoopbackServer(engine) as server: server.url``; one thread per connection, generation
     batched by the engine on its event loop."""
 
@@ -298,24 +298,8 @@ class LoopbackServer:
         self._gate = threading.Condition()  # /pause_generation: new requests wait, running ones are counted
         self._paused = False
         self._running = 0
-        self.httpd = _Server((host, port), _handler(self))
+        super().__init__(_handler(self), host, port, "osvl-sglang-loopback")
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="osvl-sglang-loopback")
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def start(self) -> Self:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
     # --- routes ---------------------------------------------------------------------------------
 
@@ -496,13 +480,6 @@ class LoopbackServer:
 NOT_FOUND = {"detail": "Not Found"}  # FastAPI's answer to an unknown route
 
 
-class _Server(ThreadingHTTPServer):
-    """A listen backlog for many concurrent clients (the stdlib's 5 refuses connections under load)."""
-
-    request_queue_size = 1024
-    daemon_threads = True
-
-
 def _handler(server: LoopbackServer):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:  # keep test output clean
@@ -606,14 +583,11 @@ def engine_from_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m osvl.rollout.loopback", description=__doc__.splitlines()[0])
+    parser = service_parser("python -m osvl.serve.loopback_engine", __doc__.splitlines()[0], 30000, "the server URL")
     parser.add_argument("--model-path", required=True, help="HF checkpoint directory (an osvl export)")
     parser.add_argument("--tokenizer-path", default="", help="tokenizer.json; default: the checkpoint's")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000, help="0 = any free port (printed, and in --ready-file)")
     parser.add_argument("--max-batch", type=int, default=8, help="rows per generation batch")
     parser.add_argument("--logprobs", choices=("post_temperature", "raw"), default="post_temperature")
-    parser.add_argument("--ready-file", default="", help="write the server URL here once it serves")
     args = parser.parse_args(argv)
     try:
         engine = engine_from_checkpoint(args.model_path, args.tokenizer_path or None, max_batch=args.max_batch)
@@ -628,16 +602,7 @@ def main(argv: list[str] | None = None) -> int:
         logprobs=args.logprobs,
     )
     server.start()
-    print(f"osvl loopback SGLang server on {server.url}", flush=True)
-    if args.ready_file:
-        tmp = Path(args.ready_file).with_suffix(".tmp")
-        tmp.write_text(server.url)
-        tmp.replace(args.ready_file)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        server.close()
-    return 0
+    return serve_until_interrupted(server, "loopback SGLang server", server.url, args.ready_file)
 
 
 if __name__ == "__main__":

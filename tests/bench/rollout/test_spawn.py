@@ -1,8 +1,8 @@
 import pytest
 
+from bench.rollout.engine_process import await_ready, spawn, start_context
 from osvl.rollout.engine import EngineError
-from osvl.rollout.engine_process import await_ready, spawn, start_context
-from tests.rollout import hello_children
+from tests.bench.rollout import hello_children
 
 
 @pytest.fixture(scope="module")
