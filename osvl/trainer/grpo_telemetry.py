@@ -25,8 +25,6 @@ from osvl.trainer.metrics import peak_memory_gib
 from osvl.trainer.stage import Stage, all_reduce_max
 from osvl.trainer.validation import answer_is_grounded
 
-SPANS = ("rollout", "advantages", "pack", "update", "sync")  # the loop's named spans, in the order they run
-
 
 class StepClock:
     """Wall-clock seconds of a step's named spans (``with clock("update"): ...``), each also a
