@@ -17,26 +17,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from osvl.config.packaged import PACKAGE_DIR, packaged_toml
 from osvl.config.recipe import Recipe
 
-# package data (pyproject.toml), so a name resolves the same in a clone and in an installed wheel
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES_DIR = PACKAGE_DIR / "recipes"
 
 
 def resolve_recipe_path(name: str | Path) -> Path:
     """A recipe name (``grpo_8b``) from ``osvl/recipes/`` or a path to a TOML file."""
-    path = Path(name)
-    if path.suffix == ".toml" or path.parent != Path("."):
-        if not path.is_file():
-            raise ValueError(f"recipe file {path} does not exist")
-        return path
-    candidate = RECIPES_DIR / f"{name}.toml"
-    if not candidate.is_file():
-        known = sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
-        near = difflib.get_close_matches(str(name), known, n=2, cutoff=0.75)
-        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
-        raise ValueError(f"unknown recipe {name!r}{hint}; known: {', '.join(known)} (or pass a .toml path)")
-    return candidate
+    return packaged_toml(name, "recipes", "recipe")
 
 
 def read_prompt_file(path: str | Path, key: str) -> str:

@@ -6,7 +6,7 @@
 
     # a released checkpoint against the live web, with the tool schema and system prompt it was trained on
     SERPER_API_KEY=... JINA_API_KEY=... python -m osvl.eval --checkpoint OpenSearch-VL-8B/ \\
-        --bench fvqa=fvqa_test.parquet --mode agentic --tools online.toml --tool-profile release \\
+        --bench fvqa=fvqa_test.parquet --mode agentic --tools online --tool-profile release \\
         --system-prompt my_prompt.txt --out runs/fvqa
 
 The system turn: a checkpoint osvl exported is shown the system prompt and tool schema it was
@@ -113,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world", help="world dir for the offline tool backends (rag and agentic modes)")
     tools = p.add_argument_group("tools (rag and agentic modes)")
     tools.add_argument(
-        "--tools", metavar="FILE.toml", help="tool back-end config (see osvl.eval.tools); flags below override it"
+        "--tools",
+        metavar="NAME|FILE.toml",
+        help="tool back-end config: a path, or a shipped one by name (online); flags below override it",
     )
     tools.add_argument(
         "--tool-profile",

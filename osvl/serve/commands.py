@@ -168,7 +168,7 @@ def plan_commands(recipe: Recipe, layout: Layout, recipe_arg: str, engine: str =
             "-m",
             "osvl.tools.server",
             "--tools",
-            "osvl/recipes/tools/online.toml",
+            "online",  # the shipped osvl/recipes/tools/online.toml, by name: a pip install has no such folder
             "--host",
             "0.0.0.0",
             "--port",

@@ -12,10 +12,10 @@ import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from osvl.config.loader import build
+from osvl.config.packaged import packaged_toml
 from osvl.synth.pipeline import CurationConfig
 
 
@@ -203,9 +203,8 @@ def build_run_config(raw: Mapping[str, Any]) -> SynthRunConfig:
 
 
 def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config file {path} does not exist")
+    """A run config: a path, or the name of one shipped in ``osvl/synth/configs/`` (``wikipedia_llm``)."""
+    path = packaged_toml(path, "synth/configs", "curation config")
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:

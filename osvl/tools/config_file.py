@@ -14,9 +14,9 @@ import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from osvl.config.packaged import packaged_toml
 from osvl.tools.config import (
     HttpConfig,
     ImageSearchConfig,
@@ -43,10 +43,9 @@ def _is_secret(name: str) -> bool:
 
 
 def read_tools_file(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
-    """The TOML file as ``{section: {field: value}}``, checked against the config's field names."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"tools config not found: {path}")
+    """The TOML file (a path, or the name of a shipped one: ``online``) as ``{section: {field: value}}``,
+    checked against the config's field names."""
+    path = packaged_toml(path, "recipes/tools", "tools config")
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:

@@ -370,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m osvl.tools.server", description=main.__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--world", help="the embedded mini-world directory (offline back-ends)")
-    source.add_argument("--tools", help="online back-ends: a TOML as `osvl.eval --tools` reads (*_key_env for keys)")
+    source.add_argument(
+        "--tools", help="online back-ends: a TOML path or a shipped name (online), as `osvl.eval --tools` reads"
+    )
     parser.add_argument("--python-interpreter", action="store_true", help="also serve the sandboxed python tool")
     parser.add_argument(
         "--python-sandbox",

@@ -45,9 +45,14 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
 
+def complete_checkpoints(root: str | Path) -> list[Path]:
+    """The complete checkpoints under ``root``, oldest first."""
+    return sorted(p for p in Path(root).glob("step_*") if (p / MARKER).is_file())
+
+
 def latest_checkpoint(root: str | Path) -> Path | None:
     """Newest complete checkpoint under ``root`` (None when there is none)."""
-    done = sorted(p for p in Path(root).glob("step_*") if (p / MARKER).is_file())
+    done = complete_checkpoints(root)
     return done[-1] if done else None
 
 
@@ -115,6 +120,21 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> None:
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, checkpoint_id=str(path))
     set_model_state_dict(model, state["model"])
+
+
+@torch.no_grad()
+def load_average(checkpoints: list[Path], model: torch.nn.Module) -> None:
+    """The model's weights become the uniform mean of ``checkpoints``' (summed in float32, in checkpoint order)."""
+    total: dict[str, torch.Tensor] = {}
+    for checkpoint in checkpoints:
+        load_model_weights(checkpoint, model)
+        for name, param in model.state_dict().items():
+            if name in total:
+                total[name] += param.float()
+            else:
+                total[name] = param.float().clone()
+    for name, param in model.state_dict().items():
+        param.copy_(total[name] / len(checkpoints))
 
 
 def stage_state(scheduler: Stateful, stream: Stateful, **extra: Any) -> dict[str, Any]:

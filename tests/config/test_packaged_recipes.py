@@ -1,6 +1,6 @@
 """The recipes ship inside the osvl wheel: a wheel built from a copy of the source, unpacked away from the
-checkout, resolves every recipe by name (what ``pip install osvl`` gives a user, who has no ``osvl/recipes/``
-folder of a clone to point at)."""
+checkout, resolves every recipe, the tool back-ends file and the curation config by name (what ``pip install
+osvl`` gives a user, who has no ``osvl/`` folder of a clone to point at)."""
 
 from __future__ import annotations
 
@@ -35,13 +35,18 @@ def test_the_wheel_ships_every_recipe_and_loads_it_by_name(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         shipped = set(archive.namelist())
         archive.extractall(tmp_path / "site")
-    assert {f"osvl/recipes/{n}.toml" for n in names} | {"osvl/recipes/tools/online.toml"} <= shipped
+    assert {f"osvl/recipes/{n}.toml" for n in names} | {
+        "osvl/recipes/tools/online.toml",
+        "osvl/synth/configs/wikipedia_llm.toml",
+    } <= shipped
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     probe = (
         "import sys, osvl; from osvl.config import load_recipe; "
-        "print(osvl.__file__); print(' '.join(load_recipe(n).job.name for n in sys.argv[1:]))"
+        "print(osvl.__file__); print(' '.join(load_recipe(n).job.name for n in sys.argv[1:])); "
+        "from osvl.tools.config_file import read_tools_file; from osvl.synth.run_config import read_toml; "
+        "print(sorted(read_tools_file('online')), sorted(read_toml('wikipedia_llm')))"
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     shown = subprocess.run(
@@ -49,3 +54,6 @@ def test_the_wheel_ships_every_recipe_and_loads_it_by_name(tmp_path):
     ).stdout.splitlines()
     assert Path(shown[0]).is_relative_to(tmp_path / "site")  # the unpacked wheel, not the checkout
     assert len(shown[1].split()) == len(names)
+    assert (
+        shown[2] == "['http', 'image_search', 'text_search'] ['budget', 'curation', 'llm', 'source', 'stages', 'tools']"
+    )  # the tool and curation files

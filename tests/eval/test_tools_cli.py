@@ -142,7 +142,7 @@ def test_toml_file_flags_and_world_combine(tmp_path, web):
     (tmp_path / "sec.toml").write_text("[websearch]\nx = 1\n")
     with pytest.raises(ValueError, match=r"unknown section\(s\) \['websearch'\]"):
         read_tools_file(tmp_path / "sec.toml")
-    with pytest.raises(ValueError, match="tools config not found"):
+    with pytest.raises(ValueError, match="tools config file .* does not exist"):
         read_tools_file(tmp_path / "none.toml")
 
 

@@ -109,8 +109,20 @@ def test_the_wheel_requires_torch_and_triton_only(wheel):
     required = [Requirement(value) for key, value in fields if key == "Requires-Dist"]
     core = sorted(str(r) for r in required if r.marker is None)
     assert core == ["torch>=2.6", "triton>=3.3"]
-    extras = {r.name for r in required if r.marker is not None}
-    assert extras == {"trl", "transformers", "accelerate", "datasets", "verl", "peft", "torchtitan"}
+    extras = {r.name.lower() for r in required if r.marker is not None}
+    assert extras == {
+        "trl",
+        "transformers",
+        "accelerate",
+        "datasets",
+        "verl",
+        "peft",
+        "transferqueue",
+        "cachetools",
+        "fastapi",
+        "uvicorn",
+        "torchtitan",
+    }
     assert all(
         any(f'extra == "{e}"' in str(r.marker) for e in ("trl", "verl", "torchtitan")) for r in required if r.marker
     )

@@ -236,14 +236,16 @@ def main(out_path: str) -> None:
 
     from osvl_kernels.integrations.verl_engine import fused_engine_class
 
-    # verl 0.9.1 imports a value-head class from TRL whenever TRL is importable; TRL >= 1.0 no longer has it
-    monkey_patch.is_trl_available = lambda: False
+    # TRL 1.16 is importable here and lacks the value-head class verl's patcher imports: fused_engine_class() tells
+    # the patcher so; verl's own engine below is built after it, in the same process
+    fused = fused_engine_class()
+    assert not monkey_patch.is_trl_available()
     path = tiny_policy(Path(out_path).parent / "tiny_policy")
     results = {}
-    for name, engine_class in (("verl", FSDPEngineWithLMHead), ("osvl", fused_engine_class())):
+    for name, engine_class in (("verl", FSDPEngineWithLMHead), ("osvl", fused)):
         results[name] = update(build(engine_class, path), actor_config())
     try:
-        update(build(fused_engine_class(), path), actor_config("gspo"))
+        update(build(fused, path), actor_config("gspo"))
     except ValueError as refused:
         results["refused"] = str(refused)
     torch.save(results, out_path)
