@@ -31,14 +31,16 @@ STALL_LIMIT_S = 240  # what the harness allows a stalled run before calling it a
 
 
 class StalledAfterStepOne:
-    """The scripted policy; on rank ``stalled`` once step 1 is logged, every generation either raises a
-    cancellation nobody sent (``mode = "cancelled"``) or never returns (``"stuck"``)."""
+    """The scripted policy; on rank ``stalled``, once it serves the weights of step 1's update (the first policy
+    version above the initial one: step 2's rollouts, in the synchronous loop), every generation either raises a
+    cancellation nobody sent (``mode = "cancelled"``) or never returns (``"stuck"``). Keyed on the version, not on
+    rank 0's metrics file, which under load could be written after rank 1 had already rolled out step 2."""
 
-    def __init__(self, local, rank: int, stalled: int, mode: str, run_dir: str) -> None:
+    def __init__(self, local, rank: int, stalled: int, mode: str) -> None:
         from tests.trainer.grpo_fixtures import scripted
 
         self.inner, self.rank, self.stalled, self.mode = scripted(local), rank, stalled, mode
-        self.metrics = Path(run_dir) / "metrics.jsonl"
+        self.initial_version = self.inner.policy_version
 
     @property
     def policy_version(self) -> int:
@@ -48,7 +50,7 @@ class StalledAfterStepOne:
         self.inner.load_weights(state_dict, version)
 
     async def generate(self, request):
-        if self.rank == self.stalled and self.metrics.is_file() and self.metrics.read_text().strip():
+        if self.rank == self.stalled and self.inner.policy_version > self.initial_version:
             if self.mode == "cancelled":
                 raise asyncio.CancelledError("a client library's own timeout, leaked")
             await asyncio.Event().wait()
@@ -71,7 +73,7 @@ def stalled_body(rank: int, world: int, port: int, overrides: list[str], mode: s
     use_host_device()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     recipe = load_recipe("tiny_grpo", overrides)
-    wrapper = functools.partial(StalledAfterStepOne, rank=rank, stalled=1, mode=mode, run_dir=recipe.job.run_dir)
+    wrapper = functools.partial(StalledAfterStepOne, rank=rank, stalled=1, mode=mode)
     code, line = 0, ""
     try:
         run_grpo(recipe, rank, world, environment=echo_environment, engine_wrapper=wrapper)
