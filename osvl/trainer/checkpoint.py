@@ -124,7 +124,11 @@ def load_model_weights(path: str | Path, model: torch.nn.Module) -> None:
 
 @torch.no_grad()
 def load_average(checkpoints: list[Path], model: torch.nn.Module) -> None:
-    """The model's weights become the uniform mean of ``checkpoints``' (summed in float32, in checkpoint order)."""
+    """The model's weights become the uniform mean of ``checkpoints``' (summed in float32, in checkpoint order); one
+    checkpoint is read as it is, without the float32 copy of the shards a mean needs."""
+    if len(checkpoints) == 1:
+        load_model_weights(checkpoints[0], model)
+        return
     total: dict[str, torch.Tensor] = {}
     for checkpoint in checkpoints:
         load_model_weights(checkpoint, model)

@@ -56,15 +56,15 @@ def computed_by(module: torch.nn.Module, forward: Callable[..., Any]) -> Iterato
         del module.forward
 
 
-def skip_missing_value_head_patch() -> bool:
+def skip_missing_value_head_patch() -> None:
     """verl 0.9's model patching imports TRL's `AutoModelForCausalLMWithValueHead` whenever TRL is importable, and
     TRL >= 1.0 no longer has it: with both installed (``osvl-kernels[trl,verl]``) building any actor raised
     ImportError. When the class is missing, tell verl's patcher that TRL is absent (there is nothing of TRL's to
-    patch) and return True; with an older TRL, or without TRL, leave verl as it is and return False."""
+    patch); with an older TRL, or without TRL, leave verl as it is."""
     import verl.models.transformers.monkey_patch as monkey_patch
 
     if not monkey_patch.is_trl_available():
-        return False
+        return
     try:
         from trl.experimental.ppo import AutoModelForCausalLMWithValueHead  # noqa: F401
     except ImportError:
@@ -72,8 +72,6 @@ def skip_missing_value_head_patch() -> bool:
             from trl import AutoModelForCausalLMWithValueHead  # noqa: F401
         except ImportError:
             monkey_patch.is_trl_available = lambda: False
-            return True
-    return False
 
 
 @functools.cache

@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-VOCAB = 40
+from examples.trl_grpo import WORDS, tiny_policy  # the tiny random Qwen2 the TRL example trains
+
+VOCAB = len(WORDS) + 2  # that policy's vocabulary: the words, pad and eos
 PROMPT_LENS, RESPONSE_LENS = [3, 2, 4, 3], [6, 9, 6, 7]
 FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
@@ -110,24 +112,6 @@ def cpu_platform():
             return None
 
     return CpuPlatform()
-
-
-def tiny_policy(directory: Path) -> str:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(directory)
-    return str(directory)
 
 
 def build(engine_class, path: str):
