@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -87,18 +88,20 @@ def test_each_rank_loads_its_slices_and_the_gathered_model_is_the_checkpoint(pre
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world,plan", [(2, []), (4, ["parallel.tp=2"])], ids=["fsdp2", "fsdp2_tp2"])
-def test_host_memory_stays_near_the_rank_shard_and_the_plan_predicts_it(world, plan, tmp_path_factory):
+def test_host_memory_stays_near_the_rank_shard_and_the_plan_predicts_it(world, plan, large_checkpoint, tmp_path):
     """Each rank's host high-water mark while it builds and loads a >= 250M-parameter bf16 checkpoint
     grows by at most 1.5x its float32 shard + 256 MiB (the whole-model start-up grew by 3.5x the model),
     and the dry run's host plan is within 25% of what start-up, a DCP save, an HF export and a bucketed
     weight stream took."""
-    root = tmp_path_factory.mktemp("large")
-    base = sft_overrides(root / "data", root / "run")
-    checkpoint = _large_checkpoint(tmp_path_factory, base)
-    out = root / "memory"
+    base = sft_overrides(tmp_path / "data", tmp_path / "run")
+    out = tmp_path / "memory"
     out.mkdir()
-    overrides = [*base, f"model.pretrained={checkpoint}", *plan]
-    run_ranks(host_memory_body, world, overrides, str(out))
+    overrides = [*base, f"model.pretrained={large_checkpoint}", *plan]
+    try:
+        run_ranks(host_memory_body, world, overrides, str(out))
+    finally:  # the DCP save with AdamW state and the export take ~4 GB of disk: gone before the next test
+        for written in ("dcp", "hf"):
+            shutil.rmtree(out / written, ignore_errors=True)
     records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     for r in records:
         assert r["total_params"] >= 250e6, r
@@ -129,18 +132,15 @@ def plan_host_memory(recipe, world: int):
     return report.host
 
 
-_LARGE: dict[str, Path] = {}
-
-
-def _large_checkpoint(tmp_path_factory, base: list[str]) -> Path:
-    """One ~270M-parameter bf16 checkpoint for every test of the session."""
-    if "path" not in _LARGE:
-        recipe = load_recipe("tiny_sft", base)
-        tokenizer = load_tokenizer(recipe.data.tokenizer)
-        path = tmp_path_factory.mktemp("large_ckpt")
-        write_checkpoint(startup_arch(tokenizer.vocab_size, tokenizer.special), path)
-        _LARGE["path"] = path
-    return _LARGE["path"]
+@pytest.fixture(scope="module")
+def large_checkpoint(tmp_path_factory):
+    """One ~270M-parameter bf16 checkpoint (~0.5 GB) for the module's tests, removed after the last."""
+    root = tmp_path_factory.mktemp("large_ckpt")
+    recipe = load_recipe("tiny_sft", sft_overrides(root / "data", root / "run"))
+    tokenizer = load_tokenizer(recipe.data.tokenizer)
+    write_checkpoint(startup_arch(tokenizer.vocab_size, tokenizer.special), root / "ckpt")
+    yield root / "ckpt"
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _bad_checkpoint(tmp_path: Path, base: list[str]) -> Path:
