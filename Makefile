@@ -98,10 +98,12 @@ DEMO_FATAL := --set grpo.fatal_errors=execution
 DEMO_EVAL := $(BIN)/python -m osvl.demo evaluate --recipe tiny_grpo --set model.preset=small \
 	--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --set rollout.max_in_flight=64 $(DEMO_FATAL)
 # SFT in the demo: one process (for this 2-layer width-128 model FSDP's gloo collectives cost more than a second
-# rank gains: 0.107 s a step against 0.171 s on 2 ranks), two epochs (one left the policy at 0.09-0.24 on the
-# validation questions, two at 0.28-0.57: docs/demo.md), at lr 3e-3 (at tiny_sft's 6e-3 two draws sampled the right
-# second hop in 0.14-0.16 of their samples, at 3e-3 in 0.31-0.40: choices GRPO can sharpen; docs/demo.md)
-DEMO_SFT := --set model.preset=small --set sft.epochs=2 --set optimizer.lr=3e-3 --set metrics.tensorboard=false
+# rank gains: 0.107 s a step against 0.171 s on 2 ranks) on one thread (as fast as two here, and the draw then does
+# not move with the machine's core count), three epochs (over four seeds on the validation questions one epoch left
+# the policy at 0.09-0.24, two at 0.04-0.62, three at 0.42-0.57: docs/demo.md), at lr 3e-3 (at tiny_sft's 6e-3 two
+# draws sampled the right second hop in 0.14-0.16 of their samples, at 3e-3 in 0.31-0.40: choices GRPO can sharpen)
+DEMO_SFT := --set model.preset=small --set sft.epochs=3 --set optimizer.lr=3e-3 --set metrics.tensorboard=false
+DEMO_SFT_RUN := $(BIN)/python -m osvl.train --recipe tiny_sft $(DEMO_SFT)
 # GRPO in the demo: groups of 8 (the paper's), 8 prompts a step in 2 PPO mini-batches, one batch of 32 rollouts a rank;
 # 16 steps at lr 3e-4 (from the recall-drill SFT policy, on the validation questions: 12 steps gained 20 and lost 1,
 # 16 and 24 steps both 23 and 1; docs/demo.md)
@@ -109,7 +111,7 @@ DEMO_GRPO := --set grpo.group_size=8 --set grpo.batch_prompts=8 --set grpo.mini_
 	--set rollout.max_in_flight=32 --set metrics.tensorboard=false --set optimizer.lr=3e-4 --set grpo.max_steps=16 \
 	$(DEMO_FATAL)
 DEMO_SUMMARY := $(BIN)/python -m osvl.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 3 \
-	--sampled sft=runs/demo/eval/sft_k4.json grpo=runs/demo/eval/grpo_k4.json --prior runs/demo/eval/prior.json
+	--prior runs/demo/eval/prior.json
 DEMO_SEEDS := 1 2
 # the targets that start from `make demo`'s checkpoints and evaluations
 DEMO_DONE := @test -f runs/demo/eval/sft.json -a -f runs/demo/eval/grpo.json || { echo "run make demo first"; exit 2; }
@@ -137,37 +139,42 @@ demo: demo-clock install
 		--entity-world runs/demo/world
 	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.demo prior --recipe tiny_grpo --sft $(DEMO_DATA)/sft/with_drills.jsonl \
 		--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --out runs/demo/eval/prior.json
-	$(DEMO_PHASE) sft -- $(BIN)/python -m osvl.train --recipe tiny_sft $(DEMO_SFT)
+	OMP_NUM_THREADS=1 $(DEMO_PHASE) sft -- $(DEMO_SFT_RUN)
 	$(DEMO_PHASE) eval -- $(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --out runs/demo/eval/sft.json
-	$(DEMO_PHASE) eval -- $(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --samples 4 --out runs/demo/eval/sft_k4.json
 	$(DEMO_PHASE) grpo -- $(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo $(DEMO_GRPO)
 	$(DEMO_PHASE) eval -- $(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --out runs/demo/eval/grpo.json
-	$(DEMO_PHASE) eval -- $(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --samples 4 --out runs/demo/eval/grpo_k4.json
 	$(DEMO_PHASE) report -- $(BIN)/python -m osvl.report runs/tiny_sft > /dev/null
 	$(DEMO_PHASE) report -- $(BIN)/python -m osvl.report runs/tiny_grpo > /dev/null
 	$(DEMO_SUMMARY) --evals sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json \
 		--phases runs/demo/phases.jsonl --started runs/.demo-started
 
-# The evaluations `make demo` leaves out to stay within 20 minutes on 2 cores (they take about 2.5 of them): the
-# random-init policy, and the SFT and GRPO policies with the training's injected tool faults; then the summary
-# with them.
+# The evaluations `make demo` leaves out to stay near 15 minutes on 2 cores (they take about 4 more): the SFT and
+# GRPO policies with 4 samples a question (pass@4, and how much GRPO had to sharpen), the random-init policy, and
+# both policies with the training's injected tool faults; then the summary with them.
 demo-more: install
 	$(DEMO_DONE)
+	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --samples 4 --out runs/demo/eval/sft_k4.json
+	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --samples 4 --out runs/demo/eval/grpo_k4.json
 	$(DEMO_EVAL) --checkpoint init --out runs/demo/eval/init.json
 	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --faults --out runs/demo/eval/sft_faults.json
 	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --faults --out runs/demo/eval/grpo_faults.json
 	$(DEMO_SUMMARY) \
 		--evals init=runs/demo/eval/init.json sft=runs/demo/eval/sft.json grpo=runs/demo/eval/grpo.json \
+		--sampled sft=runs/demo/eval/sft_k4.json grpo=runs/demo/eval/grpo_k4.json \
 		--faulted sft=runs/demo/eval/sft_faults.json grpo=runs/demo/eval/grpo_faults.json
 
 # Seeds of the whole recipe: for each of DEMO_SEEDS its own SFT run (job.seed: the initial weights and the data
 # order) and its own GRPO run from it, each evaluated on the same held-out questions; then every seed's GRPO - SFT
 # with intervals over prompts and over anchor entities, and the mean over seeds (`make demo`'s run is seed 0).
+# The SFT runs go side by side, one thread each (each its own log under runs/); the GRPO runs one after another.
 demo-seeds: install
 	$(DEMO_DONE)
+	pids=""; for seed in $(DEMO_SEEDS); do \
+		OMP_NUM_THREADS=1 $(DEMO_SFT_RUN) --set job.seed=$$seed --set job.run_dir=runs/tiny_sft_seed$$seed \
+			> runs/tiny_sft_seed$$seed.log 2>&1 & pids="$$pids $$!"; \
+	done; \
+	for pid in $$pids; do wait $$pid || { echo "an SFT seed failed: runs/tiny_sft_seed*.log"; exit 1; }; done
 	for seed in $(DEMO_SEEDS); do \
-		$(BIN)/python -m osvl.train --recipe tiny_sft $(DEMO_SFT) --set job.seed=$$seed \
-			--set job.run_dir=runs/tiny_sft_seed$$seed || exit 1; \
 		$(DEMO_EVAL) --checkpoint runs/tiny_sft_seed$$seed/hf --out runs/demo/eval/sft_seed$$seed.json || exit 1; \
 		$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo $(DEMO_GRPO) \
 			--set job.seed=$$seed --set model.pretrained=runs/tiny_sft_seed$$seed/hf \

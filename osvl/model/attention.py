@@ -102,9 +102,10 @@ def packed_attention(
     bounds = meta.cu_seq_q_host
     outs = []
     for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        q, k, v = (t[start:end].transpose(0, 1) for t in (q_TNH, k_TNH, v_TNH))
+        # [1, N, L, H]: torch's fused CPU kernel takes 4-D inputs only (3-D ones fall back to the math path)
+        q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q_TNH, k_TNH, v_TNH))
         o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
-        outs.append(o.transpose(0, 1))
+        outs.append(o[0].transpose(0, 1))
     return torch.cat(outs, dim=0)
 
 
