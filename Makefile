@@ -78,8 +78,8 @@ test: install vllm-venv sglang-venv
 test-fast: install
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not vllm and not sglang" tests
 
-# The demo: a policy from random weights through curation, SFT and GRPO on CPU, evaluated on 128 held-out
-# questions (greedy, and 4 samples a question for pass@4) after each stage; the held-out questions start at entities
+# The demo: a policy from random weights through curation, SFT and GRPO on CPU, evaluated greedily on 128 held-out
+# questions after each stage (`make demo-more` adds 4 samples a question); the held-out questions start at entities
 # no GRPO question starts at. Half the visual lookup drills see a caption that states a link drawn for that drill
 # (--caption-links 0.5), so SFT learns to search the image's match rather than, per entity, which name its caption
 # gives. A quarter of the lookup drills take 2 hops (--hop-shares 0.75,0.25; a uniform draw gave 44%). In 7 of 10 of
