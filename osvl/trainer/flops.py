@@ -10,7 +10,8 @@ Conventions (the torchtitan / PaLM ones, so numbers compare across trainers):
 - norms, activations, rotary, embeddings lookups and the softmax are not counted (<1% at scale);
 - a frozen vision tower runs forward only: nothing upstream of it needs a gradient.
 
-On a tiny model these counts equal ``torch.utils.flop_counter.FlopCounterMode`` exactly (see tests).
+On a tiny model these counts equal ``torch.utils.flop_counter.FlopCounterMode`` exactly, attention on the math path
+(see tests).
 """
 
 from __future__ import annotations
