@@ -103,7 +103,7 @@ DEMO_EVAL := $(BIN)/python -m osvl.demo evaluate --recipe tiny_grpo --set model.
 # the policy at 0.09-0.24, two at 0.04-0.62, three at 0.42-0.57: docs/demo.md), at lr 3e-3 (at tiny_sft's 6e-3 two
 # draws sampled the right second hop in 0.14-0.16 of their samples, at 3e-3 in 0.31-0.40: choices GRPO can sharpen)
 DEMO_SFT := --set model.preset=small --set sft.epochs=3 --set optimizer.lr=3e-3 --set metrics.tensorboard=false
-DEMO_SFT_RUN := $(BIN)/python -m osvl.train --recipe tiny_sft $(DEMO_SFT)
+DEMO_SFT_RUN := env OMP_NUM_THREADS=1 $(BIN)/python -m osvl.train --recipe tiny_sft $(DEMO_SFT)
 # GRPO in the demo: groups of 8 (the paper's), 8 prompts a step in 2 PPO mini-batches, one batch of 32 rollouts a rank;
 # 16 steps at lr 3e-4 (from the recall-drill SFT policy, on the validation questions: 12 steps gained 20 and lost 1,
 # 16 and 24 steps both 23 and 1; docs/demo.md)
@@ -139,7 +139,7 @@ demo: demo-clock install
 		--entity-world runs/demo/world
 	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.demo prior --recipe tiny_grpo --sft $(DEMO_DATA)/sft/with_drills.jsonl \
 		--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --out runs/demo/eval/prior.json
-	OMP_NUM_THREADS=1 $(DEMO_PHASE) sft -- $(DEMO_SFT_RUN)
+	$(DEMO_PHASE) sft -- $(DEMO_SFT_RUN)
 	$(DEMO_PHASE) eval -- $(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --out runs/demo/eval/sft.json
 	$(DEMO_PHASE) grpo -- $(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo $(DEMO_GRPO)
 	$(DEMO_PHASE) eval -- $(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --out runs/demo/eval/grpo.json
@@ -170,7 +170,7 @@ demo-more: install
 demo-seeds: install
 	$(DEMO_DONE)
 	pids=""; for seed in $(DEMO_SEEDS); do \
-		OMP_NUM_THREADS=1 $(DEMO_SFT_RUN) --set job.seed=$$seed --set job.run_dir=runs/tiny_sft_seed$$seed \
+		$(DEMO_SFT_RUN) --set job.seed=$$seed --set job.run_dir=runs/tiny_sft_seed$$seed \
 			> runs/tiny_sft_seed$$seed.log 2>&1 & pids="$$pids $$!"; \
 	done; \
 	for pid in $$pids; do wait $$pid || { echo "an SFT seed failed: runs/tiny_sft_seed*.log"; exit 1; }; done
