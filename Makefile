@@ -15,9 +15,13 @@ VLLM_VENV := .venv-vllm
 # machine without CUDA (tests/sglang_server.py; docs/inference_engines.md). A GPU machine needs neither.
 SGLANG_VENV := .venv-sglang
 
-.PHONY: install system-deps vllm-venv sglang-venv lint test test-fast demo-clock demo demo-more demo-seeds ablation ablation-quick bench-cpu clean
+.PHONY: install install-runtime system-deps vllm-venv sglang-venv lint test test-fast demo-clock demo demo-more demo-seeds ablation ablation-quick bench-cpu clean
 
-install: system-deps $(VENV)/.installed
+# `install`: everything the tests, lint and benchmarks need. `install-runtime`: what training, the demo and the
+# tools need (the test extras, TRL, verl, Ray and the trackers other than TensorBoard left out: about a third of the
+# install's time); `make demo` takes it, and a later `make install` adds the rest to the same venv.
+install: install-runtime $(VENV)/.installed
+install-runtime: system-deps $(VENV)/.runtime
 
 # python_interpreter's default sandbox runs bubblewrap (user/mount/PID/net/IPC/UTS namespaces) with a
 # libseccomp filter. As root with apt (CI: a fresh Debian machine) they are installed; otherwise the
@@ -33,13 +37,18 @@ system-deps:
 
 # osvl-kernels (kernels/, torch + triton only) goes in first, from the tree: osvl's pin on it is then satisfied and
 # pip never asks the index for it.
-$(VENV)/.installed: pyproject.toml kernels/pyproject.toml Makefile $(CONSTRAINTS) requirements/runtime-no-deps.txt requirements/test-no-deps.txt
+$(VENV)/.runtime: pyproject.toml kernels/pyproject.toml Makefile $(CONSTRAINTS) requirements/runtime-no-deps.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c $(CONSTRAINTS) torch triton
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ./kernels
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[tensorboard]"
+	$(BIN)/pip install -q --no-deps -r requirements/runtime-no-deps.txt
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.runtime requirements/test-no-deps.txt
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[test]"
-	$(BIN)/pip install -q --no-deps -r requirements/runtime-no-deps.txt -r requirements/test-no-deps.txt
+	$(BIN)/pip install -q --no-deps -r requirements/test-no-deps.txt
 	touch $@
 
 vllm-venv: $(VLLM_VENV)/.installed
@@ -98,8 +107,9 @@ DEMO_FATAL := --set grpo.fatal_errors=execution
 DEMO_EVAL := $(BIN)/python -m osvl.demo evaluate --recipe tiny_grpo --set model.preset=small \
 	--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --set rollout.max_in_flight=64 $(DEMO_FATAL)
 # SFT in the demo: one process (for this 2-layer width-128 model FSDP's gloo collectives cost more than a second
-# rank gains: 0.107 s a step against 0.171 s on 2 ranks) on one thread (as fast as two here, and the draw then does
-# not move with the machine's core count), three epochs (over four seeds on the validation questions one epoch left
+# rank gains: 0.107 s a step against 0.171 s on 2 ranks) on one thread (two step 1.47x faster on an idle 2-core
+# machine but 2.4x slower beside one busy process: OpenMP's threads spin waiting for the preempted one; and the draw
+# then does not move with the machine's core count), three epochs (over four seeds on the validation questions one epoch left
 # the policy at 0.09-0.24, two at 0.04-0.62, three at 0.42-0.57: docs/demo.md), at lr 3e-3 (at tiny_sft's 6e-3 two
 # draws sampled the right second hop in 0.14-0.16 of their samples, at 3e-3 in 0.31-0.40: choices GRPO can sharpen)
 DEMO_SFT := --set model.preset=small --set sft.epochs=3 --set optimizer.lr=3e-3 --set metrics.tensorboard=false
@@ -120,7 +130,7 @@ DEMO_DONE := @test -f runs/demo/eval/sft.json -a -f runs/demo/eval/grpo.json || 
 DEMO_PHASE = $(BIN)/python -m osvl.demo timed --log runs/demo/phases.jsonl --phase
 demo-clock:
 	@mkdir -p runs && date +%s > runs/.demo-started
-demo: demo-clock install
+demo: demo-clock install-runtime
 	rm -rf runs/demo runs/tiny_sft runs/tiny_grpo
 	$(DEMO_PHASE) world -- $(BIN)/python -m osvl.world build --out runs/demo/world --seed 0 --scale 3
 	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.synth run --world runs/demo/world --out $(DEMO_DATA) \
@@ -151,7 +161,7 @@ demo: demo-clock install
 # The evaluations `make demo` leaves out to stay near 15 minutes on 2 cores (they take about 4 more): the SFT and
 # GRPO policies with 4 samples a question (pass@4, and how much GRPO had to sharpen), the random-init policy, and
 # both policies with the training's injected tool faults; then the summary with them.
-demo-more: install
+demo-more: install-runtime
 	$(DEMO_DONE)
 	$(DEMO_EVAL) --checkpoint runs/tiny_sft/hf --samples 4 --out runs/demo/eval/sft_k4.json
 	$(DEMO_EVAL) --checkpoint runs/tiny_grpo/hf --samples 4 --out runs/demo/eval/grpo_k4.json
@@ -167,7 +177,7 @@ demo-more: install
 # order) and its own GRPO run from it, each evaluated on the same held-out questions; then every seed's GRPO - SFT
 # with intervals over prompts and over anchor entities, and the mean over seeds (`make demo`'s run is seed 0).
 # The SFT runs go side by side, one thread each (each its own log under runs/); the GRPO runs one after another.
-demo-seeds: install
+demo-seeds: install-runtime
 	$(DEMO_DONE)
 	pids=""; for seed in $(DEMO_SEEDS); do \
 		$(DEMO_SFT_RUN) --set job.seed=$$seed --set job.run_dir=runs/tiny_sft_seed$$seed \
@@ -187,11 +197,11 @@ demo-seeds: install
 # The fatal-mode ablation (docs/ablation.md) from `make demo`'s checkpoint: GRPO in the four fatal modes x 3 seeds
 # x outage rates {0, 0.3}, and the other error-counting choices at 0.3, each evaluated greedily on the 64 held-out
 # prompts; two single-threaded runs at a time, resumable (run it again to continue). ablation-quick: its smoke form.
-ablation: install
+ablation: install-runtime
 	$(BIN)/python -m osvl.study run
 	$(BIN)/python -m osvl.study report --doc docs/ablation.md --figures docs/ablation
 
-ablation-quick: install
+ablation-quick: install-runtime
 	$(BIN)/python -m osvl.study run --quick
 	$(BIN)/python -m osvl.study report --quick
 

@@ -98,8 +98,12 @@ def test_the_command_reader_joins_lines_and_drops_comments():
 
 def test_make_demo_and_make_test_are_the_makefile_targets():
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert re.search(r"^demo: (demo-clock )?install$", makefile, re.M)  # the clock starts before the install
+    # the clock starts before the install; the demo takes the runtime install, the tests all of it
+    assert re.search(r"^demo: demo-clock install-runtime$", makefile, re.M)
     assert re.search(r"^test: install", makefile, re.M)
+    assert re.search(r"^install: install-runtime ", makefile, re.M)
+    runtime = re.search(r"^\$\(VENV\)/\.runtime:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert "[test]" not in runtime and "test-no-deps" not in runtime
     assert (ROOT / ".ci" / "run").read_text(encoding="utf-8").count("make test")
 
 
