@@ -15,7 +15,7 @@ VLLM_VENV := .venv-vllm
 # machine without CUDA (tests/sglang_server.py; docs/inference_engines.md). A GPU machine needs neither.
 SGLANG_VENV := .venv-sglang
 
-.PHONY: install install-runtime system-deps vllm-venv sglang-venv lint test test-fast demo-clock demo demo-more demo-seeds ablation ablation-quick bench-cpu clean
+.PHONY: install install-runtime system-deps vllm-venv sglang-venv lint test test-fast demo-clock demo demo-more demo-seeds study-control ablation ablation-quick bench-cpu clean
 
 # `install`: everything the tests, lint and benchmarks need. `install-runtime`: what training, the demo and the
 # tools need (the test extras, TRL, verl, Ray and the trackers other than TensorBoard left out: about a third of the
@@ -104,8 +104,9 @@ test-fast: install
 # docs/demo.md.
 DEMO_DATA := runs/demo/data
 DEMO_FATAL := --set grpo.fatal_errors=execution
-DEMO_EVAL := $(BIN)/python -m osvl.demo evaluate --recipe tiny_grpo --set model.preset=small \
-	--set data.train_path=$(DEMO_DATA)/rl_short/eval.jsonl --set rollout.max_in_flight=64 $(DEMO_FATAL)
+DEMO_EVAL_ON = $(BIN)/python -m osvl.demo evaluate --recipe tiny_grpo --set model.preset=small \
+	--set data.train_path=$(1) --set rollout.max_in_flight=64 $(DEMO_FATAL)
+DEMO_EVAL := $(call DEMO_EVAL_ON,$(DEMO_DATA)/rl_short/eval.jsonl)
 # SFT in the demo: one process (for this 2-layer width-128 model FSDP's gloo collectives cost more than a second
 # rank gains: 0.107 s a step against 0.171 s on 2 ranks) on one thread (two step 1.47x faster on an idle 2-core
 # machine but 2.4x slower beside one busy process: OpenMP's threads spin waiting for the preempted one; and the draw
@@ -123,6 +124,9 @@ DEMO_GRPO := --set grpo.group_size=8 --set grpo.batch_prompts=8 --set grpo.mini_
 DEMO_SUMMARY := $(BIN)/python -m osvl.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 3 \
 	--prior runs/demo/eval/prior.json
 DEMO_SEEDS := 1 2
+# the demo's lookup drills, less their recall share (the habit of answering the last hop from memory)
+DEMO_DRILLS = $(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --count 6000 \
+	--caption-links 0.5 --hop-shares 0.75,0.25 --tool-faults 0.01
 # the targets that start from `make demo`'s checkpoints and evaluations
 DEMO_DONE := @test -f runs/demo/eval/sft.json -a -f runs/demo/eval/grpo.json || { echo "run make demo first"; exit 2; }
 # Each step's wall seconds go to runs/demo/phases.jsonl under its phase; the summary ends with them and the total
@@ -135,8 +139,7 @@ demo: demo-clock install-runtime
 	$(DEMO_PHASE) world -- $(BIN)/python -m osvl.world build --out runs/demo/world --seed 0 --scale 3
 	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.synth run --world runs/demo/world --out $(DEMO_DATA) \
 		--expert-search-top-k 1 > runs/demo/curation.json
-	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --count 6000 \
-		--caption-links 0.5 --hop-shares 0.75,0.25 --recall 0.7 --tool-faults 0.01 --out $(DEMO_DATA)/sft/drills.jsonl
+	$(DEMO_PHASE) data -- $(DEMO_DRILLS) --recall 0.7 --out $(DEMO_DATA)/sft/drills.jsonl
 	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.synth drills --world runs/demo/world --names --count 1500 \
 		--out $(DEMO_DATA)/sft/names.jsonl
 	$(DEMO_PHASE) data -- $(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) \
@@ -193,6 +196,51 @@ demo-seeds: install-runtime
 	done
 	$(BIN)/python -m osvl.demo seeds --run seed0=runs/demo/eval/sft.json,runs/demo/eval/grpo.json \
 		$(foreach seed,$(DEMO_SEEDS),seed$(seed)=runs/demo/eval/sft_seed$(seed).json,runs/demo/eval/grpo_seed$(seed).json)
+
+# The recall control and the 3-hop probe (docs/ablation.md), after make demo and make demo-seeds (the SFT and GRPO
+# policies of its seeds 0 and 1 are the recall-0.7 cells): SFT on the same data with the recall drills' share at 0
+# for each of CONTROL_SEEDS (side by side, one thread each) and the demo's GRPO from each; every cell evaluated
+# greedily with its per-prompt lookups, and the recall-0.7 policies on 96 held-out 3-hop questions. Each output
+# that exists is kept, so an interrupted run continues; about 20 minutes on 2 cores.
+CONTROL := runs/control
+CONTROL_SEEDS := 0 1
+study-control: install-runtime
+	$(DEMO_DONE)
+	@for seed in $(CONTROL_SEEDS); do test $$seed = 0 -o -d runs/tiny_grpo_seed$$seed/hf \
+		|| { echo "run make demo-seeds first (its seed $$seed)"; exit 2; }; done
+	mkdir -p $(CONTROL)/data $(CONTROL)/eval
+	test -f $(CONTROL)/data/with_drills_recall0.jsonl || { $(DEMO_DRILLS) --recall 0 --out $(CONTROL)/data/drills_recall0.jsonl \
+		&& cat $(DEMO_DATA)/sft/trajectories.jsonl $(CONTROL)/data/drills_recall0.jsonl $(DEMO_DATA)/sft/names.jsonl \
+		> $(CONTROL)/data/with_drills_recall0.jsonl.part && mv $(CONTROL)/data/with_drills_recall0.jsonl.part \
+		$(CONTROL)/data/with_drills_recall0.jsonl; }
+	test -f $(CONTROL)/data/hop3.jsonl || $(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) \
+		--held-out-prompts --anchors eval --count 96 --seed 3 --max-guess-rate 0.15 --hop-shares 0,0,1 \
+		--out $(CONTROL)/data/hop3.jsonl
+	pids=""; for seed in $(CONTROL_SEEDS); do test -d $(CONTROL)/sft_recall0_seed$$seed/hf && continue; \
+		$(DEMO_SFT_RUN) --set job.seed=$$seed --set job.run_dir=$(CONTROL)/sft_recall0_seed$$seed \
+			--set data.train_path=$(CONTROL)/data/with_drills_recall0.jsonl \
+			> $(CONTROL)/sft_recall0_seed$$seed.log 2>&1 & pids="$$pids $$!"; \
+	done; \
+	for pid in $$pids; do wait $$pid || { echo "an SFT seed failed: $(CONTROL)/sft_recall0_seed*.log"; exit 1; }; done
+	for seed in $(CONTROL_SEEDS); do \
+		test -d $(CONTROL)/grpo_recall0_seed$$seed/hf || $(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train \
+			--recipe tiny_grpo $(DEMO_GRPO) --set job.seed=$$seed --set model.pretrained=$(CONTROL)/sft_recall0_seed$$seed/hf \
+			--set job.run_dir=$(CONTROL)/grpo_recall0_seed$$seed || exit 1; \
+	done
+	for seed in $(CONTROL_SEEDS); do \
+		sft=$$(test $$seed = 0 && echo runs/tiny_sft || echo runs/tiny_sft_seed$$seed); \
+		grpo=$$(test $$seed = 0 && echo runs/tiny_grpo || echo runs/tiny_grpo_seed$$seed); \
+		for cell in "recall0_sft $(CONTROL)/sft_recall0_seed$$seed" "recall0_grpo $(CONTROL)/grpo_recall0_seed$$seed" \
+			"recall0.7_sft $$sft" "recall0.7_grpo $$grpo"; do set -- $$cell; \
+			test -f $(CONTROL)/eval/$$1_seed$$seed.json || $(DEMO_EVAL) --checkpoint $$2/hf \
+				--out $(CONTROL)/eval/$$1_seed$$seed.json || exit 1; \
+		done; \
+		for cell in "sft $$sft" "grpo $$grpo"; do set -- $$cell; \
+			test -f $(CONTROL)/eval/hop3_$$1_seed$$seed.json || $(call DEMO_EVAL_ON,$(CONTROL)/data/hop3.jsonl) \
+				--checkpoint $$2/hf --out $(CONTROL)/eval/hop3_$$1_seed$$seed.json || exit 1; \
+		done; \
+	done
+	$(BIN)/python -m osvl.study control --evals $(CONTROL)/eval --seeds $(CONTROL_SEEDS) --doc docs/ablation.md
 
 # The fatal-mode ablation (docs/ablation.md) from `make demo`'s checkpoint: GRPO in the four fatal modes x 3 seeds
 # x outage rates {0, 0.3}, and the other error-counting choices at 0.3, each evaluated greedily on the 64 held-out

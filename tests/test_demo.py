@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -13,7 +14,7 @@ from osvl.config import load_recipe
 from osvl.demo import main, phase_lines, seed_lines, summary_lines
 from osvl.rl.trajectory import FinishReason, Prompt, Step, Trajectory, read_jsonl, write_prompts
 from osvl.rollout import ReplayEngine
-from osvl.trainer.evaluation import chain_breaks, evaluate_policy
+from osvl.trainer.evaluation import chain_breaks, evaluate_policy, prompt_lookups
 from osvl.trainer.validation import answer_is_grounded
 from osvl.world.__main__ import main as world_main
 from osvl.world.build import load_world
@@ -81,6 +82,7 @@ def test_accuracy_counts_right_answers_and_faults_are_off(setup, tmp_path):
     assert {t.prompt.id: t.reward.acc for t in written} == result["per_prompt"] == {"q0": 1, "q1": 0, "q2": 1, "q3": 1}
     assert all(t.steps[0].tool_call.name == "text_search" and t.final_answer for t in written)
     assert result["chains"] == {"rollouts": 0, "complete": 0, "broken_at": {}}  # no question of the chain form
+    assert result["lookups"] == {}
     assert result["anchors"] == {"q0": "Wenmilun", "q1": "Wenmilun"} and result["hops"] == {"q0": 1, "q1": 2}
     with pytest.raises(ValueError, match="is a directory"):
         evaluate_policy(recipe, "init", engine_wrapper=answering(set()), rollouts=tmp_path)
@@ -161,6 +163,8 @@ def test_chain_breaks_count_where_each_rollout_stopped_following_its_evidence():
     ]
     assert chain_breaks(rollouts) == {"rollouts": 4, "complete": 1, "broken_at": {"1": 2, "2": 1}}
     assert chain_breaks([]) == {"rollouts": 0, "complete": 0, "broken_at": {}}
+    other = dataclasses.replace(rollouts[1], prompt=Prompt("y", question, answer="x"))
+    assert prompt_lookups([*rollouts, other]) == {"z": [[2, 2], [1, 2], [0, 2], [0, 2]], "y": [[1, 2]]}
 
 
 def test_a_grounded_answer_is_stated_word_for_word_by_an_observation():

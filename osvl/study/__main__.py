@@ -3,6 +3,8 @@
     python -m osvl.study plan [--quick]           the runs, in order
     python -m osvl.study run [--quick] [--jobs 2]  run (or resume) them, with a progress bar
     python -m osvl.study report [--doc FILE]      tables and plots from what has finished
+    python -m osvl.study control --evals DIR --seeds 0 1 [--doc FILE]
+                                                  the recall control and the 3-hop probe (make study-control)
 
 What a run is and how it resumes: :mod:`osvl.study.runs`; what the report holds: :mod:`osvl.study.report`.
 """
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from osvl.rl.advantages import MODES
+from osvl.study.control import write_control
 from osvl.study.report import write_report
 from osvl.study.runs import DONE, QUICK, StudyConfig, plan, run_dir, run_study
 
@@ -60,8 +63,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.choices["run"].add_argument("--threads", type=int, default=1, help="CPU threads per run")
     sub.choices["report"].add_argument("--doc", help="rewrite the generated block of this markdown file")
     sub.choices["report"].add_argument("--figures", help="where the plots go (default: OUT/figures)")
+    control = sub.add_parser("control", help="the recall control and the 3-hop probe from their evaluations")
+    control.add_argument("--evals", required=True, help="the evaluations' directory (osvl.study.control names)")
+    control.add_argument("--seeds", type=int, nargs="+", required=True, help="the SFT seeds evaluated")
+    control.add_argument("--doc", help="rewrite the control block of this markdown file")
     args = parser.parse_args(argv)
     try:
+        if args.command == "control":
+            print(write_control(args.evals, args.seeds, args.doc))
+            return 0
         study = _study(args)
         if args.command == "plan":
             for spec in plan(study):

@@ -436,14 +436,14 @@ def write_report(study: StudyConfig, doc: str | None = None, figures: str | None
         target.write_text(f"{block}\n\n**The mechanism, exactly** (`osvl.study.mechanism`).\n\n{mechanism}\n")
         return block
     path = Path(doc)
-    text = _fill(path.read_text() if path.is_file() else f"{BEGIN}\n{END}\n", (BEGIN, END), block, doc)
+    text = fill_block(path.read_text() if path.is_file() else f"{BEGIN}\n{END}\n", (BEGIN, END), block, doc)
     if MECHANISM[0] in text:
-        text = _fill(text, MECHANISM, mechanism, doc)
+        text = fill_block(text, MECHANISM, mechanism, doc)
     path.write_text(text)
     return block
 
 
-def _fill(text: str, markers: tuple[str, str], block: str, doc: str) -> str:
+def fill_block(text: str, markers: tuple[str, str], block: str, doc: str) -> str:
     """``text`` with what stands between the two markers replaced by ``block``."""
     begin, end = markers
     if begin not in text or end not in text or text.index(begin) > text.index(end):

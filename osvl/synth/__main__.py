@@ -158,8 +158,9 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         parser.error("--anchors splits the anchors of --held-out-prompts")
     if args.names and args.held_out_prompts:
         parser.error("--names writes SFT drills; it does not combine with --held-out-prompts")
+    if args.hop_shares is not None and args.names:
+        parser.error("--hop-shares shapes lookup drills and held-out prompts; it does not combine with --names")
     for flag, given in (
-        ("--hop-shares", args.hop_shares is not None),
         ("--tool-faults", bool(args.tool_faults)),
         ("--recall", bool(args.recall)),
     ):
@@ -186,6 +187,7 @@ def write_drills(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
                 args.search_top_k,
                 max_hops=max_hops,
                 max_guess_rate=args.max_guess_rate,
+                hop_shares=hop_shares,
             )
         else:
             drills = lookup_drills(

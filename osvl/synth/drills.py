@@ -349,10 +349,13 @@ def held_out_prompts(
     search_top_k: int = 1,
     max_hops: int = 2,
     max_guess_rate: float = 1.0,
+    hop_shares: Sequence[float] | None = None,
 ) -> list[Prompt]:
     """Short visual questions (1..``max_hops`` hops) about entities SFT drills leave out: RL
     prompts a policy trained from scratch can already answer sometimes, so GRPO gets a signal
-    that the curated 3-5 hop items do not give it. Each is checked the way a drill is."""
+    that the curated 3-5 hop items do not give it. Each is checked the way a drill is.
+    ``hop_shares`` as for :func:`lookup_drills` (e.g. ``(0, 0, 1)``: 3-hop questions only, a probe of a
+    chain longer than the training's)."""
     drills = lookup_drills(
         world,
         count,
@@ -362,5 +365,6 @@ def held_out_prompts(
         visual_fraction=1.0,
         anchors=anchors,
         max_guess_rate=max_guess_rate,
+        hop_shares=hop_shares,
     )
     return [drill.prompt for drill in drills]

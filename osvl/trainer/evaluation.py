@@ -88,6 +88,17 @@ def chain_breaks(trajectories: Sequence[Trajectory]) -> dict:
     }
 
 
+def prompt_lookups(trajectories: Sequence[Trajectory]) -> dict[str, list[list[int]]]:
+    """Each chain question's ``[issued, asked]`` lookups (:func:`osvl.rl.chain.chain_progress`), one pair per
+    rollout in the given order: whether a policy looked each value up, prompt by prompt, for paired comparisons
+    of the lookup rate."""
+    lookups: dict[str, list[list[int]]] = {}
+    for t in trajectories:
+        if (progress := chain_progress(t.prompt.question, t.steps)) is not None:
+            lookups.setdefault(t.prompt.id, []).append(list(progress))
+    return lookups
+
+
 def evaluate_policy(
     recipe: Recipe,
     checkpoint: str,
@@ -101,7 +112,9 @@ def evaluate_policy(
     weights, with each prompt's accuracy (``per_prompt``, for paired comparisons) and where chains broke
     (``chains``, :func:`chain_breaks`); with ``samples`` = n, the means are over all n x prompts rollouts,
     ``per_prompt`` holds each prompt's n accuracies and ``pass_at_k`` the unbiased pass@k for every k <= n.
-    ``anchors`` and ``hops`` map each prompt that carries them to its anchor entity and hop count.
+    ``anchors`` and ``hops`` map each prompt that carries them to its anchor entity and hop count; ``lookups``
+    each chain question to ``[issued, asked]`` lookups (:func:`osvl.rl.chain.chain_progress`; with ``samples``,
+    one pair per sample).
     ``rollouts``: a JSONL file (replaced) that receives every scored rollout, its images in ``images/``
     beside it, for reading what the policy did (:func:`osvl.rl.trajectory.read_jsonl`). ``faults``: with
     the recipe's injected tool faults (``tool_faults`` in the result says which rates struck)."""
@@ -117,6 +130,7 @@ def evaluate_policy(
     per_prompt: dict[str, list[float | None]] = {}
     for t in scored:
         per_prompt.setdefault(t.prompt.id, []).append(t.reward.acc if t.reward is not None else None)
+    lookups = prompt_lookups(scored)
     result = {
         "checkpoint": checkpoint,
         "prompts": len(per_prompt),
@@ -137,7 +151,8 @@ def evaluate_policy(
     if samples:
         result["temperature"], result["top_p"] = recipe.grpo.temperature, recipe.grpo.top_p
         result["pass_at_k"] = {str(k): pass_at_k(per_prompt.values(), k) for k in range(1, samples + 1)}
-        result["per_prompt"] = per_prompt
+        result["per_prompt"], result["lookups"] = per_prompt, lookups
     else:
         result["per_prompt"] = {prompt: accs[0] for prompt, accs in per_prompt.items()}
+        result["lookups"] = {prompt: pairs[0] for prompt, pairs in lookups.items()}
     return result

@@ -382,12 +382,24 @@ def test_cli_hop_shares_write_exact_hop_counts_and_refuse_bad_shares(world, cura
         (["--hop-shares", "0.5,x"], "comma-separated numbers"),
         (["--hop-shares", "0.6,0.6"], "summing to 1"),
         (["--hop-shares", "0.5,0.5", "--max-hops", "3"], "per hop count 1..3"),
-        (["--hop-shares", "1", "--held-out-prompts"], "does not combine"),
+        (["--hop-shares", "1", "--names"], "does not combine"),
     ):
         with pytest.raises(SystemExit):
             main([*argv, *extra, "--out", str(tmp_path / "bad.jsonl")])
         assert message in capsys.readouterr().err
     assert not (tmp_path / "bad.jsonl").exists()
+
+
+def test_cli_held_out_prompts_take_hop_shares_for_a_longer_chain_probe(world, curated, tmp_path):
+    out, _ = curated
+    target = tmp_path / "three_hop.jsonl"
+    argv = ["drills", "--world", str(world.root), "--data", str(out), "--held-out-prompts", "--count", "6"]
+    assert main([*argv, "--hop-shares", "0,0,1", "--out", str(target)]) == 0
+    hops = [json.loads(line)["hops"] for line in target.read_text().splitlines()]
+    assert hops == [3] * 6
+    mixed = tmp_path / "mixed.jsonl"
+    assert main([*argv, "--max-hops", "3", "--out", str(mixed)]) == 0
+    assert {json.loads(line)["hops"] for line in mixed.read_text().splitlines()} != {3}
 
 
 def _sound_steps(drill) -> list[tuple]:
