@@ -201,7 +201,8 @@ demo-seeds: install-runtime
 # policies of its seeds 0 and 1 are the recall-0.7 cells): SFT on the same data with the recall drills' share at 0
 # for each of CONTROL_SEEDS (side by side, one thread each) and the demo's GRPO from each; every cell evaluated
 # greedily with its per-prompt lookups, and the recall-0.7 policies on 96 held-out 3-hop questions. Each output
-# that exists is kept, so an interrupted run continues; about 20 minutes on 2 cores.
+# that exists is kept, so an interrupted run continues; about 20 minutes on 2 cores. The SFT files stay beside the
+# demo's (their images are shared, named by content).
 CONTROL := runs/control
 CONTROL_SEEDS := 0 1
 study-control: install-runtime
@@ -209,16 +210,16 @@ study-control: install-runtime
 	@for seed in $(CONTROL_SEEDS); do test $$seed = 0 -o -d runs/tiny_grpo_seed$$seed/hf \
 		|| { echo "run make demo-seeds first (its seed $$seed)"; exit 2; }; done
 	mkdir -p $(CONTROL)/data $(CONTROL)/eval
-	test -f $(CONTROL)/data/with_drills_recall0.jsonl || { $(DEMO_DRILLS) --recall 0 --out $(CONTROL)/data/drills_recall0.jsonl \
-		&& cat $(DEMO_DATA)/sft/trajectories.jsonl $(CONTROL)/data/drills_recall0.jsonl $(DEMO_DATA)/sft/names.jsonl \
-		> $(CONTROL)/data/with_drills_recall0.jsonl.part && mv $(CONTROL)/data/with_drills_recall0.jsonl.part \
-		$(CONTROL)/data/with_drills_recall0.jsonl; }
+	test -f $(DEMO_DATA)/sft/with_drills_recall0.jsonl || { $(DEMO_DRILLS) --recall 0 \
+		--out $(DEMO_DATA)/sft/drills_recall0.jsonl && cat $(DEMO_DATA)/sft/trajectories.jsonl \
+		$(DEMO_DATA)/sft/drills_recall0.jsonl $(DEMO_DATA)/sft/names.jsonl > $(DEMO_DATA)/sft/with_drills_recall0.part \
+		&& mv $(DEMO_DATA)/sft/with_drills_recall0.part $(DEMO_DATA)/sft/with_drills_recall0.jsonl; }
 	test -f $(CONTROL)/data/hop3.jsonl || $(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) \
 		--held-out-prompts --anchors eval --count 96 --seed 3 --max-guess-rate 0.15 --hop-shares 0,0,1 \
 		--out $(CONTROL)/data/hop3.jsonl
 	pids=""; for seed in $(CONTROL_SEEDS); do test -d $(CONTROL)/sft_recall0_seed$$seed/hf && continue; \
 		$(DEMO_SFT_RUN) --set job.seed=$$seed --set job.run_dir=$(CONTROL)/sft_recall0_seed$$seed \
-			--set data.train_path=$(CONTROL)/data/with_drills_recall0.jsonl \
+			--set data.train_path=$(DEMO_DATA)/sft/with_drills_recall0.jsonl \
 			> $(CONTROL)/sft_recall0_seed$$seed.log 2>&1 & pids="$$pids $$!"; \
 	done; \
 	for pid in $$pids; do wait $$pid || { echo "an SFT seed failed: $(CONTROL)/sft_recall0_seed*.log"; exit 1; }; done
