@@ -106,7 +106,11 @@ def control_markdown(directory: str | Path, seeds: Sequence[int]) -> str:
             )
     low, high = RECALLS
     compared = [
-        ((high, "grpo"), (low, "sft"), "the question: did GRPO add more than the recall drills withheld?"),
+        (
+            (high, "grpo"),
+            (low, "sft"),
+            "the question, GRPO from the recall policy against SFT that never learned the habit",
+        ),
         ((high, "grpo"), (high, "sft"), "what GRPO gave the recall policy"),
         ((low, "sft"), (high, "sft"), "what the recall drills withheld from SFT"),
         ((low, "grpo"), (low, "sft"), "what GRPO gave the policy without them"),
