@@ -124,6 +124,12 @@ DEMO_GRPO := --set grpo.group_size=8 --set grpo.batch_prompts=8 --set grpo.mini_
 DEMO_SUMMARY := $(BIN)/python -m osvl.demo summary --sft runs/tiny_sft --grpo runs/tiny_grpo --window 3 \
 	--prior runs/demo/eval/prior.json
 DEMO_SEEDS := 1 2
+# Waits for the background jobs whose ids are in $$pids, polling each second; when one fails, it stops the others
+# and fails with the message $(1) (POSIX sh has no `wait -n`; waiting on each in turn would let the others run on).
+WAIT_ALL = while [ -n "$$pids" ]; do left=""; for pid in $$pids; do \
+		if kill -0 $$pid 2>/dev/null; then left="$$left $$pid"; \
+		elif ! wait $$pid; then kill $$pids 2>/dev/null; echo "$(1) (the others stopped)"; exit 1; fi; \
+	done; pids=$$left; sleep 1; done
 # the demo's lookup drills, less their recall share (the habit of answering the last hop from memory)
 DEMO_DRILLS = $(BIN)/python -m osvl.synth drills --world runs/demo/world --data $(DEMO_DATA) --count 6000 \
 	--caption-links 0.5 --hop-shares 0.75,0.25 --tool-faults 0.01
@@ -186,7 +192,7 @@ demo-seeds: install-runtime
 		$(DEMO_SFT_RUN) --set job.seed=$$seed --set job.run_dir=runs/tiny_sft_seed$$seed \
 			> runs/tiny_sft_seed$$seed.log 2>&1 & pids="$$pids $$!"; \
 	done; \
-	for pid in $$pids; do wait $$pid || { echo "an SFT seed failed: runs/tiny_sft_seed*.log"; exit 1; }; done
+	$(call WAIT_ALL,an SFT seed failed: runs/tiny_sft_seed*.log)
 	for seed in $(DEMO_SEEDS); do \
 		$(DEMO_EVAL) --checkpoint runs/tiny_sft_seed$$seed/hf --out runs/demo/eval/sft_seed$$seed.json || exit 1; \
 		$(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train --recipe tiny_grpo $(DEMO_GRPO) \
@@ -222,7 +228,7 @@ study-control: install-runtime
 			--set data.train_path=$(DEMO_DATA)/sft/with_drills_recall0.jsonl \
 			> $(CONTROL)/sft_recall0_seed$$seed.log 2>&1 & pids="$$pids $$!"; \
 	done; \
-	for pid in $$pids; do wait $$pid || { echo "an SFT seed failed: $(CONTROL)/sft_recall0_seed*.log"; exit 1; }; done
+	$(call WAIT_ALL,an SFT seed failed: $(CONTROL)/sft_recall0_seed*.log)
 	for seed in $(CONTROL_SEEDS); do \
 		test -d $(CONTROL)/grpo_recall0_seed$$seed/hf || $(BIN)/torchrun --standalone --nproc_per_node 2 -m osvl.train \
 			--recipe tiny_grpo $(DEMO_GRPO) --set job.seed=$$seed --set model.pretrained=$(CONTROL)/sft_recall0_seed$$seed/hf \
