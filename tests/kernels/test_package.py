@@ -6,6 +6,7 @@ plugin modules, whose job is to import their host, reach for that host and nothi
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -83,6 +84,10 @@ print(json.dumps(result))
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # built from a copy: pip builds in the source tree (build/, *.egg-info), and two xdist workers building the
+    # same tree at once break each other's build
+    ignore = shutil.ignore_patterns("build", "*.egg-info")
+    source = shutil.copytree(ROOT / "kernels", tmp_path_factory.mktemp("source") / "kernels", ignore=ignore)
     build = [
         sys.executable,
         "-m",
@@ -93,9 +98,9 @@ def wheel(tmp_path_factory) -> Path:
         "-q",
         "-w",
         str(out),
-        "./kernels",
+        str(source),
     ]
-    subprocess.run(build, cwd=ROOT, check=True, capture_output=True, timeout=300)
+    subprocess.run(build, check=True, capture_output=True, timeout=300)
     (path,) = out.glob("osvl_kernels-0.1.0-*.whl")
     return path
 
