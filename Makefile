@@ -110,9 +110,9 @@ DEMO_EVAL := $(call DEMO_EVAL_ON,$(DEMO_DATA)/rl_short/eval.jsonl)
 # SFT in the demo: one process (for this 2-layer width-128 model FSDP's gloo collectives cost more than a second
 # rank gains: 0.107 s a step against 0.171 s on 2 ranks) on one thread (two step 1.47x faster on an idle 2-core
 # machine but 2.4x slower beside one busy process: OpenMP's threads spin waiting for the preempted one; and the draw
-# then does not move with the machine's core count), three epochs (over four seeds on the validation questions one epoch left
-# the policy at 0.09-0.24, two at 0.04-0.62, three at 0.42-0.57: docs/demo.md), at lr 3e-3 (at tiny_sft's 6e-3 two
-# draws sampled the right second hop in 0.14-0.16 of their samples, at 3e-3 in 0.31-0.40: choices GRPO can sharpen)
+# then does not move with the machine's core count), three epochs (over four seeds on the validation questions one
+# epoch left the policy at 0.09-0.24, two at 0.04-0.62, three at 0.42-0.57: docs/demo.md), at lr 3e-3 (at tiny_sft's 6e-3
+# two draws sampled the right second hop in 0.14-0.16 of their samples, at 3e-3 in 0.31-0.40: choices GRPO can sharpen)
 DEMO_SFT := --set model.preset=small --set sft.epochs=3 --set optimizer.lr=3e-3 --set metrics.tensorboard=false
 DEMO_SFT_RUN := env OMP_NUM_THREADS=1 $(BIN)/python -m osvl.train --recipe tiny_sft $(DEMO_SFT)
 # GRPO in the demo: groups of 8 (the paper's), 8 prompts a step in 2 PPO mini-batches, one batch of 32 rollouts a rank;

@@ -161,8 +161,8 @@ def test_chain_breaks_count_where_each_rollout_stopped_following_its_evidence():
         rollout(question, image, wrong),
         rollout("Which city is number 3?", founder),
     ]
-    assert chain_breaks(rollouts) == {"rollouts": 4, "complete": 1, "broken_at": {"1": 2, "2": 1}}
-    assert chain_breaks([]) == {"rollouts": 0, "complete": 0, "broken_at": {}}
+    assert chain_breaks(prompt_lookups(rollouts)) == {"rollouts": 4, "complete": 1, "broken_at": {"1": 2, "2": 1}}
+    assert chain_breaks(prompt_lookups([])) == {"rollouts": 0, "complete": 0, "broken_at": {}}
     other = dataclasses.replace(rollouts[1], prompt=Prompt("y", question, answer="x"))
     assert prompt_lookups([*rollouts, other]) == {"z": [[2, 2], [1, 2], [0, 2], [0, 2]], "y": [[1, 2]]}
 

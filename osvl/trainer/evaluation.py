@@ -73,21 +73,6 @@ def evaluation_rollouts(
     return sorted(scored, key=lambda t: (order[t.prompt.id], t.sample_index))
 
 
-def chain_breaks(trajectories: Sequence[Trajectory]) -> dict:
-    """Where the rollouts of chain questions stopped following their evidence
-    (:func:`osvl.rl.chain.chain_progress`): ``rollouts`` counts those rollouts, ``broken_at[i]`` those whose
-    i-th lookup (1-based) was never issued on the entity the evidence named, ``complete`` those that issued
-    every lookup."""
-    progress = [chain_progress(t.prompt.question, t.steps) for t in trajectories]
-    progress = [p for p in progress if p is not None]
-    broken = Counter(done + 1 for done, asked in progress if done < asked)
-    return {
-        "rollouts": len(progress),
-        "complete": sum(done == asked for done, asked in progress),
-        "broken_at": {str(lookup): count for lookup, count in sorted(broken.items())},
-    }
-
-
 def prompt_lookups(trajectories: Sequence[Trajectory]) -> dict[str, list[list[int]]]:
     """Each chain question's ``[issued, asked]`` lookups (:func:`osvl.rl.chain.chain_progress`), one pair per
     rollout in the given order: whether a policy looked each value up, prompt by prompt, for paired comparisons
@@ -97,6 +82,19 @@ def prompt_lookups(trajectories: Sequence[Trajectory]) -> dict[str, list[list[in
         if (progress := chain_progress(t.prompt.question, t.steps)) is not None:
             lookups.setdefault(t.prompt.id, []).append(list(progress))
     return lookups
+
+
+def chain_breaks(lookups: dict[str, list[list[int]]]) -> dict:
+    """Where the rollouts of chain questions stopped following their evidence, from :func:`prompt_lookups`:
+    ``rollouts`` counts those rollouts, ``broken_at[i]`` those whose i-th lookup (1-based) was never issued on
+    the entity the evidence named, ``complete`` those that issued every lookup."""
+    progress = [pair for pairs in lookups.values() for pair in pairs]
+    broken = Counter(done + 1 for done, asked in progress if done < asked)
+    return {
+        "rollouts": len(progress),
+        "complete": sum(done == asked for done, asked in progress),
+        "broken_at": {str(lookup): count for lookup, count in sorted(broken.items())},
+    }
 
 
 def evaluate_policy(
@@ -142,7 +140,7 @@ def evaluate_policy(
             "fault_rate": recipe.tools.fault_rate if faults else 0.0,
             "outage_rate": recipe.tools.outage_rate if faults else 0.0,
         },
-        "chains": chain_breaks(scored),
+        "chains": chain_breaks(lookups),
         "wall_s": time.perf_counter() - started,
     }
     prompts = {t.prompt.id: t.prompt for t in scored}
