@@ -249,15 +249,21 @@ study-control: install-runtime
 	done
 	$(BIN)/python -m osvl.study control --evals $(CONTROL)/eval --seeds $(CONTROL_SEEDS) --doc docs/ablation.md
 
-# The fatal-mode ablation (docs/ablation.md) from `make demo`'s checkpoint: GRPO in the four fatal modes x 3 seeds
-# x outage rates {0, 0.3}, and the other error-counting choices at 0.3, each evaluated greedily on the 64 held-out
-# prompts; two single-threaded runs at a time, resumable (run it again to continue). ablation-quick: its smoke form.
+# The fatal-mode ablation (docs/ablation.md) from `make demo`'s SFT checkpoint, with the demo's GRPO (groups of 8):
+# first the pilot, vanilla at outage 0 over the 3 seeds, and its power (the gain over SFT, which must clear zero, and
+# the smallest difference the study can detect: written to docs/ablation.md before any mode is compared); then the
+# four fatal modes x 3 seeds x outage rates {0, 0.3}, each evaluated greedily on the demo's 128 held-out questions,
+# and the report. Two single-threaded runs at a time, resumable (run it again to continue). ablation-quick: its
+# smoke form.
 ablation: install-runtime
+	$(BIN)/python -m osvl.study run --modes vanilla --rates 0
+	$(BIN)/python -m osvl.study power --doc docs/ablation.md
 	$(BIN)/python -m osvl.study run
 	$(BIN)/python -m osvl.study report --doc docs/ablation.md --figures docs/ablation
 
 ablation-quick: install-runtime
 	$(BIN)/python -m osvl.study run --quick
+	-$(BIN)/python -m osvl.study power --quick
 	$(BIN)/python -m osvl.study report --quick
 
 bench-cpu: install

@@ -86,20 +86,46 @@ def _resampled(table: Table, seed_draws: np.ndarray, prompt_draws: np.ndarray) -
     return _ratio(pick(numerator), None if denominator is None else pick(denominator))
 
 
+def _by_cluster(table: Table, clusters: Sequence[str]) -> Table:
+    """The table's prompt columns summed within each cluster, the denominator with them (a mean's denominator
+    is the prompt count), so that a ratio of sums over drawn clusters is the mean over their prompts."""
+    numerator, denominator = table
+    if len(clusters) != numerator.shape[1]:
+        raise ValueError(f"{len(clusters)} clusters for {numerator.shape[1]} prompts: name one cluster per prompt")
+    names, index = np.unique(np.asarray(clusters, dtype=str), return_inverse=True)
+    if len(names) < 2:
+        raise ValueError(f"a cluster bootstrap needs at least 2 clusters, got {len(names)}")
+    summed = lambda x: np.stack([np.bincount(index, weights=row, minlength=len(names)) for row in x])  # noqa: E731
+    return summed(numerator), summed(np.ones_like(numerator) if denominator is None else denominator)
+
+
 def bootstrap_interval(
-    table: Table, baseline: Table | None = None, *, resamples: int = 4000, confidence: float = 0.95, seed: int = 0
+    table: Table,
+    baseline: Table | None = None,
+    *,
+    clusters: Sequence[str] | None = None,
+    resamples: int = 4000,
+    confidence: float = 0.95,
+    seed: int = 0,
 ) -> Estimate:
     """A mean (or a ratio of sums) over a [seeds, prompts] table with its two-level percentile bootstrap
     interval: seeds and prompts are both drawn with replacement, so the interval covers the runs'
     randomness and the evaluation set's. With ``baseline`` (another table on the same prompts) the
     estimate is the difference, with one prompt draw shared by both (paired); seeds are paired too when
     both tables have the same number of them (seed k of each setting drew the same sampling and fault
-    streams: common random numbers), and drawn independently otherwise."""
+    streams: common random numbers), and drawn independently otherwise. With ``clusters`` (one name per
+    prompt column, e.g. the question's anchor entity) whole clusters are drawn instead of prompts: questions
+    about one entity share what the policy knows of it, and a draw by prompt makes the interval too narrow."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if resamples < 100:
         raise ValueError(f"resamples must be >= 100, got {resamples}")
     table = _check_table(table)
+    if baseline is not None:
+        baseline = _check_table(baseline, table[0].shape[1])
+    if clusters is not None:
+        table = _by_cluster(table, clusters)
+        baseline = None if baseline is None else _by_cluster(baseline, clusters)
     seeds, prompts = table[0].shape
     value = float(_ratio(*table))
     rng = np.random.default_rng(seed)
@@ -107,7 +133,6 @@ def bootstrap_interval(
     seed_draws = rng.integers(0, seeds, size=(resamples, seeds))
     samples = _resampled(table, seed_draws, prompt_draws)
     if baseline is not None:
-        baseline = _check_table(baseline, prompts)
         other = baseline[0].shape[0]
         if other != seeds:
             seed_draws = rng.integers(0, other, size=(resamples, other))

@@ -17,20 +17,22 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from osvl.eval.interval import Estimate, Table, bootstrap_interval
+from osvl.eval.interval import Estimate, bootstrap_interval
 from osvl.jsonl import iter_jsonl
 from osvl.rl.advantages import MODES, AdvantageConfig, compute_advantages
 from osvl.rl.stats import batch_stats
 from osvl.study.mechanism import ToyAgent, push_markdown, push_table
-from osvl.study.runs import DONE, ROWS, SFT_RUN, StudyConfig, plan, run_dir
+from osvl.study.power import Power, pilot_power, power_markdown, read_power, save_power
+from osvl.study.rows import ACCURACY, CALLS, GROUNDED, MAIN_CHOICE, TOOL_USE, Metric, StudyRows, load_rows
+from osvl.study.runs import DONE, SFT_RUN, StudyConfig, plan, run_dir
 
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
 MECHANISM = ("<!-- mechanism:begin -->", "<!-- mechanism:end -->")
+POWER = ("<!-- power:begin -->", "<!-- power:end -->")
 LABELS = {
     "vanilla": "+ Vanilla GRPO",
     "hard_mask": "+ GRPO w/ Hard Masking",
@@ -39,89 +41,8 @@ LABELS = {
 }
 PAPER_TABLE_3B = {"sft": 64.6, "vanilla": 67.6, "hard_mask": 67.7, "fatal_mask": 69.1, "fatal_clamp": 71.8}
 PAPER_FIGURE_5 = {"zeroed": 0.918, "preserved": 0.082, "mean_zeroed": -0.68, "mean_preserved": 0.57}
-MAIN_CHOICE = "all/keep"
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A per-prompt statistic: numerator over denominator (None: over all prompts)."""
-
-    name: str
-    numerator: str
-    denominator: str | None = None
-
-
-ACCURACY = Metric("accuracy", "correct")
-TOOL_USE = (
-    Metric("tool calls per answer", "answer_calls", "answered"),
-    Metric("answers without a tool", "no_tool_answer", "answered"),
-    Metric("grounded answers", "grounded", "answered"),
-    Metric("answered", "answered"),
-)
-
-
-def _value(row: dict, key: str) -> float:
-    if key == "answer_calls":  # tool calls made by rollouts that answered
-        return float(row["tool_calls"]) if row["answered"] else 0.0
-    value = row[key]
-    return 0.0 if value is None else float(value)
-
-
-@dataclass
-class StudyRows:
-    """Every finished run's evaluation rows, by setting ``(outage rate, choice, mode)`` and seed."""
-
-    prompts: list[str]
-    settings: dict[tuple[float, str, str], dict[int, dict[str, dict]]]
-    sft: dict[str, dict] | None
-    done: int
-    planned: int
-
-    def table(self, key: tuple[float, str, str] | None, metric: Metric) -> Table | None:
-        """[seeds, prompts] of the setting (None: the SFT checkpoint), or None when nothing finished."""
-        runs = [self.sft] if key is None else [self.settings[key][s] for s in sorted(self.settings.get(key, {}))]
-        runs = [r for r in runs if r is not None]
-        if not runs:
-            return None
-        numerator = np.array([[_value(r[p], metric.numerator) for p in self.prompts] for r in runs])
-        denominator = (
-            None
-            if metric.denominator is None
-            else np.array([[_value(r[p], metric.denominator) for p in self.prompts] for r in runs])
-        )
-        return numerator, denominator
-
-    def seeds(self, key: tuple[float, str, str]) -> int:
-        return len(self.settings.get(key, {}))
-
-    def cut_short(self) -> tuple[int, int]:
-        """(evaluation rollouts our infrastructure cut short, all of them): the former count as unanswered."""
-        runs = [r for by_seed in self.settings.values() for r in by_seed.values()] + ([self.sft] if self.sft else [])
-        finishes = [row.get("finish") for r in runs for row in r.values()]
-        return sum(f == "infra_error" for f in finishes), len(finishes)
-
-
-def _read_rows(path: Path) -> dict[str, dict]:
-    return {row["prompt"]: row for _, row in iter_jsonl(path)}
-
-
-def load_rows(study: StudyConfig) -> StudyRows:
-    specs = plan(study)
-    settings: dict[tuple[float, str, str], dict[int, dict[str, dict]]] = defaultdict(dict)
-    for spec in specs:
-        directory = run_dir(study, spec)
-        if (directory / DONE).is_file():
-            settings[(spec.outage_rate, spec.choice, spec.mode)][spec.seed] = _read_rows(directory / ROWS)
-    sft_dir = run_dir(study, SFT_RUN)
-    sft = _read_rows(sft_dir / ROWS) if (sft_dir / DONE).is_file() else None
-    finished = [rows for runs in settings.values() for rows in runs.values()] + ([sft] if sft else [])
-    if not finished:
-        raise ValueError(f"{study.out}: no finished run (run `python -m osvl.study run` first)")
-    prompts = sorted(finished[0])
-    for rows in finished:
-        if sorted(rows) != prompts:
-            raise ValueError(f"{study.out}: runs were evaluated on different prompts ({len(rows)} vs {len(prompts)})")
-    return StudyRows(prompts, dict(settings), sft, sum(len(r) for r in settings.values()), len(specs))
+# The paper's Table 3b ordering, pair by pair: (lower, higher, strict)
+ORDERINGS = (("vanilla", "hard_mask", False), ("hard_mask", "fatal_mask", True), ("fatal_mask", "fatal_clamp", True))
 
 
 def _fmt(estimate: Estimate | None, signed: bool = False, digits: int = 3) -> str:
@@ -137,9 +58,9 @@ def _estimate(rows: StudyRows, key, metric: Metric, baseline_key=None) -> Estima
     if table is None:
         return None
     if baseline_key is None:
-        return bootstrap_interval(table)
+        return bootstrap_interval(table, clusters=rows.clusters)
     baseline = rows.table(baseline_key, metric)
-    return None if baseline is None else bootstrap_interval(table, baseline)
+    return None if baseline is None else bootstrap_interval(table, baseline, clusters=rows.clusters)
 
 
 def table_3b(rows: StudyRows, rates: Sequence[float]) -> str:
@@ -157,6 +78,47 @@ def table_3b(rows: StudyRows, rates: Sequence[float]) -> str:
             cells.append(f"{_fmt(_estimate(rows, key, ACCURACY))} ({seeds} seeds) | {_fmt(delta, signed=True)}")
         lines.append(f"| {LABELS[mode]} | " + " | ".join(cells) + f" | {PAPER_TABLE_3B[mode]} |")
     return "\n".join(lines)
+
+
+def _verdict(delta: Estimate, strict: bool) -> str:
+    if delta.low > 0.0:
+        return "shown"
+    if delta.high < 0.0:
+        return "**reversed**"
+    return "undetermined" if strict else "not reversed (the interval holds zero)"
+
+
+def orderings_table(rows: StudyRows, rates: Sequence[float], power: Power | None) -> str:
+    """Each pairwise step of the paper's ordering (vanilla <= hard < fatal < clamp, and clamp against vanilla)
+    at each outage rate: the paired difference and whether the study shows it, reverses it or cannot tell,
+    next to the smallest difference it could detect (the pilot's, fixed before the runs)."""
+    resolution = "–" if power is None else f"{power.detectable:.3f}"
+    lines = [
+        "| outage | ordering (paper) | Δ accuracy, higher - lower | verdict | detectable at 80% power |",
+        "|---:|---|---:|---|---:|",
+    ]
+    for rate in rates:
+        pairs = [*ORDERINGS, ("vanilla", "fatal_clamp", True)]
+        for lower, higher, strict in pairs:
+            delta = _estimate(rows, (rate, MAIN_CHOICE, higher), ACCURACY, (rate, MAIN_CHOICE, lower))
+            if delta is None:
+                continue
+            sign = "<" if strict else "<="
+            verdict = _verdict(delta, strict) if math.isfinite(delta.low) else "–"
+            lines.append(
+                f"| {rate:g} | {lower} {sign} {higher} | {_fmt(delta, signed=True)} | {verdict} | {resolution} |"
+            )
+    return "\n".join(lines)
+
+
+def write_power(study: StudyConfig, doc: str | None = None) -> Power:
+    """The pilot's power (:mod:`osvl.study.power`), kept beside the runs and, with ``doc``, in its power block."""
+    power = pilot_power(load_rows(study), study)
+    save_power(power, study)
+    if doc is not None:
+        path = Path(doc)
+        path.write_text(fill_block(path.read_text(), POWER, power_markdown(power, study), doc))
+    return power
 
 
 def tool_use_table(
@@ -199,8 +161,8 @@ def choices_table(rows: StudyRows, study: StudyConfig, training: dict) -> str:
             cells = [
                 _fmt(_estimate(rows, key, ACCURACY)),
                 _fmt(delta, signed=True),
-                _fmt(_estimate(rows, key, TOOL_USE[0]), digits=2),
-                _fmt(_estimate(rows, key, TOOL_USE[2]), digits=2),
+                _fmt(_estimate(rows, key, CALLS), digits=2),
+                _fmt(_estimate(rows, key, GROUNDED), digits=2),
                 _share(t, "infra_hit", "rollouts"),
                 _share(t, "infra_kept", "infra_hit"),
                 _share(t, "fatal", "scored"),
@@ -400,36 +362,47 @@ def write_report(study: StudyConfig, doc: str | None = None, figures: str | None
     written = plot_curves(study, figures_dir)
     base = Path(doc).parent if doc else Path(study.out)
     links = " ".join(f"![{p.stem}]({_relative(p, base)})" for p in written)
-    block = "\n\n".join(
-        [
-            study_summary(study, rows)
-            + (
-                f" Tool calls in training rollouts: {int(calls)}, of which {int(timeouts)} "
-                "timed out (a timeout counts as the policy's error)."
-                if calls
-                else ""
-            ),
-            "**Held-out accuracy (greedy, no faults or outages), Table 3b layout.** Mean over seeds and prompts; "
-            "[95% two-level bootstrap interval over seeds and prompts]; Δ: against vanilla GRPO at the same outage "
-            "rate, paired by prompt and by seed (seed k of every setting draws the same sampling and outage streams). "
-            "The paper's column is its 3-benchmark average for Qwen3-VL-8B, for the layout only.",
-            table_3b(rows, study.rates),
-            "**Tool use on the held-out prompts.** Tool calls per answer: calls made by rollouts that answered, per "
-            "answer; answers without a tool: share of answers given with no tool call; grounded: share of answers "
-            "stated word for word by one of the rollout's observations; answered: share of prompts answered.",
-            tool_use_table(rows, study.rates),
+    intervals = "anchor entities" if len(set(rows.clusters)) < len(rows.prompts) else "prompts"
+    sections = [
+        study_summary(study, rows)
+        + (
+            f" Tool calls in training rollouts: {int(calls)}, of which {int(timeouts)} "
+            "timed out (a timeout counts as the policy's error)."
+            if calls
+            else ""
+        ),
+        "**Held-out accuracy (greedy, no faults or outages), Table 3b layout.** Mean over seeds and prompts; "
+        f"[95% two-level bootstrap interval over seeds and {intervals}]; Δ: against vanilla GRPO at the same outage "
+        "rate, paired by prompt and by seed (seed k of every setting draws the same sampling and outage streams). "
+        "The paper's column is its 3-benchmark average for Qwen3-VL-8B, for the layout only.",
+        table_3b(rows, study.rates),
+        "**The paper's ordering, step by step** (paired as above; shown: the interval clears zero in the paper's "
+        "direction; reversed: it clears zero the other way; undetermined: it holds zero, and a difference below "
+        "the pilot's detectable size would look like this).",
+        orderings_table(rows, study.rates, read_power(study)),
+        "**Tool use on the held-out prompts.** Tool calls per answer: calls made by rollouts that answered, per "
+        "answer; 2-hop questions with every lookup issued: share of the 2-hop chain questions whose rollout looked "
+        "up each relation on the entity its own evidence named (the habit GRPO teaches in the demo); answers "
+        "without a tool: share of answers given with no tool call; grounded: share of answers stated word for word "
+        "by one of the rollout's observations; answered: share of prompts answered.",
+        tool_use_table(rows, study.rates),
+    ]
+    if study.choices:
+        sections += [
             f"**Which errors count, at outage {study.choice_rate:g}.** Held-out accuracy and tool use, and what the "
             "training rollouts met (shares over all training steps and seeds).",
             choices_table(rows, study, training),
-            "**The one-sided clamp's bookkeeping** (every fatal training rollout of every finished run; the split is "
-            "computed in every mode, so the non-clamping modes show what the clamp would have done). z: the paper's "
-            "standardised group score, recomputed from the recorded rewards; RLOO: the score the runs trained with.",
-            clamp_table(training, study),
-            "**Training curves** (training rollouts, 16 a step, at temperature 0.7 and under the run's outages; "
-            "mean over seeds, band: min to max over seeds).",
-            links,
         ]
-    )
+    sections += [
+        "**The one-sided clamp's bookkeeping** (every fatal training rollout of every finished run; the split is "
+        "computed in every mode, so the non-clamping modes show what the clamp would have done). z: the paper's "
+        "standardised group score, recomputed from the recorded rewards; RLOO: the score the runs trained with.",
+        clamp_table(training, study),
+        f"**Training curves** (training rollouts, {study.group_size * study.batch_prompts} a step, at temperature "
+        "0.7 and under the run's outages; mean over seeds, band: min to max over seeds).",
+        links,
+    ]
+    block = "\n\n".join(sections)
     mechanism = push_markdown(push_table(ToyAgent()), ToyAgent())
     if doc is None:
         target = Path(study.out) / "report.md"

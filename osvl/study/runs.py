@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from osvl.lifetime import die_with_parent
 from osvl.rl.advantages import MODES
 from osvl.rl.trajectory import Trajectory
 
@@ -73,27 +74,30 @@ class StudyConfig:
     prompts: str = "runs/demo/data/rl_short/prompts.jsonl"
     eval_prompts: str = "runs/demo/data/rl_short/eval.jsonl"
     recipe: str = "tiny_grpo"
-    # From the pilot (docs/ablation.md): at tiny_grpo's lr 1e-4, 36 vanilla steps changed the greedy outcome of
-    # 16% of the held-out prompts; at 3e-4, 24 steps changed 39% (and 90% of the rollouts token for token)
-    # with every prompt still answered well-formed; at 1e-3 all changed and tool calls fell. 48 steps at 3e-4
-    # (four passes over the 48 training prompts) is what 90 minutes of 2 idle cores hold for 36 runs.
-    steps: int = 48
+    # GRPO as `make demo` runs it, the policy that learns (docs/demo.md): its model size, groups of 8 (the
+    # paper's), 8 prompts a step in 2 PPO mini-batches, lr 3e-4. Steps: the pilot's choice, on vanilla at
+    # outage 0 alone (docs/ablation.md): the demo's 16, where its held-out gain over SFT cleared zero.
+    preset: str = "small"
+    group_size: int = 8
+    batch_prompts: int = 8
+    mini_batch_prompts: int = 4
+    steps: int = 16
     lr: float = 3e-4
     seeds: tuple[int, ...] = (0, 1, 2)
     modes: tuple[str, ...] = MODES
     rates: tuple[float, ...] = (0.0, 0.3)
     choice_rate: float = 0.3  # where the other error-counting choices run
-    choices: tuple[tuple[str, str], ...] = (("policy", "drop"), ("policy", "keep"))
+    choices: tuple[tuple[str, str], ...] = ()  # e.g. (("policy", "drop"), ("policy", "keep")): `--choices`
     choice_modes: tuple[str, ...] = ("vanilla", "fatal_clamp")
     eval_limit: int = 0  # held-out prompts evaluated (0 = all)
     checkpoint_every: int = 4
     overrides: tuple[str, ...] = ()  # extra KEY=VALUE for every run (tests: tiny sizes)
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or not self.seeds or not self.rates or not self.lr > 0:
+        if self.steps < 1 or not self.seeds or not self.rates or not self.lr > 0 or self.group_size < 2:
             raise ValueError(
-                f"the study needs steps >= 1, seeds, rates and lr > 0, got {self.steps}, {self.seeds}, "
-                f"{self.rates}, {self.lr}"
+                f"the study needs steps >= 1, seeds, rates, lr > 0 and groups of >= 2, got {self.steps}, "
+                f"{self.seeds}, {self.rates}, {self.lr}, {self.group_size}"
             )
         unknown = [m for m in (*self.modes, *self.choice_modes) if m not in MODES]
         if unknown:
@@ -105,7 +109,14 @@ class StudyConfig:
                 )
 
 
-QUICK = StudyConfig(out="runs/ablation_quick", steps=2, seeds=(0, 1), eval_limit=8, choice_modes=("fatal_clamp",))
+QUICK = StudyConfig(
+    out="runs/ablation_quick",
+    steps=2,
+    seeds=(0, 1),
+    eval_limit=8,
+    choices=(("policy", "drop"), ("policy", "keep")),
+    choice_modes=("fatal_clamp",),
+)
 
 
 def plan(study: StudyConfig) -> list[RunSpec]:
@@ -139,6 +150,10 @@ def check_inputs(study: StudyConfig) -> None:
 
 def grpo_overrides(study: StudyConfig, spec: RunSpec) -> list[str]:
     return [
+        f"model.preset={study.preset}",
+        f"grpo.group_size={study.group_size}",
+        f"grpo.batch_prompts={study.batch_prompts}",
+        f"grpo.mini_batch_prompts={study.mini_batch_prompts}",
         f"model.pretrained={study.sft}",
         f"data.tokenizer={study.tokenizer}",
         f"data.train_path={study.prompts}",
@@ -157,7 +172,7 @@ def grpo_overrides(study: StudyConfig, spec: RunSpec) -> list[str]:
         "checkpoint.keep_last=1",
         "metrics.tensorboard=false",
         "metrics.console=false",
-        "rollout.max_in_flight=16",
+        f"rollout.max_in_flight={study.group_size * study.batch_prompts}",
         f"rollout.trajectory_deadline_s={TRAJECTORY_DEADLINE_S}",
         *study.overrides,
     ]
@@ -165,18 +180,21 @@ def grpo_overrides(study: StudyConfig, spec: RunSpec) -> list[str]:
 
 def eval_overrides(study: StudyConfig) -> list[str]:
     return [
+        f"model.preset={study.preset}",
         f"data.tokenizer={study.tokenizer}",
         f"data.train_path={study.eval_prompts}",
         f"tools.world_dir={study.world}",
         "tools.workers=1",
-        "rollout.max_in_flight=32",
+        "rollout.max_in_flight=64",
         f"rollout.trajectory_deadline_s={TRAJECTORY_DEADLINE_S}",
         *study.overrides,
     ]
 
 
 def prompt_row(trajectory: Trajectory) -> dict[str, Any]:
-    """What the report needs of one greedy evaluation rollout."""
+    """What the report needs of one greedy evaluation rollout. ``lookups``: a chain question's ``[issued,
+    asked]`` relation lookups (:func:`osvl.rl.chain.chain_progress`), None for other questions."""
+    from osvl.rl.chain import chain_progress
     from osvl.trainer.validation import answer_is_grounded
 
     calls = sum(step.tool_result is not None for step in trajectory.steps)
@@ -184,8 +202,11 @@ def prompt_row(trajectory: Trajectory) -> dict[str, Any]:
     reward = trajectory.reward
     statuses = Counter(step.tool_result.status.value for step in trajectory.steps if step.tool_result is not None)
     generated = json.dumps([step.token_ids for step in trajectory.steps]).encode()
+    lookups = chain_progress(trajectory.prompt.question, trajectory.steps)
     return {
         "prompt": trajectory.prompt.id,
+        "anchor": trajectory.prompt.anchor,
+        "hops": trajectory.prompt.hops,
         "correct": reward.acc if reward is not None and reward.scored else None,
         "answer": trajectory.final_answer,
         "rollout": hashlib.blake2b(generated, digest_size=8).hexdigest(),
@@ -197,6 +218,7 @@ def prompt_row(trajectory: Trajectory) -> dict[str, Any]:
         "turns": len(trajectory.steps),
         "finish": trajectory.finish_reason.value,
         "statuses": dict(statuses),
+        "lookups": None if lookups is None else list(lookups),
     }
 
 
@@ -260,7 +282,10 @@ def run_one(study: StudyConfig, spec: RunSpec | None, threads: int = 1, engine_w
 
 
 def _child(study: StudyConfig, spec: RunSpec | None, threads: int, engine_wrapper: Callable | None, log: str) -> None:
-    """A run's process: its output (and its tool workers') goes to the run's log."""
+    """A run's process: its output (and its tool workers') goes to the run's log. It dies with the study's
+    process however that ends (a study killed with SIGTERM or SIGKILL left its runs training on as orphans,
+    which then raced the resumed study's runs for the same checkpoints)."""
+    die_with_parent()
     os.environ["OMP_NUM_THREADS"] = str(threads)
     handle = open(log, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
     os.dup2(handle.fileno(), 1)

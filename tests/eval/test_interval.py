@@ -243,3 +243,40 @@ def test_clustered_difference_refuses_what_it_cannot_resample():
     unscored = {p: None for p in after}
     with pytest.raises(ValueError, match="no prompt is scored"):
         clustered_paired_difference(unscored, before, anchors)
+
+
+def test_bootstrap_by_cluster_keeps_the_mean_and_widens_when_anchors_carry_the_outcome():
+    after, before, anchors = _clustered_gain(clusters=16, per_cluster=8, gaining=3)
+    prompts = sorted(after)
+    table = lambda values: (np.array([[values[p] for p in prompts]]), None)  # noqa: E731
+    clusters = [anchors[p] for p in prompts]
+    by_prompt = bootstrap_interval(table(after), table(before))
+    by_anchor = bootstrap_interval(table(after), table(before), clusters=clusters)
+    assert by_anchor.value == pytest.approx(by_prompt.value)
+    assert by_anchor.high - by_anchor.low > 1.5 * (by_prompt.high - by_prompt.low)
+    # the same draws as the paired cluster bootstrap of single runs
+    reference = clustered_paired_difference(after, before, anchors)
+    assert by_anchor.low == pytest.approx(reference.low, abs=0.02)
+    assert by_anchor.high == pytest.approx(reference.high, abs=0.02)
+
+
+def test_bootstrap_by_cluster_keeps_ratios_of_sums_and_singleton_clusters_match_prompts():
+    rng = np.random.default_rng(3)
+    numerator = rng.integers(0, 5, size=(3, 60)).astype(float)
+    denominator = rng.integers(1, 3, size=(3, 60)).astype(float)
+    clusters = [f"c{i % 12}" for i in range(60)]
+    clustered = bootstrap_interval((numerator, denominator), clusters=clusters)
+    assert clustered.value == pytest.approx(numerator.sum() / denominator.sum())
+    singletons = bootstrap_interval((numerator, None), clusters=[str(i) for i in range(60)])
+    plain = bootstrap_interval((numerator, None))
+    assert singletons.value == pytest.approx(plain.value)
+    assert singletons.low == pytest.approx(plain.low, abs=0.05)
+    assert singletons.high == pytest.approx(plain.high, abs=0.05)
+
+
+def test_bootstrap_by_cluster_refuses_a_wrong_cluster_list():
+    table = (np.ones((2, 4)), None)
+    with pytest.raises(ValueError, match="3 clusters for 4 prompts"):
+        bootstrap_interval(table, clusters=["a", "b", "c"])
+    with pytest.raises(ValueError, match="at least 2 clusters"):
+        bootstrap_interval(table, clusters=["a"] * 4)

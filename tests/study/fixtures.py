@@ -66,6 +66,7 @@ def study_inputs(root: Path, world: Path) -> dict[str, str]:
 
 
 TINY = (
+    "model.preset=tiny",
     "grpo.max_response_tokens=48",
     "grpo.max_prompt_tokens=512",
     "rollout.max_turns=5",

@@ -4,18 +4,26 @@ well formed, and a second call resumes instead of rerunning. It asserts that the
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
+import multiprocessing
 import re
+import signal
 from dataclasses import replace
 
 import pytest
 
 from osvl.rl.advantages import MODES
+from osvl.rl.trajectory import FinishReason, Prompt, Trajectory
+from osvl.study import runs
 from osvl.study.__main__ import main
-from osvl.study.report import BEGIN, END, MECHANISM, load_rows, write_report
-from osvl.study.runs import DONE, QUICK, ROWS, SFT_RUN, RunSpec, StudyConfig, plan, run_dir, run_study
+from osvl.study.power import read_power
+from osvl.study.report import BEGIN, END, MECHANISM, POWER, write_report
+from osvl.study.rows import load_rows
+from osvl.study.runs import DONE, QUICK, ROWS, SFT_RUN, RunSpec, StudyConfig, plan, prompt_row, run_dir, run_study
 from osvl.world.__main__ import main as world_main
+from tests.rl.helpers import tool_step
 from tests.study.fixtures import TINY, searcher, study_inputs
 
 pytestmark = pytest.mark.slow
@@ -44,8 +52,9 @@ def test_the_plan_covers_modes_seeds_rates_and_error_choices():
     }
     assert {s.mode for s in specs if s.choice == "all/keep"} == set(MODES)
     assert [s.seed for s in specs] == sorted(s.seed for s in specs)  # seed-major: a half study has every setting
-    full = plan(StudyConfig())
-    assert len(full) == 3 * (4 * 2 + 2 * 2) and {s.seed for s in full} == {0, 1, 2}
+    full = plan(StudyConfig())  # the four modes x both outage rates under all/keep; other choices on request
+    assert len(full) == 3 * 4 * 2 and {s.seed for s in full} == {0, 1, 2}
+    assert {s.choice for s in full} == {"all/keep"} and StudyConfig().group_size >= 8
 
 
 def test_every_run_trains_and_is_evaluated(quick):
@@ -87,7 +96,7 @@ def test_the_report_is_well_formed(quick, tmp_path):
     block = write_report(study, doc=str(doc), figures=str(tmp_path / "figures"))
     text = doc.read_text()
     assert text.startswith("# reading") and text.endswith("after\n") and block in text
-    assert "old" not in text and "stale" not in text and "middle" in text
+    assert "\nold\n" not in text and "stale" not in text and "middle" in text
     assert "| fatal_clamp |" in text.split(MECHANISM[0])[1]  # the toy's exact table, refreshed
     table = ("| Method | accuracy" + block.split("| Method | accuracy")[1].split("\n\n")[0]).splitlines()
     for label in (
@@ -142,3 +151,47 @@ def test_missing_inputs_and_bad_settings_are_named(tmp_path, capsys):
     assert main(["plan", "--quick", "--out", str(tmp_path / "s"), "--seeds", "0"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == 10 and all(line.endswith("to run") for line in listed)
+
+
+def test_a_prompt_row_keeps_the_anchor_hops_and_lookups_of_a_chain_question():
+    question = "What is the occupation of the founder of the zoo shown in the image?"
+    match = "[Match 1] Jorzel Zoo (page: Jorzel_Zoo; near_duplicate, score 1)\nCaption: Jorzel Zoo, a zoo"
+    passage = "[Passage 1] Jorzel Zoo\nURL: world://Jorzel_Zoo\nSummary: The founder of Jorzel Zoo is Jorlo Talcor."
+    image = tool_step("ok", name="image_search", arguments={"image": 0, "top_k": 1}, observation=match)
+    founder = tool_step("ok", arguments={"query": "Jorzel Zoo founder"}, observation=passage)
+    prompt = Prompt("z", question, answer="x", anchor="Jorzel_Zoo", hops=2)
+    stopped = prompt_row(Trajectory(prompt, [image, founder], FinishReason.RESPONSE, 0, 0))
+    assert (stopped["anchor"], stopped["hops"], stopped["lookups"]) == ("Jorzel_Zoo", 2, [1, 2])
+    city = Prompt("y", "Which city is number 3?", answer="x")
+    other = prompt_row(Trajectory(city, [founder], FinishReason.RESPONSE, 0, 0))
+    assert other["lookups"] is None and other["anchor"] == "" and other["tool_calls"] == 1
+
+
+def test_power_from_the_quick_pilot_names_its_verdict(quick, tmp_path, capsys):
+    study, _, _ = quick
+    doc = tmp_path / "ablation.md"
+    doc.write_text(f"intro\n{POWER[0]}\nold\n{POWER[1]}\nafter\n")
+    code = main(["power", "--quick", "--out", study.out, "--doc", str(doc)])
+    printed = capsys.readouterr().out
+    power = read_power(study)
+    assert power is not None and power.seeds == [0, 1] and power.steps == 2
+    assert code == (0 if power.gains else 1) and "detectable at 80% power" in printed
+    text = doc.read_text()
+    assert "\nold\n" not in text and text.startswith("intro") and text.endswith("after\n")
+    assert f"**{power.detectable:.3f}**" in text
+
+
+def test_a_run_process_dies_with_the_study(tmp_path, monkeypatch):
+    """Its parent-death signal is armed before the run starts (what that signal does: tests/test_lifetime.py)."""
+
+    def report_parent_death_signal(*_):
+        value = ctypes.c_int()
+        ctypes.CDLL(None).prctl(2, ctypes.byref(value), 0, 0, 0)  # PR_GET_PDEATHSIG
+        print(f"parent-death signal {value.value}")
+
+    monkeypatch.setattr(runs, "run_one", report_parent_death_signal)
+    log = tmp_path / "log.txt"
+    process = multiprocessing.get_context("fork").Process(target=runs._child, args=(QUICK, None, 1, None, str(log)))
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0 and log.read_text() == f"parent-death signal {int(signal.SIGKILL)}\n"
