@@ -27,7 +27,7 @@ from osvl.rl.advantages import MODES, AdvantageConfig, compute_advantages
 from osvl.rl.stats import batch_stats
 from osvl.study.mechanism import ToyAgent, push_markdown, push_table
 from osvl.study.power import Power, pilot_power, power_markdown, read_power, save_power
-from osvl.study.rows import ACCURACY, CALLS, GROUNDED, MAIN_CHOICE, TOOL_USE, Metric, StudyRows, load_rows
+from osvl.study.rows import ACCURACY, CALLS, GROUNDED, LOOKUPS, MAIN_CHOICE, TOOL_USE, Metric, StudyRows, load_rows
 from osvl.study.runs import DONE, SFT_RUN, StudyConfig, plan, run_dir
 
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
@@ -108,6 +108,29 @@ def orderings_table(rows: StudyRows, rates: Sequence[float], power: Power | None
             lines.append(
                 f"| {rate:g} | {lower} {sign} {higher} | {_fmt(delta, signed=True)} | {verdict} | {resolution} |"
             )
+    return "\n".join(lines)
+
+
+def mechanism_check_table(rows: StudyRows, rates: Sequence[float], training: dict) -> str:
+    """Tool use against vanilla at the same outage rate, paired, next to the mechanism's prediction (the toy's
+    exact expected push: without fatal rollouts the modes are one algorithm; with counted outages vanilla pushes
+    tool use least, fatal masking a little more, hard masking and the clamp most)."""
+    lines = [
+        f"| outage | mode | Δ {CALLS.name} | Δ {LOOKUPS.name} | fatal training rollouts, vanilla / mode | "
+        "the mechanism predicts |",
+        "|---:|---|---:|---:|---:|---|",
+    ]
+    fatal = {key: int(sums.get("fatal", 0)) for key, sums in training.items()}
+    for rate in rates:
+        base = (rate, MAIN_CHOICE, "vanilla")
+        for mode in MODES[1:]:
+            key = (rate, MAIN_CHOICE, mode)
+            if not rows.seeds(key) or not rows.seeds(base):
+                continue
+            counts = f"{fatal.get(base, 0)} / {fatal.get(key, 0)}"
+            predicted = "above vanilla" if fatal.get(base, 0) or fatal.get(key, 0) else "equal (nothing fatal)"
+            deltas = [_fmt(_estimate(rows, key, metric, base), signed=True, digits=2) for metric in (CALLS, LOOKUPS)]
+            lines.append(f"| {rate:g} | {mode} | {deltas[0]} | {deltas[1]} | {counts} | {predicted} |")
     return "\n".join(lines)
 
 
@@ -386,6 +409,9 @@ def write_report(study: StudyConfig, doc: str | None = None, figures: str | None
         "without a tool: share of answers given with no tool call; grounded: share of answers stated word for word "
         "by one of the rollout's observations; answered: share of prompts answered.",
         tool_use_table(rows, study.rates),
+        "**Tool use against the mechanism's prediction** (each mode minus vanilla at the same outage rate, paired "
+        "as above; the prediction is the sign of the exact expected push on tool use in the toy above).",
+        mechanism_check_table(rows, study.rates, training),
     ]
     if study.choices:
         sections += [

@@ -115,6 +115,9 @@ def test_the_report_is_well_formed(quick, tmp_path):
     accuracies = [float(v) for v in re.findall(rf"\| ({NUMBER}) \[{NUMBER}, {NUMBER}\] \(2 seeds\)", block)]
     assert len(accuracies) == 8 and all(0.0 <= a <= 1.0 for a in accuracies)
     assert "21 of 20" not in block and "20 of 20 GRPO runs finished" in block
+    check = block.split("**Tool use against the mechanism's prediction**")[1].split("\n\n")[1].splitlines()
+    assert len(check) == 2 + 2 * 3  # header, rule, and each mode but vanilla at both outage rates
+    assert all(line.endswith(("| above vanilla |", "| equal (nothing fatal) |")) for line in check[2:])
     for name in ("accuracy", "tool_calls_mean", "fatal_rate"):
         assert (tmp_path / "figures" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = load_rows(study)
