@@ -19,7 +19,7 @@ from osvl.trainer.validation import answer_is_grounded
 from osvl.world.__main__ import main as world_main
 from osvl.world.build import load_world
 from tests.fresh_imports import fresh_imports
-from tests.rl.helpers import tool_step
+from tests.rl.helpers import ZOO_QUESTION, tool_step, zoo_chain_steps
 from tests.trainer.fixtures import write_sft_data
 from tests.trainer.test_report import fake_run
 
@@ -143,11 +143,8 @@ def test_sampled_evaluation_keeps_every_sample_and_reports_pass_at_k(setup):
 
 
 def test_chain_breaks_count_where_each_rollout_stopped_following_its_evidence():
-    question = "What is the occupation of the founder of the zoo shown in the image?"
-    match = "[Match 1] Jorzel Zoo (page: Jorzel_Zoo; near_duplicate, score 1)\nCaption: Jorzel Zoo, a zoo"
-    passage = "[Passage 1] Jorzel Zoo\nURL: world://Jorzel_Zoo\nSummary: The founder of Jorzel Zoo is Jorlo Talcor."
-    image = tool_step("ok", name="image_search", arguments={"image": 0, "top_k": 1}, observation=match)
-    founder = tool_step("ok", arguments={"query": "Jorzel Zoo founder"}, observation=passage)
+    question = ZOO_QUESTION
+    image, founder = zoo_chain_steps()
     occupation = tool_step("ok", arguments={"query": "Jorlo Talcor occupation"}, observation="Its occupation is x.")
     wrong = tool_step("ok", arguments={"query": "Jorlo Talcor founder"}, observation="Jorlo Talcor is a person.")
 

@@ -23,7 +23,7 @@ from dataclasses import replace
 from osvl.rl.advantages import MODES
 from osvl.study.control import write_control
 from osvl.study.report import write_power, write_report
-from osvl.study.runs import DONE, QUICK, StudyConfig, plan, run_dir, run_study
+from osvl.study.runs import DONE, OTHER_CHOICES, QUICK, StudyConfig, plan, run_dir, run_study
 
 
 def _study(args: argparse.Namespace) -> StudyConfig:
@@ -40,7 +40,7 @@ def _study(args: argparse.Namespace) -> StudyConfig:
         if getattr(args, key) is not None:
             given[key] = tuple(getattr(args, key))
     if args.choices:
-        given["choices"] = (("policy", "drop"), ("policy", "keep"))
+        given["choices"] = OTHER_CHOICES
     if args.no_choices:
         given["choices"] = ()
     if args.set:

@@ -41,8 +41,13 @@ LABELS = {
 }
 PAPER_TABLE_3B = {"sft": 64.6, "vanilla": 67.6, "hard_mask": 67.7, "fatal_mask": 69.1, "fatal_clamp": 71.8}
 PAPER_FIGURE_5 = {"zeroed": 0.918, "preserved": 0.082, "mean_zeroed": -0.68, "mean_preserved": 0.57}
-# The paper's Table 3b ordering, pair by pair: (lower, higher, strict)
-ORDERINGS = (("vanilla", "hard_mask", False), ("hard_mask", "fatal_mask", True), ("fatal_mask", "fatal_clamp", True))
+# The paper's Table 3b ordering, pair by pair, and its end to end: (lower, higher, strict)
+ORDERINGS = (
+    ("vanilla", "hard_mask", False),
+    ("hard_mask", "fatal_mask", True),
+    ("fatal_mask", "fatal_clamp", True),
+    ("vanilla", "fatal_clamp", True),
+)
 
 
 def _fmt(estimate: Estimate | None, signed: bool = False, digits: int = 3) -> str:
@@ -98,8 +103,7 @@ def orderings_table(rows: StudyRows, rates: Sequence[float], power: Power | None
         "|---:|---|---:|---|---:|",
     ]
     for rate in rates:
-        pairs = [*ORDERINGS, ("vanilla", "fatal_clamp", True)]
-        for lower, higher, strict in pairs:
+        for lower, higher, strict in ORDERINGS:
             delta = _estimate(rows, (rate, MAIN_CHOICE, higher), ACCURACY, (rate, MAIN_CHOICE, lower))
             if delta is None:
                 continue

@@ -87,7 +87,7 @@ class StudyConfig:
     modes: tuple[str, ...] = MODES
     rates: tuple[float, ...] = (0.0, 0.3)
     choice_rate: float = 0.3  # where the other error-counting choices run
-    choices: tuple[tuple[str, str], ...] = ()  # e.g. (("policy", "drop"), ("policy", "keep")): `--choices`
+    choices: tuple[tuple[str, str], ...] = ()  # OTHER_CHOICES with `--choices`
     choice_modes: tuple[str, ...] = ("vanilla", "fatal_clamp")
     eval_limit: int = 0  # held-out prompts evaluated (0 = all)
     checkpoint_every: int = 4
@@ -109,12 +109,14 @@ class StudyConfig:
                 )
 
 
+# the error-counting choices besides the paper's all/keep that the study can add at its choice rate
+OTHER_CHOICES = (("policy", "drop"), ("policy", "keep"))
 QUICK = StudyConfig(
     out="runs/ablation_quick",
     steps=2,
     seeds=(0, 1),
     eval_limit=8,
-    choices=(("policy", "drop"), ("policy", "keep")),
+    choices=OTHER_CHOICES,
     choice_modes=("fatal_clamp",),
 )
 

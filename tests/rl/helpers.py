@@ -74,3 +74,16 @@ def trajectory(
 
 def rgb(height: int, width: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+
+
+ZOO_QUESTION = "What is the occupation of the founder of the zoo shown in the image?"
+
+
+def zoo_chain_steps() -> tuple[Step, Step]:
+    """The first two lookups of :data:`ZOO_QUESTION`'s 2-hop chain, each on the entity its evidence names: the
+    image search's top match (Jorzel Zoo), then its founder (whose passage names Jorlo Talcor)."""
+    match = "[Match 1] Jorzel Zoo (page: Jorzel_Zoo; near_duplicate, score 1)\nCaption: Jorzel Zoo, a zoo"
+    passage = "[Passage 1] Jorzel Zoo\nURL: world://Jorzel_Zoo\nSummary: The founder of Jorzel Zoo is Jorlo Talcor."
+    image = tool_step("ok", name="image_search", arguments={"image": 0, "top_k": 1}, observation=match)
+    founder = tool_step("ok", arguments={"query": "Jorzel Zoo founder"}, observation=passage)
+    return image, founder

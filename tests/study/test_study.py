@@ -23,7 +23,7 @@ from osvl.study.report import BEGIN, END, MECHANISM, POWER, write_report
 from osvl.study.rows import load_rows
 from osvl.study.runs import DONE, QUICK, ROWS, SFT_RUN, RunSpec, StudyConfig, plan, prompt_row, run_dir, run_study
 from osvl.world.__main__ import main as world_main
-from tests.rl.helpers import tool_step
+from tests.rl.helpers import ZOO_QUESTION, zoo_chain_steps
 from tests.study.fixtures import TINY, searcher, study_inputs
 
 pytestmark = pytest.mark.slow
@@ -157,12 +157,8 @@ def test_missing_inputs_and_bad_settings_are_named(tmp_path, capsys):
 
 
 def test_a_prompt_row_keeps_the_anchor_hops_and_lookups_of_a_chain_question():
-    question = "What is the occupation of the founder of the zoo shown in the image?"
-    match = "[Match 1] Jorzel Zoo (page: Jorzel_Zoo; near_duplicate, score 1)\nCaption: Jorzel Zoo, a zoo"
-    passage = "[Passage 1] Jorzel Zoo\nURL: world://Jorzel_Zoo\nSummary: The founder of Jorzel Zoo is Jorlo Talcor."
-    image = tool_step("ok", name="image_search", arguments={"image": 0, "top_k": 1}, observation=match)
-    founder = tool_step("ok", arguments={"query": "Jorzel Zoo founder"}, observation=passage)
-    prompt = Prompt("z", question, answer="x", anchor="Jorzel_Zoo", hops=2)
+    image, founder = zoo_chain_steps()
+    prompt = Prompt("z", ZOO_QUESTION, answer="x", anchor="Jorzel_Zoo", hops=2)
     stopped = prompt_row(Trajectory(prompt, [image, founder], FinishReason.RESPONSE, 0, 0))
     assert (stopped["anchor"], stopped["hops"], stopped["lookups"]) == ("Jorzel_Zoo", 2, [1, 2])
     city = Prompt("y", "Which city is number 3?", answer="x")
